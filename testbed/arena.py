@@ -1,0 +1,146 @@
+"""Shared-memory arena: named ``/dev/shm`` segments that rank processes map as tensors.
+
+It stands in for NVLink symmetric memory: one segment mapped by every rank of a group,
+so a write by one rank is visible to all (``torch.distributed._symmetric_memory`` has no
+CPU support). Every segment of a scenario carries the scenario's prefix, which is how
+they are found again and unlinked: by the parent when the scenario ends, by a surviving
+rank when the parent dies, and by :func:`sweep_orphans` at the next pool start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+SHM_DIR = Path("/dev/shm")
+PREFIX_ROOT = "a2atb"
+_KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def scenario_prefix(owner_pid: int, token: str) -> str:
+    """Segment-name prefix for one scenario run by the pool of process ``owner_pid``."""
+    return f"{PREFIX_ROOT}-{owner_pid}-{token}-"
+
+
+def unlink_prefix(prefix: str) -> list[str]:
+    """Unlink every segment whose name starts with ``prefix``; return the names removed."""
+    removed = []
+    for path in SHM_DIR.glob(prefix + "*"):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def sweep_orphans() -> list[str]:
+    """Unlink the segments of pools whose owner process no longer exists."""
+    removed = []
+    for path in SHM_DIR.glob(PREFIX_ROOT + "-*"):
+        parts = path.name.split("-")
+        if len(parts) < 3 or not parts[1].isdigit():
+            continue
+        if not _pid_alive(int(parts[1])):
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ShmArena:
+    """The segments of one scenario, as seen from one rank process.
+
+    Parameters
+    ----------
+    prefix : str
+        The scenario's segment-name prefix (from :func:`scenario_prefix`).
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def path(self, key: str) -> Path:
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+            raise ValueError(
+                f"arena key {key!r}: must be 1-128 characters of letters, digits, '_', '.', '-'"
+            )
+        return SHM_DIR / (self.prefix + key)
+
+    def create(self, key: str, nbytes: int) -> torch.Tensor:
+        """Create segment ``key`` of ``nbytes`` zero bytes and map it as a uint8 tensor ``[nbytes]``."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise ValueError(f"arena segment {key!r}: nbytes must be a positive int, got {nbytes!r}")
+        path = self.path(key)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except FileExistsError:
+            raise FileExistsError(f"arena segment {key!r} already exists in this scenario") from None
+        try:
+            os.ftruncate(fd, nbytes)
+        finally:
+            os.close(fd)
+        return self._map(path, nbytes)
+
+    def attach(self, key: str) -> torch.Tensor:
+        """Map an existing segment ``key`` as a uint8 tensor ``[nbytes]``."""
+        path = self.path(key)
+        try:
+            nbytes = path.stat().st_size
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"arena segment {key!r} does not exist; create it first (or use ShmArena.tensor)"
+            ) from None
+        return self._map(path, nbytes)
+
+    def tensor(
+        self,
+        key: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        group: dist.ProcessGroup,
+    ) -> torch.Tensor:
+        """Collective over ``group``: its first rank creates segment ``key``, every member maps it.
+
+        Returns
+        -------
+        torch.Tensor
+            A zero-initialised tensor of ``shape`` and ``dtype`` backed by the shared segment.
+        """
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if dist.get_rank(group) == 0:
+            raw = self.create(key, nbytes)
+        dist.barrier(group=group)
+        if dist.get_rank(group) != 0:
+            raw = self.attach(key)
+        return raw.view(dtype).view(shape)
+
+    def unlink(self, key: str) -> None:
+        """Remove segment ``key``; ranks that mapped it keep their mapping."""
+        self.path(key).unlink(missing_ok=True)
+
+    def sweep(self) -> list[str]:
+        return unlink_prefix(self.prefix)
+
+    @staticmethod
+    def _map(path: Path, nbytes: int) -> torch.Tensor:
+        return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)

@@ -1,0 +1,476 @@
+"""The simulated cluster: a persistent pool of rank processes and the watchdog over them.
+
+``RankPool.run(fn, layout)`` runs ``fn(ctx, *args, **kwargs)`` on ``layout.world_size``
+rank processes joined by a fresh gloo rendezvous (a new FileStore in the pool's private
+directory, so concurrent pools under pytest-xdist never meet), with every TP / DP / PP /
+EP group of the layout built. Not a TCPStore: its client reverse-resolves the store's
+address, and on machines whose resolver drops those queries that costs 5 s per rank. Workers import
+torch once and are reused across scenarios; a worker that died, hung or failed to tear
+down is killed and replaced, never reused.
+
+The watchdog is this process: it waits on the workers' pipes and process sentinels up
+to the scenario timeout. When a rank raises or dies, the others get ``abort_grace_s`` to
+finish; then every rank still running has its stack taken (all threads) and is killed,
+and one :class:`ScenarioError` names what each rank did.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
+
+from testbed import worker as worker_mod
+from testbed.arena import scenario_prefix, sweep_orphans, unlink_prefix
+from testbed.layout import ParallelLayout
+
+DEFAULT_TIMEOUT_S = 60.0
+ABORT_GRACE_S = 3.0
+STACK_TIMEOUT_S = 2.0
+TEARDOWN_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """How one rank's part of a scenario ended.
+
+    ``status`` is one of ``ok`` (returned), ``raised`` (its traceback in ``detail``),
+    ``died`` (the process exited; ``summary`` says how), ``stuck`` (still running at the
+    scenario timeout), ``aborted`` (still running ``abort_grace_s`` after another rank
+    failed) or ``teardown`` (finished but could not tear down). For ``stuck`` and
+    ``aborted`` ranks ``detail`` holds the stack of every thread when it was killed.
+    """
+
+    rank: int
+    status: str
+    summary: str = ""
+    detail: str = ""
+    elapsed_s: float | None = None
+    failed_at: float | None = None  # wall clock, for ordering failures across processes
+
+
+class ScenarioError(RuntimeError):
+    """A scenario did not complete on every rank; ``reports`` says what each rank did."""
+
+    def __init__(self, headline: str, reports: dict[int, RankReport]) -> None:
+        self.reports = reports
+        super().__init__(_format_failure(headline, reports))
+
+    def ranks(self, status: str) -> list[int]:
+        return sorted(r for r, rep in self.reports.items() if rep.status == status)
+
+    @property
+    def finished(self) -> list[int]:
+        return self.ranks("ok")
+
+    @property
+    def stuck(self) -> list[int]:
+        return self.ranks("stuck")
+
+
+class RankFailedError(ScenarioError):
+    """At least one rank raised or its process died."""
+
+
+class ScenarioTimeoutError(ScenarioError):
+    """No rank failed, but some did not finish within the timeout: a deadlock or a hang."""
+
+
+class ScenarioSetupError(TypeError):
+    """The scenario could not be handed to the rank processes (nothing was started)."""
+
+
+class WorkerStartError(RuntimeError):
+    """A rank process did not come up."""
+
+
+class _Worker:
+    def __init__(self, ctx, dump_dir: str, index: int) -> None:
+        self.dump_path = os.path.join(dump_dir, f"worker-{index}.stack")
+        self.cmd, child_cmd = ctx.Pipe()
+        self.ctl, child_ctl = ctx.Pipe()
+        self.process = ctx.Process(
+            target=worker_mod.main,
+            args=(child_cmd, child_ctl, self.dump_path),
+            name=f"a2atb-rank-worker-{index}",
+            daemon=True,
+        )
+        self.process.start()
+        child_cmd.close()
+        child_ctl.close()
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def stacks(self) -> str:
+        """Ask the worker's control thread for its stacks, or fall back to faulthandler."""
+        try:
+            self.ctl.send("stacks")
+            if self.ctl.poll(STACK_TIMEOUT_S):
+                return self.ctl.recv()
+        except (EOFError, OSError):
+            pass
+        return self._faulthandler_stacks()
+
+    def _faulthandler_stacks(self) -> str:
+        # The control thread did not answer: the main thread holds the GIL in C code.
+        # faulthandler's SIGUSR1 handler needs no GIL; its dump is done once the file stops growing.
+        try:
+            os.kill(self.process.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return "(process already gone)"
+        size, deadline = -1, time.monotonic() + STACK_TIMEOUT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            new = os.path.getsize(self.dump_path)
+            if new and new == size:
+                break
+            size = new
+        with open(self.dump_path) as f:
+            text = f.read()
+        return "(faulthandler, innermost call first)\n" + text if text else "(no stack: not responding)"
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        for conn in (self.cmd, self.ctl):
+            conn.close()
+
+
+class RankPool:
+    """A reusable set of rank processes.
+
+    Parameters
+    ----------
+    start_timeout_s : float
+        How long a new worker may take to import torch and report ready.
+
+    Use as a context manager or call :meth:`close`; workers are also killed at interpreter
+    exit and exit by themselves when this process dies.
+    """
+
+    def __init__(self, start_timeout_s: float = START_TIMEOUT_S) -> None:
+        self._mp = mp.get_context("spawn")
+        self._start_timeout_s = start_timeout_s
+        self._dump_dir = tempfile.mkdtemp(prefix="a2atb-stacks-")
+        self._workers: list[_Worker] = []
+        self._spawned = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self.scenarios_run = 0
+        sweep_orphans()
+        atexit.register(self.close)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    @property
+    def workers_spawned(self) -> int:
+        return self._spawned
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker and remove the pool's scratch files."""
+        if self._closed:
+            return
+        self._closed = True
+        for w in self._workers:
+            try:
+                w.cmd.send(None)
+            except (OSError, ValueError):
+                pass
+        for w in self._workers:
+            w.process.join(2)
+            w.kill()
+        self._workers.clear()
+        shutil.rmtree(self._dump_dir, ignore_errors=True)
+        atexit.unregister(self.close)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        layout: ParallelLayout,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        abort_grace_s: float = ABORT_GRACE_S,
+        pg_timeout_s: float | None = None,
+        name: str | None = None,
+        seed: int = 0,
+    ) -> list[Any]:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank of ``layout``.
+
+        Parameters
+        ----------
+        fn : callable
+            A picklable (module-level) function; ``ctx`` is a
+            :class:`testbed.worker.RankContext`.
+        layout : ParallelLayout
+            The world size and TP / DP / PP degrees.
+        timeout_s : float
+            Wall-clock limit for the whole scenario, set-up included.
+        abort_grace_s : float
+            After a rank fails, how long the others may take to finish before they are
+            killed with their stacks taken.
+        pg_timeout_s : float, optional
+            Timeout of every process group; defaults to ``timeout_s + 30`` so that the
+            watchdog, which shows stacks, fires before gloo does.
+        seed : int
+            Passed to every rank as ``ctx.seed``.
+
+        Returns
+        -------
+        list
+            ``fn``'s return value per rank, indexed by global rank.
+
+        Raises
+        ------
+        ScenarioSetupError
+            ``fn`` or its arguments cannot be pickled.
+        RankFailedError
+            A rank raised or its process died.
+        ScenarioTimeoutError
+            Some rank did not finish within ``timeout_s`` and none failed.
+        """
+        if not isinstance(layout, ParallelLayout):
+            raise TypeError(f"layout must be a ParallelLayout, got {type(layout).__name__}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        name = name or getattr(fn, "__qualname__", repr(fn))
+        payload = _pickle_payload(fn, tuple(args), dict(kwargs or {}), name)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RankPool is closed")
+            return self._run(
+                name, payload, layout, timeout_s, abort_grace_s,
+                pg_timeout_s if pg_timeout_s is not None else timeout_s + 30.0, seed,
+            )
+
+    def _run(self, name, payload, layout, timeout_s, abort_grace_s, pg_timeout_s, seed):
+        workers = self._ensure_workers(layout.world_size)
+        prefix = scenario_prefix(os.getpid(), uuid.uuid4().hex[:12])
+        store_path = os.path.join(self._dump_dir, prefix + "store")
+        started = time.monotonic()
+        in_flight = dict(enumerate(workers))
+        try:
+            for rank, w in in_flight.items():
+                w.cmd.send(
+                    worker_mod.Job(
+                        name=name, rank=rank, layout=layout, store_path=store_path, pg_timeout_s=pg_timeout_s,
+                        arena_prefix=prefix, seed=seed, payload=payload,
+                        sys_path=tuple(sys.path),
+                    )
+                )
+            reports = self._watch(in_flight, started, timeout_s, abort_grace_s)
+            reports.update(self._teardown(in_flight, reports))
+            in_flight = {}
+        finally:
+            # Interrupted (Ctrl-C, pytest-timeout): the ranks are in an unknown state.
+            for w in in_flight.values():
+                w.kill()
+                self._discard(w)
+            if os.path.exists(store_path):
+                os.unlink(store_path)
+            unlink_prefix(prefix)
+        self.scenarios_run += 1
+        return self._result(name, layout, time.monotonic() - started, timeout_s, reports)
+
+    def _watch(self, in_flight, started, timeout_s, abort_grace_s) -> dict[int, RankReport]:
+        reports: dict[int, RankReport] = {}
+        waiting = dict(in_flight)
+        deadline = started + timeout_s
+        failed_at = None
+        while waiting:
+            limit = deadline if failed_at is None else min(deadline, failed_at + abort_grace_s)
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                break
+            by_handle = {}
+            for rank, w in waiting.items():
+                by_handle[w.cmd] = rank
+                by_handle[w.process.sentinel] = rank
+            for handle in wait(list(by_handle), timeout=remaining):
+                rank = by_handle[handle]
+                if rank not in waiting:
+                    continue
+                report = self._reply(rank, waiting[rank], started)
+                if report is None:
+                    continue
+                reports[rank] = report
+                del waiting[rank]
+                if report.status != "ok" and failed_at is None:
+                    failed_at = time.monotonic()
+        status = "stuck" if failed_at is None else "aborted"
+        for rank, w in waiting.items():
+            stack = w.stacks() if w.alive() else "(process gone)"
+            w.kill()
+            self._discard(w)
+            reports[rank] = RankReport(rank, status, "killed", stack)
+        return reports
+
+    def _reply(self, rank: int, w: _Worker, started: float) -> RankReport | None:
+        if w.cmd.poll():
+            try:
+                msg = w.cmd.recv()
+            except (EOFError, OSError):
+                msg = None
+                w.process.join(2)  # the pipe closed: the process is exiting
+            if msg is not None:
+                if msg[0] == "ok":
+                    _, _, blob, elapsed = msg
+                    return RankReport(rank, "ok", "", blob, elapsed)
+                _, _, phase, summary, tb, at = msg
+                return RankReport(
+                    rank, "raised", f"{summary} (in {phase})", tb, time.monotonic() - started, at
+                )
+        if w.alive():
+            return None
+        w.process.join(1)
+        code = w.process.exitcode
+        how = (
+            f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+            else f"exited with code {code}"
+        )
+        self._discard(w)
+        return RankReport(rank, "died", f"process {w.process.pid} {how}", "",
+                          time.monotonic() - started, time.time())
+
+    def _teardown(self, in_flight, reports) -> dict[int, RankReport]:
+        """Let the surviving ranks drop their process groups; kill any that cannot."""
+        live = {r: w for r, w in in_flight.items() if w in self._workers}
+        for w in live.values():
+            w.cmd.send("end")
+        deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
+        problems = {}
+        for rank, w in live.items():
+            remaining = max(0.0, deadline - time.monotonic())
+            msg = None
+            try:
+                if w.cmd.poll(remaining):
+                    msg = w.cmd.recv()
+            except (EOFError, OSError):
+                pass
+            if msg is not None and msg[2] is None:
+                continue
+            detail = msg[2] if msg is not None else w.stacks()
+            w.kill()
+            self._discard(w)
+            if reports[rank].status == "ok":
+                problems[rank] = RankReport(rank, "teardown", "failed to tear down", detail)
+        return problems
+
+    def _result(self, name, layout, elapsed, timeout_s, reports) -> list[Any]:
+        statuses = {rep.status for rep in reports.values()}
+        if statuses == {"ok"}:
+            return [pickle.loads(reports[r].detail) for r in range(layout.world_size)]
+        where = f"scenario {name!r} on {layout}"
+        failures = [rep for rep in reports.values() if rep.status in ("raised", "died")]
+        if failures:
+            # The parent sees a death only after the peers' "connection reset" errors that it
+            # causes, so a death ranks first; raises are ordered by the ranks' own clocks.
+            first = min(failures, key=lambda rep: (rep.status != "died", rep.failed_at))
+            raise RankFailedError(
+                f"{where} failed after {elapsed:.1f} s: rank {first.rank} {first.status} first "
+                f"({first.summary}); failed: {sorted(rep.rank for rep in failures)}",
+                reports,
+            )
+        if "stuck" in statuses:
+            raise ScenarioTimeoutError(
+                f"{where} timed out after {timeout_s:g} s (deadlock or hang): "
+                f"rank(s) {sorted(r for r, rep in reports.items() if rep.status == 'stuck')} "
+                f"did not finish",
+                reports,
+            )
+        raise ScenarioError(f"{where} failed after {elapsed:.1f} s", reports)
+
+    def _ensure_workers(self, n: int) -> list[_Worker]:
+        for w in [w for w in self._workers if not w.alive()]:
+            w.kill()
+            self._discard(w)
+        fresh = []
+        while len(self._workers) < n:
+            w = _Worker(self._mp, self._dump_dir, self._spawned)
+            self._spawned += 1
+            self._workers.append(w)
+            fresh.append(w)
+        deadline = time.monotonic() + self._start_timeout_s
+        for w in fresh:
+            msg = None
+            try:
+                if w.cmd.poll(max(0.0, deadline - time.monotonic())):
+                    msg = w.cmd.recv()
+            except (EOFError, OSError):
+                pass
+            if not msg or msg[0] != "ready":
+                code = w.process.exitcode
+                w.kill()
+                self._discard(w)
+                raise WorkerStartError(
+                    f"rank worker {w.process.name} did not start within "
+                    f"{self._start_timeout_s:g} s (exit code {code})"
+                )
+        return self._workers[:n]
+
+    def _discard(self, w: _Worker) -> None:
+        if w in self._workers:
+            self._workers.remove(w)
+
+
+def _pickle_payload(fn, args, kwargs, name) -> bytes:
+    try:
+        return pickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        raise ScenarioSetupError(
+            f"scenario {name!r}: the function and its arguments must be picklable to reach "
+            f"the rank processes (use a module-level function, not a lambda, closure or "
+            f"local function): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _format_failure(headline: str, reports: dict[int, RankReport]) -> str:
+    lines = [headline]
+    for status in ("ok", "raised", "died", "stuck", "aborted", "teardown"):
+        ranks = sorted(r for r, rep in reports.items() if rep.status == status)
+        if ranks:
+            lines.append(f"  {status:9s} rank(s) {ranks}")
+    for rank in sorted(reports):
+        rep = reports[rank]
+        if rep.status == "ok":
+            continue
+        lines.append(f"--- rank {rank}: {rep.status}" + (f": {rep.summary}" if rep.summary else ""))
+        if rep.status in ("stuck", "aborted"):
+            lines.append("stack when killed (all threads):")
+        if rep.detail:
+            lines.append(rep.detail.rstrip())
+    return "\n".join(lines)
+
+
+_default_pool: RankPool | None = None
+
+
+def default_pool() -> RankPool:
+    """The process-wide pool, created on first use."""
+    global _default_pool
+    if _default_pool is None or _default_pool._closed:
+        _default_pool = RankPool()
+    return _default_pool

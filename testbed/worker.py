@@ -1,0 +1,228 @@
+"""The rank process: a long-lived worker that runs one rank of one scenario at a time.
+
+Protocol on the command pipe, per scenario: the parent sends a :class:`Job`; the worker
+sets up the process groups, runs the function and answers ``("ok" | "raised", ...)``; it
+keeps its process groups alive until the parent sends ``"end"`` (so a rank that finished
+early does not turn a peer's hang into a "connection closed" error, which a GPU would
+not do either), then tears down and answers ``("clean", ...)``.
+
+A second pipe is served by a daemon thread: it answers stack requests while the main
+thread is blocked, and its EOF means the parent is gone, so the worker unlinks its
+scenario's shared memory and exits rather than outlive the pool.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+from testbed.arena import ShmArena, unlink_prefix
+from testbed.layout import GROUP_KINDS, ParallelLayout, RankCoords
+
+EXIT_PARENT_GONE = 3
+
+
+@dataclass(frozen=True)
+class Job:
+    """One rank's share of a scenario, as sent to a worker."""
+
+    name: str
+    rank: int
+    layout: ParallelLayout
+    store_path: str
+    pg_timeout_s: float
+    arena_prefix: str
+    seed: int
+    payload: bytes
+    sys_path: tuple[str, ...]
+
+
+@dataclass
+class RankContext:
+    """What a scenario function receives as its first argument, in each rank process.
+
+    ``groups[kind]`` is this rank's process group of that kind (``world``, ``tp``, ``dp``,
+    ``pp``, ``ep``); ``group_ranks[kind]`` its members' global ranks in group order.
+    Groups whose members are the whole world are the default group itself.
+    """
+
+    name: str
+    layout: ParallelLayout
+    coords: RankCoords
+    groups: dict[str, Any]
+    group_ranks: dict[str, tuple[int, ...]]
+    arena: ShmArena
+    seed: int
+    pg_timeout: timedelta
+    _cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return self.coords.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def add_cleanup(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the scenario ends (last added, first run), before the groups go."""
+        self._cleanups.append(fn)
+
+
+class _State:
+    """What the control thread needs to know about the scenario in flight."""
+
+    arena_prefix: str | None = None
+
+
+def main(cmd_conn, ctl_conn, dump_path: str) -> None:
+    """Entry point of a spawned worker process."""
+    # Ctrl-C reaches the whole foreground process group; the parent decides what to do.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dump_file = open(dump_path, "w")
+    # Fallback for a main thread that holds the GIL: the parent sends SIGUSR1.
+    faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
+    state = _State()
+    threading.Thread(
+        target=_serve_control, args=(ctl_conn, state), name="testbed-control", daemon=True
+    ).start()
+
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    cmd_conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            job = cmd_conn.recv()
+        except (EOFError, OSError):
+            break
+        if job is None:
+            break
+        _run(job, cmd_conn, state)
+
+
+def _serve_control(conn, state: _State) -> None:
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            if state.arena_prefix:
+                unlink_prefix(state.arena_prefix)
+            os._exit(EXIT_PARENT_GONE)
+        if request == "stacks":
+            conn.send(format_stacks())
+
+
+def format_stacks() -> str:
+    """Every other thread's Python stack, innermost call last; the main thread's starts at
+    the scenario function (the worker's own frames above it say nothing)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    chunks = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        entries = traceback.extract_stack(frame)
+        runner = [i for i, e in enumerate(entries) if e.filename == __file__ and e.name == "_run"]
+        if runner:
+            entries = entries[runner[-1] + 1:]
+        header = f'Thread "{names.get(ident, "?")}" (most recent call last):\n'
+        chunks.append(header + "".join(traceback.format_list(entries)))
+    return "\n".join(chunks)
+
+
+def _run(job: Job, conn, state: _State) -> None:
+    state.arena_prefix = job.arena_prefix
+    started = time.monotonic()
+    ctx = None
+    phase = "load"
+    try:
+        sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
+        fn, args, kwargs = pickle.loads(job.payload)
+        phase = "setup"
+        ctx = _setup(job)
+        phase = "run"
+        result = fn(ctx, *args, **kwargs)
+        phase = "return"
+        reply = ("ok", job.rank, pickle.dumps(result), time.monotonic() - started)
+    except BaseException as exc:
+        reply = (
+            "raised", job.rank, phase, f"{type(exc).__name__}: {exc}",
+            traceback.format_exc(), time.time(),
+        )
+    if reply[0] == "raised":
+        # A rank that raised is gone as far as its peers are concerned (a real one would
+        # exit): closing its groups now lets peers blocked on it fail fast, not hang.
+        teardown_error = _teardown(ctx)
+        ctx = None
+    conn.send(reply)
+
+    try:
+        conn.recv()  # "end": every rank of the scenario has answered or been killed
+    except (EOFError, OSError):
+        return
+    if reply[0] == "ok":
+        teardown_error = _teardown(ctx)
+        ctx = None
+    state.arena_prefix = None
+    conn.send(("clean", job.rank, teardown_error))
+
+
+def _teardown(ctx: RankContext | None) -> str | None:
+    """Run the scenario's cleanups and destroy its process groups; the traceback on failure."""
+    import torch.distributed as dist
+
+    try:
+        if ctx is not None:
+            for cleanup in reversed(ctx._cleanups):
+                cleanup()
+            ctx.groups.clear()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return None
+    except BaseException:
+        return traceback.format_exc()
+
+
+def _setup(job: Job) -> RankContext:
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=job.pg_timeout_s)
+    layout = job.layout
+    store = dist.FileStore(job.store_path, layout.world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=job.rank, world_size=layout.world_size, timeout=timeout
+    )
+    groups: dict[str, Any] = {}
+    group_ranks: dict[str, tuple[int, ...]] = {}
+    by_members: dict[tuple[int, ...], Any] = {tuple(range(layout.world_size)): dist.group.WORLD}
+    for kind in GROUP_KINDS:
+        members = layout.group_of(kind, job.rank)
+        if members not in by_members:
+            # Only the members take part in creating it; sub-groups never inherit the
+            # world's timeout (gloo would wait 30 minutes), so it is given again.
+            by_members[members] = dist.new_group(
+                list(members), timeout=timeout, use_local_synchronization=True
+            )
+        groups[kind] = by_members[members]
+        group_ranks[kind] = members
+    return RankContext(
+        name=job.name,
+        layout=layout,
+        coords=layout.coords(job.rank),
+        groups=groups,
+        group_ranks=group_ranks,
+        arena=ShmArena(job.arena_prefix),
+        seed=job.seed,
+        pg_timeout=timeout,
+    )
