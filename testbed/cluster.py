@@ -54,6 +54,7 @@ class RankReport:
     """
 
     rank: int
+    pid: int
     status: str
     summary: str = ""
     detail: str = ""
@@ -325,7 +326,7 @@ class RankPool:
             stack = w.stacks() if w.alive() else "(process gone)"
             w.kill()
             self._discard(w)
-            reports[rank] = RankReport(rank, status, "killed", stack)
+            reports[rank] = RankReport(rank, w.process.pid, status, f"process {w.process.pid} killed", stack)
         return reports
 
     def _reply(self, rank: int, w: _Worker, started: float) -> RankReport | None:
@@ -338,10 +339,10 @@ class RankPool:
             if msg is not None:
                 if msg[0] == "ok":
                     _, _, blob, elapsed = msg
-                    return RankReport(rank, "ok", "", blob, elapsed)
+                    return RankReport(rank, w.process.pid, "ok", "", blob, elapsed)
                 _, _, phase, summary, tb, at = msg
                 return RankReport(
-                    rank, "raised", f"{summary} (in {phase})", tb, time.monotonic() - started, at
+                    rank, w.process.pid, "raised", f"{summary} (in {phase})", tb, time.monotonic() - started, at
                 )
         if w.alive():
             return None
@@ -352,7 +353,7 @@ class RankPool:
             else f"exited with code {code}"
         )
         self._discard(w)
-        return RankReport(rank, "died", f"process {w.process.pid} {how}", "",
+        return RankReport(rank, w.process.pid, "died", f"process {w.process.pid} {how}", "",
                           time.monotonic() - started, time.time())
 
     def _teardown(self, in_flight, reports) -> dict[int, RankReport]:
@@ -376,7 +377,9 @@ class RankPool:
             w.kill()
             self._discard(w)
             if reports[rank].status == "ok":
-                problems[rank] = RankReport(rank, "teardown", "failed to tear down", detail)
+                problems[rank] = RankReport(
+                    rank, w.process.pid, "teardown", "failed to tear down", detail
+                )
         return problems
 
     def _result(self, name, layout, elapsed, timeout_s, reports) -> list[Any]:

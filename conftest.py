@@ -1,0 +1,68 @@
+"""Fixtures shared by ``tests/`` and ``gpu_tests/``: backend choice, the rank pool, leak
+checks and Hypothesis profiles."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from testbed.arena import PREFIX_ROOT, SHM_DIR
+
+# `ci` is Hypothesis' own profile, loaded by Hypothesis itself when CI is set.
+settings.register_profile(
+    "dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "nightly", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+elif not os.environ.get("CI"):
+    settings.load_profile("dev")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--backend", choices=("fake", "flashinfer"), default="fake",
+        help="FlashInfer implementation under the integration: the CPU fake or the real package",
+    )
+
+
+@pytest.fixture(scope="session")
+def backend(request) -> str:
+    """The backend chosen with ``--backend``; skips when the real one is asked for but absent."""
+    name = request.config.getoption("--backend")
+    if name == "flashinfer":
+        pytest.importorskip("flashinfer", reason="--backend flashinfer needs flashinfer-python")
+    return name
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A rank pool shared by every test of this pytest process (one per xdist worker)."""
+    from testbed.cluster import RankPool
+
+    with RankPool() as pool:
+        yield pool
+
+
+def _own_segments() -> set[str]:
+    return {p.name for p in SHM_DIR.glob(f"{PREFIX_ROOT}-{os.getpid()}-*")}
+
+
+@pytest.fixture
+def no_leaks(cluster):
+    """Fail the test if it leaves shared-memory segments or stray child processes behind."""
+    before = _own_segments()
+    yield cluster
+    leaked = _own_segments() - before
+    assert not leaked, f"shared-memory segments left in {SHM_DIR}: {sorted(leaked)}"
+    workers = set(cluster.worker_pids)
+    strays = [p for p in multiprocessing.active_children() if p.pid not in workers]
+    assert not strays, f"child processes left running: {strays}"
+    dead = [pid for pid in workers if not Path(f"/proc/{pid}").exists()]
+    assert not dead, f"pool still lists dead workers: {dead}"

@@ -1,0 +1,1 @@
+"""Benchmarks that print JSON; see ``python -m testbed.bench --help``."""

@@ -1,0 +1,52 @@
+"""Rank programs used by the tests (module level, so the rank processes can import them)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+import torch.distributed as dist
+
+from testbed.faults import stall_forever
+
+
+def pid(ctx) -> int:
+    return os.getpid()
+
+
+def unpicklable_result(ctx):
+    return threading.Lock()
+
+
+def one_sided_puts(ctx) -> list[list[int]]:
+    """Every rank writes a 16-byte tag into every EP peer's row, then reads its own row."""
+    n, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    ws_RB = ctx.arena.tensor("ws", (n, 16 * n), torch.uint8, group=ctx.groups["ep"])
+    for peer in range(n):
+        ws_RB[peer, me * 16:(me + 1) * 16] = (me * n + peer) % 256
+    dist.barrier(group=ctx.groups["ep"])
+    return ws_RB[me].view(n, 16)[:, 0].tolist()
+
+
+def create_then_raise(ctx) -> None:
+    ctx.arena.create(f"seg{ctx.rank}", 4096)
+    dist.barrier()
+    if ctx.rank == 1:
+        raise RuntimeError(f"created {ctx.arena.path(f'seg{ctx.rank}')}")
+    dist.barrier()
+
+
+def create_then_die(ctx) -> None:
+    ctx.arena.create(f"seg{ctx.rank}", 4096)
+    dist.barrier()
+    if ctx.rank == 1:
+        os.kill(os.getpid(), 9)
+    dist.barrier()
+
+
+def hold_segment(ctx) -> None:
+    """Create a segment, say so on stdout, then never return (for parent-death tests)."""
+    ctx.arena.create(f"seg{ctx.rank}", 4096)
+    print(f"READY {ctx.rank} {os.getpid()} {ctx.arena.path(f'seg{ctx.rank}')}", flush=True)
+    stall_forever()

@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import rankprogs
+from testbed import faults, selfcheck
+from testbed.cluster import (
+    RankFailedError,
+    RankPool,
+    ScenarioSetupError,
+    ScenarioTimeoutError,
+)
+from testbed.layout import ParallelLayout
+from vllm_groups import EXPECTED_GROUPS, group_containing
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.parametrize("dims", sorted(EXPECTED_GROUPS), ids=lambda d: "w{}tp{}dp{}pp{}".format(*d))
+def test_cluster_collectives_on_every_group(no_leaks, dims):
+    per_rank = no_leaks.run(selfcheck.collectives_rank, ParallelLayout(*dims), timeout_s=90)
+    world = dims[0]
+    for rank, out in enumerate(per_rank):
+        assert out["members"]["world"] == tuple(range(world))
+        for kind, groups in EXPECTED_GROUPS[dims].items():
+            assert out["members"][kind] == group_containing(groups, rank), (rank, kind)
+        assert set(out["ops"]) >= {"world", "tp", "dp", "pp", "ep"}
+        assert ("pp-p2p" in out["ops"]) == (dims[3] > 1)
+
+
+def test_cluster_rank_raise_names_the_rank(no_leaks):
+    with pytest.raises(RankFailedError) as info:
+        no_leaks.run(faults.crash, ParallelLayout(4, dp=4), ((2,),), timeout_s=30)
+    err = info.value
+    assert err.reports[2].status == "raised"
+    assert "rank 2 raised first" in str(err)
+    assert "InjectedFault: injected crash on rank 2" in str(err)
+    assert 'faults.py", line' in err.reports[2].detail  # the rank's own traceback came back
+    assert set(err.reports) == {0, 1, 2, 3}
+
+
+def test_cluster_rank_hang_reported_with_stuck_frame(no_leaks):
+    timeout = 4.0
+    started = time.monotonic()
+    with pytest.raises(ScenarioTimeoutError) as info:
+        no_leaks.run(faults.stall, ParallelLayout(2, dp=2), ((1,),), timeout_s=timeout)
+    elapsed = time.monotonic() - started
+    assert elapsed < timeout + 5, f"hang reported after {elapsed:.1f} s (timeout {timeout} s)"
+    err = info.value
+    assert err.stuck == [0, 1]
+    assert "deadlock or hang" in str(err)
+    assert "in stall_forever" in err.reports[1].detail
+    assert "in barrier" in err.reports[0].detail  # rank 0 waits for rank 1 in the barrier
+    assert "stack when killed" in str(err)
+
+
+def test_cluster_rank_sigkill_reported_as_death(no_leaks):
+    with pytest.raises(RankFailedError) as info:
+        no_leaks.run(faults.sigkill, ParallelLayout(4, dp=4), ((3,),), timeout_s=30)
+    err = info.value
+    assert err.reports[3].status == "died"
+    assert "SIGKILL" in err.reports[3].summary
+    assert "rank 3 died first" in str(err)
+    # the dead worker is replaced on the next scenario, never reused
+    survivors = {err.reports[r].pid for r in (0, 1, 2)}
+    pids = no_leaks.run(rankprogs.pid, ParallelLayout(4, dp=4))
+    assert err.reports[3].pid not in pids and err.reports[3].pid not in no_leaks.worker_pids
+    assert survivors <= set(no_leaks.worker_pids)  # ranks that only raised are reused
+
+
+def test_cluster_wrong_group_barrier_between_stages_is_a_deadlock(no_leaks):
+    """Stage 0 rebuilds twice, stage 1 once, each followed by a world barrier (seed 001)."""
+    layout = ParallelLayout(4, tp=1, dp=2, pp=2)
+    with pytest.raises(ScenarioTimeoutError) as info:
+        no_leaks.run(faults.rebuild_barriers, layout, ((2, 1), "world"), timeout_s=4)
+    err = info.value
+    stage0 = [r for r in range(4) if layout.coords(r).pp_rank == 0]
+    assert err.stuck == stage0 == [0, 2]
+    assert err.finished == [1, 3]
+    for rank in stage0:
+        assert "in rebuild_barriers" in err.reports[rank].detail
+        assert "in barrier" in err.reports[rank].detail
+
+
+@pytest.mark.parametrize("dims", [(4, 1, 2, 2), (8, 2, 2, 2)], ids=["w4dp2pp2", "w8tp2dp2pp2"])
+def test_cluster_ep_scoped_barrier_between_stages_completes(no_leaks, dims):
+    layout = ParallelLayout(*dims)
+    out = no_leaks.run(faults.rebuild_barriers, layout, ((2, 1), "ep"), timeout_s=30)
+    assert out == [(2, 1)[layout.coords(r).pp_rank] for r in range(layout.world_size)]
+
+
+def _make_closure():
+    def local_fn(ctx):
+        return 0
+
+    return local_fn
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [(lambda ctx: 0, ()), (_make_closure(), ()), (rankprogs.pid, (threading.Lock(),))],
+    ids=["lambda", "local-function", "unpicklable-arg"],
+)
+def test_cluster_unpicklable_scenario_is_a_clear_error(no_leaks, fn, args):
+    started = time.monotonic()
+    with pytest.raises(ScenarioSetupError, match="must be picklable"):
+        no_leaks.run(fn, ParallelLayout(2, dp=2), args, timeout_s=30)
+    assert time.monotonic() - started < 1.0
+
+
+def test_cluster_unpicklable_result_names_the_phase(no_leaks):
+    with pytest.raises(RankFailedError, match=r"\(in return\)"):
+        no_leaks.run(rankprogs.unpicklable_result, ParallelLayout(2, dp=2), timeout_s=30)
+
+
+def test_cluster_reuses_workers(no_leaks):
+    first = no_leaks.run(rankprogs.pid, ParallelLayout(2, dp=2))
+    spawned = no_leaks.workers_spawned
+    second = no_leaks.run(rankprogs.pid, ParallelLayout(2, dp=2))
+    assert first == second
+    assert no_leaks.workers_spawned == spawned
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [({"timeout_s": 0}, ValueError), ({"timeout_s": -1}, ValueError)],
+)
+def test_cluster_rejects_bad_arguments(no_leaks, kwargs, error):
+    with pytest.raises(error, match="timeout_s"):
+        no_leaks.run(rankprogs.pid, ParallelLayout(2, dp=2), **kwargs)
+    with pytest.raises(TypeError, match="ParallelLayout"):
+        no_leaks.run(rankprogs.pid, (2, 1, 2, 1))
+
+
+def test_cluster_pool_close_stops_every_worker():
+    with RankPool() as pool:
+        pids = pool.run(rankprogs.pid, ParallelLayout(2, dp=2))
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+PARENT_SCRIPT = """
+import os, sys
+from testbed.cluster import RankPool
+from testbed.layout import ParallelLayout
+import rankprogs
+pool = RankPool()
+pool.run(rankprogs.hold_segment, ParallelLayout(2, dp=2), timeout_s=120)
+"""
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["parent-killed", "parent-interrupted"])
+def test_cluster_parent_death_leaves_no_ranks_or_segments(how):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_SCRIPT], cwd=HERE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        ready = []
+        deadline = time.monotonic() + 120
+        while len(ready) < 2:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0 and select.select([parent.stdout], [], [], remaining)[0], (
+                f"ranks never reported ready; stderr: {parent.stderr.read() if parent.poll() is not None else ''}"
+            )
+            line = parent.stdout.readline()
+            assert line, f"parent exited early: {parent.wait()} {parent.stderr.read()}"
+            if line.startswith("READY"):
+                ready.append(line.split())
+        workers = [int(r[2]) for r in ready]
+        segments = [Path(r[3]) for r in ready]
+        assert all(s.exists() for s in segments)
+        parent.send_signal(how)
+        code = parent.wait(timeout=30)
+        for pid in workers:
+            assert _wait_gone(pid, 30), f"rank process {pid} outlived its parent"
+        assert not [s for s in segments if s.exists()], "shared-memory segments survived"
+        if how == signal.SIGINT:
+            assert code != 0 and "KeyboardInterrupt" in parent.stderr.read()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
