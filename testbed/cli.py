@@ -58,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, parser) -> int:
-    from testbed.cluster import RankPool
-    from testbed.layout import ParallelLayout
-    from testbed.selfcheck import DEFAULT_LAYOUTS, check_layouts
+    from testbed.layout import DEFAULT_LAYOUTS, ParallelLayout
 
     texts = args.layout or list(DEFAULT_LAYOUTS)
     try:
@@ -69,6 +67,9 @@ def _run(args, parser) -> int:
         parser.error(str(exc))
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0, got {args.timeout}")
+    from testbed.cluster import RankPool  # torch is imported only once the input is good
+    from testbed.selfcheck import check_layouts
+
     started = time.monotonic()
     with RankPool() as pool:
         if args.fault:

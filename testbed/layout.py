@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 
 GROUP_KINDS = ("world", "tp", "dp", "pp", "ep")
+# The self-check's layouts (W,TP,DP,PP): no PP, TP x DP, PP with singleton TP, all three.
+DEFAULT_LAYOUTS = ("2,1,2,1", "4,2,2,1", "4,1,2,2", "8,2,2,2")
 
 
 @dataclass(frozen=True)

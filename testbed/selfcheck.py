@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from testbed.layout import GROUP_KINDS, ParallelLayout
+from testbed.layout import DEFAULT_LAYOUTS, GROUP_KINDS, ParallelLayout
 
-DEFAULT_LAYOUTS = ("2,1,2,1", "4,2,2,1", "4,1,2,2", "8,2,2,2")
+# torch 2.13 renamed these (the old names warn); older releases have only the old names.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class CollectiveMismatch(AssertionError):
@@ -43,7 +45,7 @@ def collectives_rank(ctx) -> dict:
         group = ctx.groups[kind]
         n = dist.get_world_size(group)
         gathered_N = torch.empty(n, dtype=torch.int64)
-        dist.all_gather_into_tensor(gathered_N, torch.tensor([me]), group=group)
+        _all_gather(gathered_N, torch.tensor([me]), group=group)
         members = tuple(gathered_N.tolist())
         seen[kind] = members
         _expect(members[dist.get_rank(group)] == me, f"{kind}: own slot holds {members}")
@@ -74,7 +76,7 @@ def collectives_rank(ctx) -> dict:
 
         chunks_N = torch.arange(n, dtype=torch.float32) * 1000 + me
         out = torch.empty(1, dtype=torch.float32)
-        dist.reduce_scatter_tensor(out, chunks_N, group=group)
+        _reduce_scatter(out, chunks_N, group=group)
         _expect(out.item() == me_g * 1000 * n + sum(members), f"{kind}: reduce_scatter gave {out}")
 
         dist.barrier(group=group)

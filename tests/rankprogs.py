@@ -50,3 +50,12 @@ def hold_segment(ctx) -> None:
     ctx.arena.create(f"seg{ctx.rank}", 4096)
     print(f"READY {ctx.rank} {os.getpid()} {ctx.arena.path(f'seg{ctx.rank}')}", flush=True)
     stall_forever()
+
+
+def hold_gil(ctx, rank: int) -> None:
+    """``rank`` spins inside the regex engine, which never releases the GIL."""
+    import re
+
+    if ctx.rank == rank:
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    dist.barrier()

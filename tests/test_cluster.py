@@ -63,6 +63,15 @@ def test_cluster_rank_hang_reported_with_stuck_frame(no_leaks):
     assert "stack when killed" in str(err)
 
 
+def test_cluster_stack_of_a_rank_holding_the_gil(no_leaks):
+    """The control thread cannot run; the stack comes from faulthandler's signal handler."""
+    with pytest.raises(ScenarioTimeoutError) as info:
+        no_leaks.run(rankprogs.hold_gil, ParallelLayout(2, dp=2), (1,), timeout_s=3)
+    detail = info.value.reports[1].detail
+    assert detail.startswith("(faulthandler")
+    assert "hold_gil" in detail and "rankprogs.py" in detail
+
+
 def test_cluster_rank_sigkill_reported_as_death(no_leaks):
     with pytest.raises(RankFailedError) as info:
         no_leaks.run(faults.sigkill, ParallelLayout(4, dp=4), ((3,),), timeout_s=30)
