@@ -28,30 +28,28 @@ def scenario_prefix(owner_pid: int, token: str) -> str:
 
 def unlink_prefix(prefix: str) -> list[str]:
     """Unlink every segment whose name starts with ``prefix``; return the names removed."""
-    removed = []
-    for path in SHM_DIR.glob(prefix + "*"):
-        try:
-            path.unlink()
-            removed.append(path.name)
-        except FileNotFoundError:
-            pass
-    return removed
+    return _unlink_all(SHM_DIR.glob(prefix + "*"))
 
 
 def sweep_orphans() -> list[str]:
     """Unlink the segments of pools whose owner process no longer exists."""
+    return _unlink_all(p for p in SHM_DIR.glob(PREFIX_ROOT + "-*") if _owner_gone(p.name))
+
+
+def _unlink_all(paths) -> list[str]:
     removed = []
-    for path in SHM_DIR.glob(PREFIX_ROOT + "-*"):
-        parts = path.name.split("-")
-        if len(parts) < 3 or not parts[1].isdigit():
-            continue
-        if not _pid_alive(int(parts[1])):
-            try:
-                path.unlink()
-                removed.append(path.name)
-            except FileNotFoundError:
-                pass
+    for path in paths:
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:  # another rank of the scenario got there first
+            pass
     return removed
+
+
+def _owner_gone(name: str) -> bool:
+    parts = name.split("-")
+    return len(parts) >= 3 and parts[1].isdigit() and not _pid_alive(int(parts[1]))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -8,10 +8,15 @@ and a rank's EP index is ``dp_idx * tp + tp_idx``.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
 GROUP_KINDS = ("world", "tp", "dp", "pp", "ep")
+_AXIS_ORDER = ("dp", "pp", "tp")
+_GROUP_AXES = {
+    "world": _AXIS_ORDER, "tp": ("tp",), "dp": ("dp",), "pp": ("pp",), "ep": ("dp", "tp"),
+}
 # The self-check's layouts (W,TP,DP,PP): no PP, TP x DP, PP with singleton TP, all three.
 DEFAULT_LAYOUTS = ("2,1,2,1", "4,2,2,1", "4,1,2,2", "8,2,2,2")
 
@@ -100,34 +105,24 @@ class ParallelLayout:
         return RankCoords(rank, tp_rank, dp_rank, pp_rank, dp_rank * self.tp + tp_rank)
 
     def groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
-        """Every group of one kind, each as its global ranks in group-rank order."""
-        r = self.rank_of
-        if kind == "world":
-            return (tuple(range(self.world_size)),)
-        if kind == "tp":
-            return tuple(
-                tuple(r(d, p, t) for t in range(self.tp))
-                for d in range(self.dp)
-                for p in range(self.pp)
-            )
-        if kind == "pp":
-            return tuple(
-                tuple(r(d, p, t) for p in range(self.pp))
-                for d in range(self.dp)
-                for t in range(self.tp)
-            )
-        if kind == "dp":
-            return tuple(
-                tuple(r(d, p, t) for d in range(self.dp))
-                for p in range(self.pp)
-                for t in range(self.tp)
-            )
-        if kind == "ep":
-            return tuple(
-                tuple(r(d, p, t) for d in range(self.dp) for t in range(self.tp))
-                for p in range(self.pp)
-            )
-        raise ValueError(f"group kind {kind!r}: expected one of {', '.join(GROUP_KINDS)}")
+        """Every group of one kind, each as its global ranks in group-rank order.
+
+        A group holds the ranks that differ only along the kind's axes (EP: dp and tp, so
+        one EP group per pipeline stage); groups and members both run in (dp, pp, tp) order.
+        """
+        if kind not in _GROUP_AXES:
+            raise ValueError(f"group kind {kind!r}: expected one of {', '.join(GROUP_KINDS)}")
+        varying = _GROUP_AXES[kind]
+        sizes = {"dp": self.dp, "pp": self.pp, "tp": self.tp}
+        fixed = [axis for axis in _AXIS_ORDER if axis not in varying]
+        groups = []
+        for fixed_at in itertools.product(*(range(sizes[a]) for a in fixed)):
+            members = []
+            for varying_at in itertools.product(*(range(sizes[a]) for a in varying)):
+                at = dict(zip(fixed, fixed_at)) | dict(zip(varying, varying_at))
+                members.append(self.rank_of(at["dp"], at["pp"], at["tp"]))
+            groups.append(tuple(members))
+        return tuple(groups)
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
         """The group of ``kind`` that contains ``rank``."""
