@@ -71,8 +71,36 @@ class ShmArena:
         The scenario's segment-name prefix (from :func:`scenario_prefix`).
     """
 
+    _current: "ShmArena | None" = None
+
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        self._on_close: list = []
+
+    @classmethod
+    def current(cls) -> "ShmArena":
+        """The arena of the scenario running in this process (fakes allocate from it)."""
+        if cls._current is None:
+            raise RuntimeError(
+                "no shared-memory arena is active in this process: the fake FlashInfer's "
+                "NVLink memory exists only inside a testbed scenario (RankPool.run)"
+            )
+        return cls._current
+
+    def activate(self) -> None:
+        type(self)._current = self
+
+    def on_close(self, callback) -> None:
+        """Call ``callback()`` when the scenario ends (e.g. to drop caches of its segments)."""
+        self._on_close.append(callback)
+
+    def close(self) -> None:
+        """End of scenario in this process: run the close callbacks, stop being current."""
+        callbacks, self._on_close = self._on_close, []
+        if type(self)._current is self:
+            type(self)._current = None
+        for callback in reversed(callbacks):
+            callback()
 
     def path(self, key: str) -> Path:
         if not isinstance(key, str) or not _KEY_RE.fullmatch(key):

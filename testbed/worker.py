@@ -186,6 +186,7 @@ def _teardown(ctx: RankContext | None) -> str | None:
         if ctx is not None:
             for cleanup in reversed(ctx._cleanups):
                 cleanup()
+            ctx.arena.close()
             ctx.groups.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -216,13 +217,15 @@ def _setup(job: Job) -> RankContext:
             )
         groups[kind] = by_members[members]
         group_ranks[kind] = members
+    arena = ShmArena(job.arena_prefix)
+    arena.activate()
     return RankContext(
         name=job.name,
         layout=layout,
         coords=layout.coords(job.rank),
         groups=groups,
         group_ranks=group_ranks,
-        arena=ShmArena(job.arena_prefix),
+        arena=arena,
         seed=job.seed,
         pg_timeout=timeout,
     )

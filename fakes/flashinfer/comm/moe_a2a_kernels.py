@@ -1,0 +1,377 @@
+"""What the CUDA ops of the one-sided MoE all-to-all do, on CPU, over the shared workspace.
+
+Mirrors ``csrc/trtllm_moe_alltoall.cu`` and the kernels under
+``communicationKernels/moeAlltoAllKernels.cu`` (flashinfer 0.7.2): the same byte offsets,
+the same checks and messages, the same flag protocol. Rank ``r``'s memory is row ``r`` of
+the ``[ep_size, size_per_rank]`` workspace; dispatch *puts* each token's payloads into the
+target rank's row, combine *gets* each token's results from the expert ranks' rows.
+
+Legend: T local tokens, K top_k, R ep ranks, S runtime max tokens per rank (slots per
+source), B bytes per token of one payload, H elements per token of the combine payload.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from fakes.flashinfer._check import icheck, icheck_eq
+from fakes.flashinfer.profiles import Profile
+
+METAINFO_FIELDS = (
+    "FLAG_VAL", "LOCAL_TOKEN_COUNTER", "SEND_COUNTERS", "RECV_COUNTERS",
+    "DISPATCH_COMPLETION_FLAGS", "COMBINE_COMPLETION_FLAGS", "TOPK_TARGET_RANKS",
+    "TOPK_SEND_INDICES", "EPLB_GATHERED_STATS", "PAYLOAD_DATA",
+)
+NUM_METAINFO_FIELDS = len(METAINFO_FIELDS)
+(FLAG_VAL, LOCAL_TOKEN_COUNTER, SEND_COUNTERS, RECV_COUNTERS, DISPATCH_FLAGS, COMBINE_FLAGS,
+ TOPK_TARGET_RANKS, TOPK_SEND_INDICES, EPLB_GATHERED_STATS, PAYLOAD_DATA) = range(NUM_METAINFO_FIELDS)
+ALIGN = 128
+RANK_MASK_WORDS = 1
+
+
+class SlotOrder:
+    """How slots inside a source's block are assigned: ``shuffled`` stands in for the GPU's
+    atomics (nothing may depend on it), ``deterministic`` is source token order."""
+
+    mode = os.environ.get("A2A_FAKE_SLOT_ORDER", "shuffled")
+    seed = 0
+    _calls = 0
+
+
+FLAG_TIMEOUT_S = float(os.environ.get("A2A_FAKE_FLAG_TIMEOUT_S", "30"))
+
+
+class CompletionTimeout(RuntimeError):
+    """A rank waited too long for its peers' completion flags (the kernel would trap)."""
+
+
+def align(x: int) -> int:
+    return (x + ALIGN - 1) // ALIGN * ALIGN
+
+
+def metainfo_offsets(ep_size: int, max_num_tokens: int, eplb_stats_num_experts: int,
+                     k_max_top_k: int) -> list[int]:
+    """Byte offsets of the auxiliary fields in each rank's row (``calculateOffsets``)."""
+    offsets, off = [], 0
+    sizes = [4, 4, 4 * ep_size, 4 * ep_size]
+    for size in sizes:
+        offsets.append(off)
+        off += size
+    for size in (4 * ep_size, 4 * ep_size, max_num_tokens * k_max_top_k * 4,
+                 max_num_tokens * k_max_top_k * 4, ep_size * eplb_stats_num_experts * 4):
+        off = align(off)
+        offsets.append(off)
+        off += size
+    offsets.append(align(off))
+    return offsets
+
+
+def expert_to_rank(expert_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
+    """Owning EP rank of each expert id: ranks ``[0, E % ep)`` own ``E // ep + 1`` experts."""
+    base, rem = divmod(num_experts, ep_size)
+    ids = expert_ids.long()
+    if rem == 0:
+        return ids // base
+    split = rem * (base + 1)
+    return torch.where(ids < split, ids // (base + 1), rem + (ids - split) // max(base, 1))
+
+
+def _i32(workspace: torch.Tensor, rank: int, offset: int, count: int) -> torch.Tensor:
+    return workspace[rank, offset:offset + 4 * count].view(torch.int32)
+
+
+def _check_workspace_and_metainfo(workspace, metainfo, ep_size):
+    icheck(metainfo.device.type == "cpu", "metainfo.device.device_type == kDLCPU",
+           "metainfo must be a CPU tensor")
+    icheck(metainfo.dtype == torch.int64, "metainfo.dtype() == dl_int64", "metainfo must be int64")
+    icheck_eq(metainfo.dim(), 1, "metainfo.ndim()", "1")
+    icheck_eq(metainfo.size(0), NUM_METAINFO_FIELDS, "metainfo.size(0)", "fi_throughput::NUM_METAINFO_FIELDS")
+    icheck(workspace.dtype == torch.uint8, "workspace.dtype() == dl_uint8", "workspace must be uint8")
+    icheck_eq(workspace.dim(), 2, "workspace.ndim()", "2")
+    icheck_eq(workspace.size(0), ep_size, "workspace.size(0)", "epSize")
+    return [int(v) for v in metainfo.tolist()]
+
+
+def _check_rank_mask(mask, ep_rank: int) -> list[bool] | None:
+    """``resolveActiveRankMask``: the active flag of every rank, or None for no mask."""
+    if mask is None:
+        return None
+    icheck(mask.device.type == "cpu", "t.device.device_type == kDLCPU", "active_rank_mask must be a CPU tensor")
+    icheck(mask.is_contiguous(), "t.IsContiguous()", "active_rank_mask must be contiguous")
+    icheck(mask.dtype == torch.uint64, "t.dtype() == dl_uint64", "active_rank_mask must be uint64")
+    icheck_eq(mask.dim(), 1, "t.ndim()", "1", "active_rank_mask must be a 1D tensor")
+    icheck_eq(mask.size(0), RANK_MASK_WORDS, "t.size(0)", "kRankMaskWords",
+              f"active_rank_mask must have exactly {RANK_MASK_WORDS} uint64 elements")
+    word = int(mask.view(torch.int64)[0].item()) & 0xFFFFFFFFFFFFFFFF
+    icheck((word >> ep_rank) & 1 == 1, "(out[epRank >> 6] >> (epRank & 63)) & 1ULL",
+           f"active_rank_mask must mark the local ep_rank ({ep_rank}) as active")
+    return [bool((word >> r) & 1) for r in range(64)]
+
+
+def _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank):
+    if enable_rank_mask:
+        icheck(active_rank_mask is not None, "hasActiveRankMask(maskTensor)",
+               "active_rank_mask must be defined when enable_rank_mask=True")
+        return _check_rank_mask(active_rank_mask, ep_rank)
+    icheck(active_rank_mask is None, "!hasActiveRankMask(activeRankMask)",
+           "active_rank_mask requires enable_rank_mask=True")
+    return None
+
+
+def _wait_flags(workspace, ep_rank, offset, peers, expected, phase):
+    """Spin (with back-off) until every peer wrote ``expected`` into our completion flags."""
+    flags = _i32(workspace, ep_rank, offset, workspace.size(0))
+    peers_t = torch.tensor(peers, dtype=torch.long)
+    deadline = time.monotonic() + FLAG_TIMEOUT_S
+    delay = 20e-6
+    while True:
+        missing = peers_t[flags[peers_t] != expected]
+        if missing.numel() == 0:
+            return
+        if time.monotonic() > deadline:
+            raise CompletionTimeout(
+                f"{phase}: rank {ep_rank} timed out after {FLAG_TIMEOUT_S:g} s waiting for "
+                f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+
+
+def _post_flags(workspace, ep_rank, offset, peers, value):
+    for peer in peers:
+        _i32(workspace, peer, offset + 4 * ep_rank, 1)[0] = value
+
+
+def initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts, profile: Profile):
+    icheck(workspace.dtype == torch.uint8, "workspace.dtype() == dl_uint8", "workspace must be uint8")
+    icheck_eq(workspace.dim(), 2, "workspace.ndim()", "2", "workspace must be a 2D tensor")
+    icheck_eq(workspace.size(0), ep_size, "workspace.size(0)", "epSize", "workspace first dim must equal ep_size")
+    icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize", "epRank out of range")
+    icheck(eplb_stats_num_experts >= 0, "eplbStatsNumExperts >= 0", "eplb_stats_num_experts must be non-negative")
+    workspace[ep_rank].zero_()  # only the caller's row: peers zero their own
+    return torch.tensor(
+        metainfo_offsets(ep_size, max_num_tokens, eplb_stats_num_experts, profile.k_max_top_k),
+        dtype=torch.int64,
+    )
+
+
+def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k, num_experts,
+             eplb_local_stats, enable_rank_mask, active_rank_mask, profile: Profile):
+    """``moeA2ADispatchOp``. Returns (recv_offsets, recv_sizes, combine_payload_offset,
+    eplb_gathered_stats_offset, eplb_stats_num_experts); offsets are absolute in the workspace."""
+    icheck(ids_TK.is_contiguous(), "tokenSelectedExperts.IsContiguous()", "token_selected_experts must be contiguous")
+    icheck(ids_TK.dtype == torch.int32, "tokenSelectedExperts.dtype() == dl_int32", "token_selected_experts must be int32")
+    icheck_eq(ids_TK.dim(), 2, "tokenSelectedExperts.ndim()", "2", "token_selected_experts must be 2D")
+    icheck_eq(ids_TK.size(1), top_k, "tokenSelectedExperts.size(1)", "topK", "token_selected_experts shape mismatch")
+    n_payloads = len(payloads)
+    icheck(n_payloads > 0, "numPayloads > 0", "At least one payload is required")
+    icheck(n_payloads <= profile.k_max_payloads, "numPayloads <= tl_throughput::kMaxPayloads",
+           f"Too many payloads: {n_payloads} > {profile.k_max_payloads}")
+    T = ids_TK.size(0)
+    for i, p in enumerate(payloads):
+        icheck(p.is_contiguous(), "payload.IsContiguous()", "payload must be contiguous")
+        icheck_eq(p.dim(), 2, "payload.ndim()", "2", f"payload {i} must be 2D")
+        icheck_eq(p.size(0), T, "payload.size(0)", "localNumTokens", f"payload {i} first dimension must match local_num_tokens")
+    offsets = _check_workspace_and_metainfo(workspace, metainfo, ep_size)
+    icheck(0 < ep_size <= profile.k_max_ranks, "epSize > 0 && epSize <= tl_throughput::kMaxRanks",
+           f"epSize must be in the range (0, {profile.k_max_ranks}]")
+    icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize")
+    icheck(rtm > 0, "runtimeMaxTokensPerRank > 0")
+    if profile.experts_divisible:
+        icheck(num_experts >= ep_size and num_experts % ep_size == 0,
+               "numExperts >= epSize && numExperts % epSize == 0", "num_experts must be divisible by ep_size")
+    else:
+        icheck(num_experts >= ep_size, "numExperts >= epSize", "num_experts must be >= ep_size")
+    icheck(0 < top_k <= profile.k_max_top_k, "topK > 0 && topK <= tl_throughput::kMaxTopK")
+    n_eplb = 0
+    if eplb_local_stats is not None:
+        icheck(eplb_local_stats.dtype == torch.int32, "localStats.dtype() == dl_int32", "eplb_local_stats must be int32")
+        icheck_eq(eplb_local_stats.dim(), 1, "localStats.ndim()", "1", "eplb_local_stats must be a 1D tensor")
+        n_eplb = eplb_local_stats.size(0)
+        icheck(n_eplb > 0, "eplbStatsNumExperts > 0", "eplb_local_stats must not be empty")
+        icheck(n_eplb <= num_experts, "eplbStatsNumExperts <= numExperts", "eplb_local_stats size must be <= num_experts")
+        icheck(offsets[EPLB_GATHERED_STATS] + ep_size * n_eplb * 4 <= offsets[PAYLOAD_DATA],
+               "gatheredEnd <= offsets[fi_throughput::PAYLOAD_DATA_OFFSET_INDEX]",
+               f"eplb_local_stats size ({n_eplb}) exceeds the eplb_stats_num_experts reserved at initialize time")
+    sizes, total = [], 0
+    for i, p in enumerate(payloads):
+        item = p.element_size()
+        sizes.append(ep_size * rtm * p.size(1) * item)
+        total += sizes[-1]
+        icheck(total % item == 0, "totalBytesNeeded % elementSize == 0",
+               f"Misaligned payload buffer {i} with element size {item}. "
+               "Consider reordering payloads by largest to smallest element size")
+    size_per_rank = workspace.size(1)
+    required = offsets[PAYLOAD_DATA] + total
+    icheck(size_per_rank >= required, "sizePerRank >= requiredSize",
+           f"workspace size per rank insufficient, need {required} bytes but has {size_per_rank}")
+    active = _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank)
+    # Stricter than the kernel, which reads any id and writes wherever it points.
+    if T:
+        lo, hi = int(ids_TK.min()), int(ids_TK.max())
+        if lo < 0 or hi >= num_experts:
+            raise RuntimeError(
+                f"token_selected_experts holds expert ids in [{lo}, {hi}], outside [0, {num_experts}): "
+                "the real kernel does not check and would write outside the workspace"
+            )
+    if T > rtm:
+        raise RuntimeError(
+            f"local_num_tokens ({T}) exceeds runtime_max_tokens_per_rank ({rtm}): the real kernel "
+            "does not check and would overwrite the next source rank's slots"
+        )
+
+    # moeA2APrepareDispatchKernel
+    me = ep_rank
+    flag = _i32(workspace, me, offsets[FLAG_VAL], 1)
+    flag += 1
+    expected = int(flag.item())
+    peers = [r for r in range(ep_size) if active is None or active[r]]
+
+    # moeA2ADispatchKernel: one send per unique target rank, the first lane wins.
+    target_TK = expert_to_rank(ids_TK, num_experts, ep_size)
+    lanes = torch.arange(top_k)
+    dup_TK = ((target_TK[:, :, None] == target_TK[:, None, :]) & (lanes[None, :] < lanes[:, None])[None]).any(-1)
+    valid_TK = ~dup_TK
+    if active is not None:
+        valid_TK &= torch.tensor(active[:ep_size])[target_TK]
+    tok, lane = valid_TK.nonzero(as_tuple=True)
+    dest = target_TK[tok, lane]
+    order = torch.arange(tok.numel())
+    if SlotOrder.mode == "shuffled" and tok.numel():
+        gen = torch.Generator().manual_seed(SlotOrder.seed * 1_000_003 + me * 7919 + SlotOrder._calls)
+        SlotOrder._calls += 1
+        priority_T = torch.randperm(T, generator=gen)
+        order = torch.argsort(priority_T[tok], stable=True)
+    slot = torch.empty_like(dest)
+    onehot = torch.nn.functional.one_hot(dest[order], ep_size)
+    slot[order] = (onehot.cumsum(0) - 1).gather(1, dest[order, None]).squeeze(1)
+    counts_R = torch.bincount(dest, minlength=ep_size)
+
+    send_TK = torch.full((T, top_k), -1, dtype=torch.int32)
+    send_TK[tok, lane] = slot.to(torch.int32)
+    tgt_TK = torch.where(valid_TK, target_TK, -1).to(torch.int32)
+    _i32(workspace, me, offsets[TOPK_TARGET_RANKS], T * top_k)[:] = tgt_TK.flatten()
+    _i32(workspace, me, offsets[TOPK_SEND_INDICES], T * top_k)[:] = send_TK.flatten()
+    _i32(workspace, me, offsets[SEND_COUNTERS], ep_size)[:] = counts_R.to(torch.int32)
+
+    bytes_TB = [p.view(torch.uint8).reshape(T, -1) for p in payloads]
+    local_offsets = []
+    off = offsets[PAYLOAD_DATA]
+    for size in sizes:
+        local_offsets.append(off)
+        off += size
+    for r in peers:
+        sel = dest == r
+        if not bool(sel.any()):
+            continue
+        rows, slots = tok[sel], slot[sel]
+        for data_TB, local_off, size in zip(bytes_TB, local_offsets, sizes):
+            region_RSB = workspace[r, local_off:local_off + size].view(ep_size, rtm, -1)
+            region_RSB[me, slots] = data_TB[rows]
+    for r in peers:
+        _i32(workspace, r, offsets[RECV_COUNTERS] + 4 * me, 1)[0] = int(counts_R[r])
+        if n_eplb:
+            _i32(workspace, r, offsets[EPLB_GATHERED_STATS] + 4 * me * n_eplb, n_eplb)[:] = eplb_local_stats
+    _post_flags(workspace, me, offsets[DISPATCH_FLAGS], peers, expected)
+    _wait_flags(workspace, me, offsets[DISPATCH_FLAGS], peers, expected, "dispatch")
+
+    base = me * workspace.stride(0)
+    eplb_offset = base + offsets[EPLB_GATHERED_STATS] if n_eplb else -1
+    return [base + o for o in local_offsets], sizes, align(off), eplb_offset, n_eplb
+
+
+_COMBINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
+
+
+def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, combine_offset,
+            payload_in_workspace, output_dtype, output_scales, use_low_precision,
+            enable_rank_mask, active_rank_mask, output, profile: Profile):
+    """``moeA2ACombineOp`` / ``moeA2ACombineIntoOp``: ``[T, H]``, written into ``output`` if given."""
+    icheck(payload_RSH.is_contiguous(), "payload.IsContiguous()", "payload must be contiguous")
+    icheck_eq(payload_RSH.dim(), 3, "payload.ndim()", "3", "payload must be [ep_size, runtime_max_tokens_per_rank, hidden]")
+    icheck_eq(payload_RSH.size(0), ep_size, "payload.size(0)", "epSize")
+    icheck_eq(payload_RSH.size(1), rtm, "payload.size(1)", "runtimeMaxTokensPerRank")
+    icheck(0 < ep_size <= profile.k_max_ranks, "epSize > 0 && epSize <= tl_throughput::kMaxRanks",
+           f"epSize must be in the range (0, {profile.k_max_ranks}]")
+    icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize")
+    icheck(0 < top_k <= profile.k_max_top_k, "topK > 0 && topK <= tl_throughput::kMaxTopK")
+    icheck(T >= 0, "localNumTokens >= 0")
+    offsets = _check_workspace_and_metainfo(workspace, metainfo, ep_size)
+    me, H = ep_rank, payload_RSH.size(2)
+    payload_bytes = payload_RSH.numel() * payload_RSH.element_size()
+    size_per_rank = workspace.size(1)
+    icheck(combine_offset >= 0 and combine_offset + payload_bytes <= size_per_rank,
+           "combinePayloadOffset >= 0 && combinePayloadOffset + payloadBytes <= sizePerRank",
+           "workspace insufficient for combine payload region")
+    region_start = workspace[me, combine_offset:]
+    if payload_in_workspace:
+        icheck(payload_RSH.data_ptr() == region_start.data_ptr(), "payload.data_ptr() == expectedPtr",
+               f"payload_in_workspace is True but tensor pointer mismatch: {hex(payload_RSH.data_ptr())} "
+               f"!= {hex(region_start.data_ptr())}")
+    if payload_RSH.dtype not in _COMBINE_DTYPES:
+        raise TypeError("Unsupported dtype for MoE combine")
+    if output_dtype is not None and output_dtype != payload_RSH.dtype or output_scales is not None:
+        raise NotImplementedError(
+            "quantized combine output (output_dtype/output_scales) needs SM>=100 kernels; "
+            "the CPU fake does not emulate it"
+        )
+    out_dtype = torch.bfloat16 if use_low_precision else payload_RSH.dtype
+    if use_low_precision:
+        icheck(payload_RSH.dtype in (torch.bfloat16, torch.float16),
+               "payload.dtype() == dl_bfloat16 || payload.dtype() == dl_float16",
+               "Quantization only supports for fp16 or bf16 inputs")
+    if output is not None:
+        icheck_eq(output.dim(), 2, "output.ndim()", "2", "output must be a 2D tensor")
+        icheck_eq(output.size(0), T, "output.size(0)", "output_shape[0]")
+        icheck_eq(output.size(1), H, "output.size(1)", "output_shape[1]")
+        icheck(output.dtype == out_dtype, "output.dtype() == outputDtype",
+               f"output dtype must match {'bf16 (use_low_precision)' if use_low_precision else 'payload dtype'} "
+               f"(expected {out_dtype}, got {output.dtype})")
+    active = _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank)
+    peers = [r for r in range(ep_size) if active is None or active[r]]
+
+    # moeA2APrepareCombineKernel: stage this rank's results where the sources will read them.
+    flag = _i32(workspace, me, offsets[FLAG_VAL], 1)
+    flag += 1
+    expected = int(flag.item())
+    region_RSH = workspace[me, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, rtm, H)
+    recv_R = _i32(workspace, me, offsets[RECV_COUNTERS], ep_size).tolist()
+    if not payload_in_workspace:
+        for src, n in enumerate(recv_R):
+            if n:
+                region_RSH[src, :n] = payload_RSH[src, :n]
+    if use_low_precision:
+        for src, n in enumerate(recv_R):
+            region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
+    _post_flags(workspace, me, offsets[COMBINE_FLAGS], peers, expected)
+    _wait_flags(workspace, me, offsets[COMBINE_FLAGS], peers, expected, "combine")
+
+    # moeA2ACombineKernel: sum, per local token, the rows its target ranks hold for it.
+    tgt_TK = _i32(workspace, me, offsets[TOPK_TARGET_RANKS], T * top_k).view(T, top_k)
+    send_TK = _i32(workspace, me, offsets[TOPK_SEND_INDICES], T * top_k).view(T, top_k)
+    acc_TH = torch.zeros(T, H, dtype=torch.float32)
+    for r in peers:
+        tok, lane = ((tgt_TK == r) & (send_TK >= 0)).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        peer_RSH = workspace[r, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, rtm, H)
+        acc_TH.index_add_(0, tok, peer_RSH[me, send_TK[tok, lane].long()].float())
+    if output is None:
+        return acc_TH.to(out_dtype)
+    output.copy_(acc_TH)
+    return output
+
+
+def sanitize_expert_ids(expert_ids_RSK, workspace, metainfo, ep_rank, invalid_expert_id):
+    """``moeA2ASanitizeExpertIdsOp``: rows past each source's received count get the invalid id."""
+    icheck(expert_ids_RSK.dtype == torch.int32, "expertIds.dtype() == dl_int32", "expert_ids must be int32")
+    icheck_eq(expert_ids_RSK.dim(), 3, "expertIds.ndim()", "3")
+    R, S, _ = expert_ids_RSK.shape
+    icheck(metainfo.dtype == torch.int64, "metainfo.dtype() == dl_int64")
+    icheck_eq(metainfo.size(0), NUM_METAINFO_FIELDS, "metainfo.size(0)", "fi_throughput::NUM_METAINFO_FIELDS")
+    recv_R = _i32(workspace, ep_rank, int(metainfo[RECV_COUNTERS]), R)
+    stale_RS = torch.arange(S)[None, :] >= recv_R[:, None]
+    expert_ids_RSK[stale_RS] = invalid_expert_id

@@ -1,0 +1,50 @@
+"""Version profiles: what differs between FlashInfer releases that the integration meets.
+
+The active profile decides which signatures ``fakes.flashinfer.comm.trtllm_moe_alltoall``
+exposes (so ``inspect.signature`` sees the real shape), the limits the kernels check and
+the return forms. Choose it with :func:`set_profile` or ``A2A_FAKE_FLASHINFER_PROFILE``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    k_max_top_k: int
+    k_max_payloads: int
+    k_max_ranks: int
+    experts_divisible: bool  # num_experts % ep_size == 0 required (E // (E / ep) routing)
+    combine_quant_kws: bool  # combine(output_dtype, output_scales, output_scalar_scale, sf_layout)
+    combine_output_kw: bool  # combine(output=...), kw-only use_low_precision / active_rank_mask
+    eplb_and_rank_mask: bool  # eplb_stats_num_experts, enable_rank_mask; dispatch fn 3-tuple
+    backend_kw: bool  # backend="trtllm" keyword (0.7.x)
+
+
+PROFILES = {
+    p.name: p
+    for p in (
+        Profile("0.6.8", 22, 4, 64, True, False, False, False, False),
+        Profile("0.6.14", 22, 6, 64, True, True, False, False, False),
+        Profile("0.6.16", 22, 6, 64, False, True, True, True, False),
+        Profile("0.7.2", 22, 6, 64, False, True, True, True, True),
+    )
+}
+DEFAULT_PROFILE = "0.7.2"
+_active = PROFILES[os.environ.get("A2A_FAKE_FLASHINFER_PROFILE", DEFAULT_PROFILE)]
+
+
+def set_profile(name: str) -> Profile:
+    """Make ``name`` the active profile of this process; returns it."""
+    global _active
+    if name not in PROFILES:
+        raise ValueError(f"unknown FlashInfer profile {name!r}: expected one of {sorted(PROFILES)}")
+    _active = PROFILES[name]
+    return _active
+
+
+def active() -> Profile:
+    return _active

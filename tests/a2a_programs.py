@@ -1,0 +1,129 @@
+"""Rank programs and the dense reference for the one-sided all-to-all tests.
+
+Every rank rebuilds every rank's inputs from ``(seed, rank)``, so the reference needs no
+communication. Legend: T tokens, K top_k, H hidden, R ep ranks, S slots per source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fakes.flashinfer import set_profile
+from fakes.flashinfer.comm import Mapping, MnnvlConfig
+from fakes.flashinfer.comm import moe_a2a_kernels as kernels
+from testbed.comm import GroupComm
+
+
+@dataclass(frozen=True)
+class Case:
+    num_experts: int
+    top_k: int
+    hidden: int
+    tokens_per_rank: tuple[int, ...]
+    dtype: torch.dtype = torch.bfloat16
+    seed: int = 0
+    duplicate_routing: bool = False  # every lane of a token on one rank
+
+    @property
+    def rtm(self) -> int:
+        return max(max(self.tokens_per_rank), 1)
+
+
+def rank_inputs(case: Case, rank: int):
+    """``(x_TH, ids_TK int32, w_TK fp32)`` of ``rank``."""
+    g = torch.Generator().manual_seed(case.seed * 1000 + rank)
+    T, K, E = case.tokens_per_rank[rank], case.top_k, case.num_experts
+    x_TH = (torch.randn(T, case.hidden, generator=g) * 2).to(case.dtype)
+    if case.duplicate_routing:
+        ep = len(case.tokens_per_rank)
+        owner = torch.randint(0, ep, (T, 1), generator=g)
+        per = E // ep
+        ids_TK = (owner * per + torch.randint(0, per, (T, K), generator=g)).to(torch.int32)
+    else:
+        ids_TK = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32) \
+            if T else torch.empty(0, K, dtype=torch.int32)
+    w_TK = torch.rand(T, K, generator=g)
+    return x_TH, ids_TK, w_TK
+
+
+def owner_of(expert: int, num_experts: int, ep: int) -> int:
+    """Independent restatement of the contiguous ceil/floor expert split."""
+    base, rem = divmod(num_experts, ep)
+    bounds, start = [], 0
+    for r in range(ep):
+        start += base + (1 if r < rem else 0)
+        bounds.append(start)
+    return next(r for r, end in enumerate(bounds) if expert < end)
+
+
+def expert_fn(x_H: torch.Tensor, expert: int) -> torch.Tensor:
+    return x_H.float() * (expert + 1)
+
+
+def reference_output(case: Case, rank: int) -> torch.Tensor:
+    """Dense fp32: ``sum_k w[t,k] * expert_fn(x[t], ids[t,k])``."""
+    x_TH, ids_TK, w_TK = rank_inputs(case, rank)
+    out = torch.zeros(x_TH.shape, dtype=torch.float32)
+    for t in range(x_TH.size(0)):
+        for k in range(case.top_k):
+            out[t] += w_TK[t, k] * expert_fn(x_TH[t], int(ids_TK[t, k]))
+    return out
+
+
+def expected_rows(case: Case, dst: int, src: int) -> list[bytes]:
+    """Sorted bytes of the (x, ids, w) rows ``src`` must deliver to ``dst``."""
+    ep = len(case.tokens_per_rank)
+    x_TH, ids_TK, w_TK = rank_inputs(case, src)
+    rows = []
+    for t in range(x_TH.size(0)):
+        if any(owner_of(int(e), case.num_experts, ep) == dst for e in ids_TK[t]):
+            rows.append(_row_bytes(x_TH[t], ids_TK[t], w_TK[t]))
+    return sorted(rows)
+
+
+def _row_bytes(x_H, ids_K, w_K) -> bytes:
+    return b"".join(bytes(t.contiguous().view(torch.uint8).tolist()) for t in (x_H, ids_K, w_K))
+
+
+def round_trip(ctx, case: Case, profile: str = "0.7.2", slot_order: str = "shuffled"):
+    """Dispatch ``[x, ids, w]``, run the weighted experts on what arrived, combine.
+
+    Returns what arrived per source (sorted row bytes) and the combined ``[T, H]`` output."""
+    set_profile(profile)
+    kernels.SlotOrder.mode = slot_order
+    kernels.SlotOrder.seed = ctx.seed
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
+
+    ep_group = ctx.groups["ep"]
+    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    a2a = MoeAlltoAll(mapping, max_num_tokens=case.rtm, top_k=case.top_k, num_experts=case.num_experts,
+                      hidden_size=case.hidden, mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ep_group)))
+    x_TH, ids_TK, w_TK = rank_inputs(case, me)
+    S = case.rtm
+    recv_x, recv_ids, recv_w = a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], S,
+                                            invalid_token_expert_id=-1, expert_id_payload_index=1)
+    arrived = {}
+    out_RSH = torch.zeros(R, S, case.hidden, dtype=case.dtype)
+    lo = sum(kernels_count(case.num_experts, R, r) for r in range(me))
+    hi = lo + kernels_count(case.num_experts, R, me)
+    for src in range(R):
+        n = int((recv_ids[src, :, 0] != -1).sum())
+        assert bool((recv_ids[src, n:] == -1).all()), "sanitize left stale ids past the count"
+        arrived[src] = sorted(_row_bytes(recv_x[src, i], recv_ids[src, i], recv_w[src, i]) for i in range(n))
+        for i in range(n):
+            acc = torch.zeros(case.hidden)
+            for k in range(case.top_k):
+                e = int(recv_ids[src, i, k])
+                if lo <= e < hi:
+                    acc += recv_w[src, i, k] * expert_fn(recv_x[src, i], e)
+            out_RSH[src, i] = acc.to(case.dtype)
+    out_TH = a2a.combine(out_RSH, S)
+    return {"arrived": arrived, "out": out_TH}
+
+
+def kernels_count(num_experts: int, ep: int, rank: int) -> int:
+    base, rem = divmod(num_experts, ep)
+    return base + (1 if rank < rem else 0)
