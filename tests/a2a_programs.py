@@ -127,3 +127,89 @@ def round_trip(ctx, case: Case, profile: str = "0.7.2", slot_order: str = "shuff
 def kernels_count(num_experts: int, ep: int, rank: int) -> int:
     base, rem = divmod(num_experts, ep)
     return base + (1 if rank < rem else 0)
+
+
+def _make(ctx, profile, *, max_num_tokens=4, top_k=2, num_experts=4, hidden=16,
+          workspace_size_per_rank=None, **kw):
+    set_profile(profile)
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
+
+    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    return MoeAlltoAll(mapping, max_num_tokens, top_k, num_experts,
+                       workspace_size_per_rank=workspace_size_per_rank,
+                       hidden_size=None if workspace_size_per_rank else hidden,
+                       mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])), **kw)
+
+
+def _ids(T, K, E, rank):
+    return ((torch.arange(T * K).view(T, K) + rank) % E).to(torch.int32)
+
+
+def trigger(ctx, what: str, profile: str = "0.7.2"):
+    """Provoke one failure of the fake; return ``(exception type name, message)`` or None."""
+    me, T, K, H = ctx.coords.ep_rank, 3, 2, 16
+    x = torch.randn(T, H, dtype=torch.bfloat16)
+    ids = _ids(T, K, 4, me)
+    try:
+        if what == "seed001_overflow":
+            # Sized for an nvfp4 layer (x H/2 + scales H/16 + ids + weights), then a bf16 layer.
+            H = 256
+            from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
+            set_profile(profile)
+            size = moe_a2a_get_workspace_size_per_rank(
+                ctx.layout.ep_size, 8, H // 2 + H // 16 + 2 * K * 4, H * 2)
+            a2a = _make(ctx, profile, max_num_tokens=8, workspace_size_per_rank=size)
+            x = torch.randn(T, H, dtype=torch.bfloat16)
+            recv = a2a.dispatch(ids, [x, ids, torch.rand(T, K)], 8)
+            a2a.combine(torch.zeros(recv[0].shape, dtype=torch.bfloat16), 8)
+        elif what == "dispatch_twice":
+            a2a = _make(ctx, profile)
+            a2a.dispatch(ids, [x], 4)
+            a2a.dispatch(ids, [x], 4)
+        elif what == "combine_before_dispatch":
+            _make(ctx, profile).combine(torch.zeros(ctx.layout.ep_size, 4, H, dtype=torch.bfloat16), 4)
+        elif what == "rtm_exceeds_max":
+            _make(ctx, profile).dispatch(ids, [x], 5)
+        elif what == "ids_int64":
+            _make(ctx, profile).dispatch(ids.long(), [x], 4)
+        elif what == "ids_wrong_top_k":
+            _make(ctx, profile).dispatch(ids[:, :1].contiguous(), [x], 4)
+        elif what == "five_payloads":
+            _make(ctx, profile, workspace_size_per_rank=1 << 16).dispatch(ids, [x] * 5, 4)
+        elif what == "misaligned_payloads":
+            _make(ctx, profile).dispatch(ids, [torch.zeros(T, 3, dtype=torch.uint8), torch.zeros(T, 4)], 3)
+        elif what == "experts_not_divisible":
+            _make(ctx, profile, num_experts=5).dispatch(ids, [x], 4)
+        elif what == "workspace_too_small":
+            # aux is 1152 bytes for ep 2 / 4 tokens; x needs 2 * 4 * 16 * 2 = 256 more
+            _make(ctx, profile, workspace_size_per_rank=1300).dispatch(ids, [x], 4)
+        elif what == "output_not_contiguous":
+            a2a = _make(ctx, profile)
+            recv = a2a.dispatch(ids, [x], 4)
+            a2a.combine(recv[0].clone(), 4, output=torch.zeros(H, T, dtype=torch.bfloat16).t())
+        elif what == "payload_not_in_workspace":
+            a2a = _make(ctx, profile)
+            recv = a2a.dispatch(ids, [x], 4)
+            a2a.combine(recv[0].clone(), 4, payload_in_workspace=True)
+        elif what == "ids_out_of_range":
+            _make(ctx, profile).dispatch(ids + 4, [x], 4)
+        elif what == "tokens_exceed_rtm":
+            _make(ctx, profile).dispatch(ids, [x], 2)
+        elif what == "top_k_zero":
+            _make(ctx, profile, top_k=0)
+        elif what == "rank_mask_not_enabled":
+            from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask
+            _make(ctx, profile).dispatch(ids, [x], 4, active_rank_mask=moe_a2a_active_rank_mask([0, 1], 2))
+        elif what == "peer_never_dispatches":
+            kernels.FLAG_TIMEOUT_S = 1.0
+            a2a = _make(ctx, profile)
+            if me == 0:
+                a2a.dispatch(ids, [x], 4)
+        else:
+            raise ValueError(f"unknown trigger {what!r}")
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        kernels.FLAG_TIMEOUT_S = 30.0
+    return None
