@@ -213,3 +213,56 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
     finally:
         kernels.FLAG_TIMEOUT_S = 30.0
     return None
+
+
+@dataclass(frozen=True)
+class FuzzCase:
+    ep: int
+    num_experts: int
+    top_k: int
+    tokens_per_rank: tuple[int, ...]
+    dtype: torch.dtype
+    same_rank_lanes: bool  # all lanes of each token route to one rank
+    seed: int
+
+
+def fuzz_inputs(case: FuzzCase, rank: int):
+    g = torch.Generator().manual_seed(case.seed * 131 + rank)
+    T, K, E, R = case.tokens_per_rank[rank], case.top_k, case.num_experts, case.ep
+    x_TH = (torch.randn(T, 8, generator=g) * 4).to(case.dtype)
+    if case.same_rank_lanes:
+        owner_T = torch.randint(0, R, (T,), generator=g)
+        lo = torch.tensor([sum(kernels_count(E, R, r) for r in range(o)) for o in owner_T.tolist()], dtype=torch.long)
+        n = torch.tensor([kernels_count(E, R, o) for o in owner_T.tolist()], dtype=torch.long)
+        ids_TK = lo[:, None] + (torch.rand(T, K, generator=g) * n[:, None]).long()
+    else:
+        ids_TK = torch.randint(0, E, (T, K), generator=g)
+    tag_TB = torch.randint(0, 256, (T, 3), generator=g, dtype=torch.uint8)
+    return x_TH, ids_TK.to(torch.int32), tag_TB
+
+
+def identity_round_trip(ctx, case: FuzzCase):
+    """Experts write back each received row times this rank's local lanes for it."""
+    set_profile("0.7.2")
+    kernels.SlotOrder.mode = "shuffled"
+    kernels.SlotOrder.seed = case.seed
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll, moe_a2a_get_workspace_size_per_rank
+
+    R, me = case.ep, ctx.coords.ep_rank
+    S = max(max(case.tokens_per_rank), 1)
+    item = torch.empty((), dtype=case.dtype).element_size()
+    size = moe_a2a_get_workspace_size_per_rank(R, S, case.top_k * 4 + 8 * item + 3, 8 * item)
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    a2a = MoeAlltoAll(mapping, S, case.top_k, case.num_experts, workspace_size_per_rank=size,
+                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])))
+    x_TH, ids_TK, tag_TB = fuzz_inputs(case, me)
+    # largest element size first, as the kernel's alignment rule asks
+    recv_ids, recv_x, recv_tag = a2a.dispatch(ids_TK, [ids_TK, x_TH, tag_TB], S,
+                                              invalid_token_expert_id=-1, expert_id_payload_index=0)
+    lo = sum(kernels_count(case.num_experts, R, r) for r in range(me))
+    hi = lo + kernels_count(case.num_experts, R, me)
+    local_RS = ((recv_ids >= lo) & (recv_ids < hi)).sum(-1)
+    out_RSH = (recv_x.float() * local_RS[..., None]).to(case.dtype)
+    arrived = {src: sorted(bytes(recv_tag[src, i].tolist()) for i in range(int((recv_ids[src, :, 0] != -1).sum())))
+               for src in range(R)}
+    return a2a.combine(out_RSH, S), arrived

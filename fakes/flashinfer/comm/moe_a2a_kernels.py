@@ -257,7 +257,7 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     _i32(workspace, me, offsets[TOPK_SEND_INDICES], T * top_k)[:] = send_TK.flatten()
     _i32(workspace, me, offsets[SEND_COUNTERS], ep_size)[:] = counts_R.to(torch.int32)
 
-    bytes_TB = [p.view(torch.uint8).reshape(T, -1) for p in payloads]
+    bytes_TB = [p.view(torch.uint8).reshape(T, p.size(1) * p.element_size()) for p in payloads]
     local_offsets = []
     off = offsets[PAYLOAD_DATA]
     for size in sizes:
