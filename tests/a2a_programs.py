@@ -266,3 +266,56 @@ def identity_round_trip(ctx, case: FuzzCase):
     arrived = {src: sorted(bytes(recv_tag[src, i].tolist()) for i in range(int((recv_ids[src, :, 0] != -1).sum())))
                for src in range(R)}
     return a2a.combine(out_RSH, S), arrived
+
+
+def combine_variants(ctx, case: Case):
+    """The same dispatch combined three ways: plain, into ``output=``, from the workspace view."""
+    set_profile("0.7.2")
+    R, me, S = ctx.layout.ep_size, ctx.coords.ep_rank, case.rtm
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
+
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    a2a = MoeAlltoAll(mapping, S, case.top_k, case.num_experts, hidden_size=case.hidden,
+                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])))
+    x_TH, ids_TK, w_TK = rank_inputs(case, me)
+    results = []
+    for mode in ("plain", "output", "in_workspace"):
+        recv_x, recv_ids, recv_w = a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], S)
+        out_RSH = (recv_x.float() * 3).to(case.dtype)
+        if mode == "plain":
+            results.append(a2a.combine(out_RSH, S))
+        elif mode == "output":
+            out_TH = torch.full((x_TH.size(0), case.hidden), 7.0, dtype=case.dtype)
+            got = a2a.combine(out_RSH, S, output=out_TH)
+            assert got.data_ptr() == out_TH.data_ptr(), "output= was not filled in place"
+            results.append(out_TH)
+        else:
+            view = a2a.get_combine_payload_tensor_in_workspace(S, case.hidden, case.dtype)
+            view.copy_(out_RSH)
+            results.append(a2a.combine(view, S, payload_in_workspace=True))
+    return results
+
+
+def eplb_and_mask(ctx, num_experts: int = 8):
+    """EPLB stats gather, then a dispatch with rank 1 masked off."""
+    set_profile("0.7.2")
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll, moe_a2a_active_rank_mask
+
+    R, me, T, K, H = ctx.layout.ep_size, ctx.coords.ep_rank, 4, 2, 8
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    a2a = MoeAlltoAll(mapping, T, K, num_experts, hidden_size=H, eplb_stats_num_experts=num_experts,
+                      enable_rank_mask=True,
+                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])))
+    ids_TK = _ids(T, K, num_experts, me)
+    x_TH = torch.ones(T, H, dtype=torch.bfloat16) * (me + 1)
+    stats_E = torch.arange(num_experts, dtype=torch.int32) + 100 * me
+    everyone = moe_a2a_active_rank_mask(range(R), R)  # enable_rank_mask=True wants a mask every call
+    a2a.dispatch(ids_TK, [x_TH], T, eplb_local_stats=stats_E, active_rank_mask=everyone)
+    gathered = a2a.eplb_gathered_stats.clone()
+    a2a.combine(torch.zeros(R, T, H, dtype=torch.bfloat16), T, active_rank_mask=everyone)
+    if me == 1:
+        return gathered, None  # the masked-off rank sits this round out
+    mask = moe_a2a_active_rank_mask([r for r in range(R) if r != 1], R)
+    recv_x, = a2a.dispatch(ids_TK, [x_TH], T, active_rank_mask=mask)
+    out = a2a.combine((recv_x.float() * 2).to(torch.bfloat16), T, active_rank_mask=mask)
+    return gathered, out

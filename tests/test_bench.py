@@ -7,14 +7,24 @@ import sys
 import pytest
 
 
-def test_bench_cluster_prints_json_line():
-    done = subprocess.run(
-        [sys.executable, "-m", "testbed.bench", "cluster", "--per-size", "1"],
-        capture_output=True, text=True, timeout=300,
-    )
+def _bench(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "testbed.bench", *args],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_bench_cluster_prints_json_line():
+    result = _bench("cluster", "--per-size", "1")
     assert result["bench"] == "cluster" and result["scenarios"] == 2
     assert result["pool_s_per_scenario"] > 0 and result["spawn_s_per_scenario"] > 0
     ratio = result["pool_s_per_scenario"] / result["spawn_s_per_scenario"]
     assert result["ratio"] == pytest.approx(ratio, rel=0.01, abs=1e-4)
+
+
+def test_bench_a2a_prints_json_line():
+    result = _bench("a2a", "--ranks", "2", "--hidden", "256", "--tokens", "16", "--iters", "2")
+    assert result["bench"] == "a2a"
+    for key in ("fake_gbps", "gloo_gbps", "memcpy_gbps", "fake_vs_gloo", "fake_vs_memcpy"):
+        assert result[key] > 0, key
+    assert result["fake_vs_gloo"] == pytest.approx(result["fake_gbps"] / result["gloo_gbps"], rel=0.02)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a2a_programs import Case, expected_rows, reference_output, round_trip
+from a2a_programs import Case, combine_variants, eplb_and_mask, expected_rows, reference_output, round_trip
 from testbed.layout import ParallelLayout
 
 
@@ -23,3 +23,27 @@ def test_fake_a2a_round_trip_matches_dense_reference(cluster, world, profile):
                 tokens_per_rank=tuple(3 + 2 * r for r in range(world)), seed=world)
     per_rank = cluster.run(round_trip, ParallelLayout(world, dp=world), (case, profile), timeout_s=120)
     _check(per_rank, case)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fake_a2a_combine_output_and_workspace_payload_agree(cluster, world):
+    case = Case(num_experts=4 * world, top_k=3, hidden=16, tokens_per_rank=(0,) + (5,) * (world - 1), seed=7)
+    for plain, into, in_ws in cluster.run(combine_variants, ParallelLayout(world, dp=world), (case,)):
+        assert torch.equal(plain, into) and torch.equal(plain, in_ws)
+
+
+def test_fake_a2a_eplb_stats_and_rank_mask(cluster):
+    from a2a_programs import _ids
+
+    R, E, T, K = 4, 8, 4, 2
+    per_rank = cluster.run(eplb_and_mask, ParallelLayout(R, dp=R), (E,))
+    want_stats = torch.stack([torch.arange(E, dtype=torch.int32) + 100 * r for r in range(R)])
+    for rank, (gathered, out) in enumerate(per_rank):
+        assert torch.equal(gathered, want_stats), rank
+        if rank == 1:
+            continue
+        # each token's lanes reach every unique active owner once, which returns 2 * x
+        ids = _ids(T, K, E, rank)
+        owners = [{int(e) // (E // R) for e in ids[t]} - {1} for t in range(T)]
+        want = torch.tensor([[2.0 * (rank + 1) * len(o)] * 8 for o in owners])
+        assert torch.equal(out.float(), want), rank

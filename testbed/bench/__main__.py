@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from testbed.bench import cluster
+from testbed.bench import a2a, cluster
 
-BENCHES = {"cluster": cluster}
+BENCHES = {"cluster": cluster, "a2a": a2a}
 
 
 def main(argv: list[str] | None = None) -> int:

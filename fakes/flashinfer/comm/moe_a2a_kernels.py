@@ -265,12 +265,15 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
         off += size
     for r in peers:
         sel = dest == r
-        if not bool(sel.any()):
+        n = int(counts_R[r])
+        if n == 0:
             continue
-        rows, slots = tok[sel], slot[sel]
+        # A target's slots are a permutation of 0..n-1: gather in slot order straight into
+        # the peer's contiguous block (index_select copies whole rows).
+        by_slot = tok[sel][torch.argsort(slot[sel])]
         for data_TB, local_off, size in zip(bytes_TB, local_offsets, sizes):
             region_RSB = workspace[r, local_off:local_off + size].view(ep_size, rtm, -1)
-            region_RSB[me, slots] = data_TB[rows]
+            torch.index_select(data_TB, 0, by_slot, out=region_RSB[me, :n])
     for r in peers:
         _i32(workspace, r, offsets[RECV_COUNTERS] + 4 * me, 1)[0] = int(counts_R[r])
         if n_eplb:
@@ -358,7 +361,8 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
         if tok.numel() == 0:
             continue
         peer_RSH = workspace[r, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, rtm, H)
-        acc_TH.index_add_(0, tok, peer_RSH[me, send_TK[tok, lane].long()].float())
+        rows_PH = peer_RSH[me].index_select(0, send_TK[tok, lane].long())
+        acc_TH.index_add_(0, tok, rows_PH.float())
     if output is None:
         return acc_TH.to(out_dtype)
     output.copy_(acc_TH)

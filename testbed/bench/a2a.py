@@ -1,0 +1,119 @@
+"""A2a: bytes per second per rank of the fake's dispatch + combine, against gloo and memcpy.
+
+Each rank dispatches ``[x bf16 [T, H], ids int32 [T, K], weights fp32 [T, K]]`` and combines
+the received ``x`` back. The bytes moved per rank are the payload bytes of every (token,
+unique target rank) pair plus the ``H * 2`` bytes per pair the combine gathers. The same
+byte counts then go through two gloo ``all_to_all_single`` calls (dispatch and combine
+splits), and through a single-thread ``memcpy`` on rank 0 while the others wait.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from testbed.cluster import RankPool
+from testbed.layout import ParallelLayout
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per rank")
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--iters", type=int, default=10)
+
+
+def _timed(fn, iters: int, group) -> float:
+    fn()  # warm-up
+    dist.barrier(group=group)
+    started = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    dist.barrier(group=group)
+    return (time.perf_counter() - started) / iters
+
+
+def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: int) -> dict:
+    from fakes.flashinfer import set_profile
+    from fakes.flashinfer.comm import Mapping, MnnvlConfig
+    from fakes.flashinfer.comm.moe_a2a_kernels import expert_to_rank
+    from testbed.comm import GroupComm
+
+    set_profile("0.7.2")
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
+
+    group = ctx.groups["ep"]
+    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    g = torch.Generator().manual_seed(me)
+    x_TH = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    ids_TK = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    w_TK = torch.rand(tokens, top_k, generator=g)
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    a2a = MoeAlltoAll(mapping, tokens, top_k, experts, hidden_size=hidden,
+                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(group)))
+
+    def fake_round():
+        recv_x, _, _ = a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], tokens)
+        a2a.combine(recv_x, tokens)
+
+    fake_s = _timed(fake_round, iters, group)
+
+    # Per-target pair counts: one send per unique target rank per token.
+    target_TK = expert_to_rank(ids_TK, experts, R)
+    pairs_R = torch.stack([(target_TK == r).any(1).sum() for r in range(R)])
+    dispatch_bpt = hidden * 2 + top_k * 8
+    combine_bpt = hidden * 2
+    moved = int(pairs_R.sum()) * (dispatch_bpt + combine_bpt)
+
+    send_d = (pairs_R * dispatch_bpt).tolist()
+    recv_d = torch.empty(R, dtype=torch.int64)
+    dist.all_to_all_single(recv_d, torch.tensor(send_d), group=group)
+    send_c, recv_c = (pairs_R * combine_bpt).tolist(), (recv_d // dispatch_bpt * combine_bpt).tolist()
+    recv_d = recv_d.tolist()
+    buf_send_d, buf_recv_d = torch.empty(sum(send_d), dtype=torch.uint8), torch.empty(sum(recv_d), dtype=torch.uint8)
+    buf_send_c, buf_recv_c = torch.empty(sum(recv_c), dtype=torch.uint8), torch.empty(sum(send_c), dtype=torch.uint8)
+
+    def gloo_round():
+        dist.all_to_all_single(buf_recv_d, buf_send_d, recv_d, send_d, group=group)
+        dist.all_to_all_single(buf_recv_c, buf_send_c, send_c, recv_c, group=group)
+
+    gloo_s = _timed(gloo_round, iters, group)
+
+    memcpy_s = None
+    if me == 0:
+        src, dst = torch.empty(moved, dtype=torch.uint8), torch.empty(moved, dtype=torch.uint8)
+        dst.copy_(src)
+        started = time.perf_counter()
+        for _ in range(iters):
+            dst.copy_(src)
+        memcpy_s = (time.perf_counter() - started) / iters
+    dist.barrier(group=group)
+    return {"moved": moved, "fake_s": fake_s, "gloo_s": gloo_s, "memcpy_s": memcpy_s}
+
+
+def run(args) -> dict:
+    layout = ParallelLayout(args.ranks, dp=args.ranks)
+    with RankPool() as pool:
+        per_rank = pool.run(
+            bench_rank, layout,
+            (args.hidden, args.tokens, args.top_k, args.experts, args.iters),
+            timeout_s=600, name="bench-a2a",
+        )
+    gbps = lambda key: sum(r["moved"] / r[key] for r in per_rank) / len(per_rank) / 1e9  # noqa: E731
+    fake, gloo = gbps("fake_s"), gbps("gloo_s")
+    memcpy = per_rank[0]["moved"] / per_rank[0]["memcpy_s"] / 1e9
+    return {
+        "bench": "a2a",
+        "ranks": args.ranks, "hidden": args.hidden, "tokens_per_rank": args.tokens,
+        "top_k": args.top_k, "experts": args.experts,
+        "bytes_per_rank": round(sum(r["moved"] for r in per_rank) / len(per_rank)),
+        "fake_gbps": round(fake, 3),
+        "gloo_gbps": round(gloo, 3),
+        "memcpy_gbps": round(memcpy, 3),
+        "fake_vs_gloo": round(fake / gloo, 3),
+        "fake_vs_memcpy": round(fake / memcpy, 3),
+    }
