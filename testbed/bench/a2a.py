@@ -95,6 +95,10 @@ def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: i
     return {"moved": moved, "fake_s": fake_s, "gloo_s": gloo_s, "memcpy_s": memcpy_s}
 
 
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
 def run(args) -> dict:
     layout = ParallelLayout(args.ranks, dp=args.ranks)
     with RankPool() as pool:
@@ -111,9 +115,9 @@ def run(args) -> dict:
         "ranks": args.ranks, "hidden": args.hidden, "tokens_per_rank": args.tokens,
         "top_k": args.top_k, "experts": args.experts,
         "bytes_per_rank": round(sum(r["moved"] for r in per_rank) / len(per_rank)),
-        "fake_gbps": round(fake, 3),
-        "gloo_gbps": round(gloo, 3),
-        "memcpy_gbps": round(memcpy, 3),
-        "fake_vs_gloo": round(fake / gloo, 3),
-        "fake_vs_memcpy": round(fake / memcpy, 3),
+        "fake_gbps": _sig(fake),
+        "gloo_gbps": _sig(gloo),
+        "memcpy_gbps": _sig(memcpy),
+        "fake_vs_gloo": _sig(fake / gloo),
+        "fake_vs_memcpy": _sig(fake / memcpy),
     }
