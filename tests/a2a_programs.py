@@ -107,8 +107,8 @@ def round_trip(ctx, case: Case, profile: str = "0.7.2", slot_order: str = "shuff
                                             invalid_token_expert_id=-1, expert_id_payload_index=1)
     arrived = {}
     out_RSH = torch.zeros(R, S, case.hidden, dtype=case.dtype)
-    lo = sum(kernels_count(case.num_experts, R, r) for r in range(me))
-    hi = lo + kernels_count(case.num_experts, R, me)
+    lo = sum(experts_on(case.num_experts, R, r) for r in range(me))
+    hi = lo + experts_on(case.num_experts, R, me)
     for src in range(R):
         n = int((recv_ids[src, :, 0] != -1).sum())
         assert bool((recv_ids[src, n:] == -1).all()), "sanitize left stale ids past the count"
@@ -124,7 +124,8 @@ def round_trip(ctx, case: Case, profile: str = "0.7.2", slot_order: str = "shuff
     return {"arrived": arrived, "out": out_TH}
 
 
-def kernels_count(num_experts: int, ep: int, rank: int) -> int:
+def experts_on(num_experts: int, ep: int, rank: int) -> int:
+    """How many experts rank owns (independent of the fake)."""
     base, rem = divmod(num_experts, ep)
     return base + (1 if rank < rem else 0)
 
@@ -232,8 +233,8 @@ def fuzz_inputs(case: FuzzCase, rank: int):
     x_TH = (torch.randn(T, 8, generator=g) * 4).to(case.dtype)
     if case.same_rank_lanes:
         owner_T = torch.randint(0, R, (T,), generator=g)
-        lo = torch.tensor([sum(kernels_count(E, R, r) for r in range(o)) for o in owner_T.tolist()], dtype=torch.long)
-        n = torch.tensor([kernels_count(E, R, o) for o in owner_T.tolist()], dtype=torch.long)
+        lo = torch.tensor([sum(experts_on(E, R, r) for r in range(o)) for o in owner_T.tolist()], dtype=torch.long)
+        n = torch.tensor([experts_on(E, R, o) for o in owner_T.tolist()], dtype=torch.long)
         ids_TK = lo[:, None] + (torch.rand(T, K, generator=g) * n[:, None]).long()
     else:
         ids_TK = torch.randint(0, E, (T, K), generator=g)
@@ -259,8 +260,8 @@ def identity_round_trip(ctx, case: FuzzCase):
     # largest element size first, as the kernel's alignment rule asks
     recv_ids, recv_x, recv_tag = a2a.dispatch(ids_TK, [ids_TK, x_TH, tag_TB], S,
                                               invalid_token_expert_id=-1, expert_id_payload_index=0)
-    lo = sum(kernels_count(case.num_experts, R, r) for r in range(me))
-    hi = lo + kernels_count(case.num_experts, R, me)
+    lo = sum(experts_on(case.num_experts, R, r) for r in range(me))
+    hi = lo + experts_on(case.num_experts, R, me)
     local_RS = ((recv_ids >= lo) & (recv_ids < hi)).sum(-1)
     out_RSH = (recv_x.float() * local_RS[..., None]).to(case.dtype)
     arrived = {src: sorted(bytes(recv_tag[src, i].tolist()) for i in range(int((recv_ids[src, :, 0] != -1).sum())))
