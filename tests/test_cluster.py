@@ -179,8 +179,10 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["parent-killed", "parent-interrupted"])
 def test_cluster_parent_death_leaves_no_ranks_or_segments(how):
+    # Unbuffered bytes: a buffered reader could hold the second READY line where select()
+    # cannot see it.
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT_SCRIPT], cwd=HERE, text=True,
+        [sys.executable, "-c", PARENT_SCRIPT], cwd=HERE, bufsize=0,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
@@ -191,7 +193,7 @@ def test_cluster_parent_death_leaves_no_ranks_or_segments(how):
             assert remaining > 0 and select.select([parent.stdout], [], [], remaining)[0], (
                 f"ranks never reported ready; stderr: {parent.stderr.read() if parent.poll() is not None else ''}"
             )
-            line = parent.stdout.readline()
+            line = parent.stdout.readline().decode()
             assert line, f"parent exited early: {parent.wait()} {parent.stderr.read()}"
             if line.startswith("READY"):
                 ready.append(line.split())
@@ -204,7 +206,7 @@ def test_cluster_parent_death_leaves_no_ranks_or_segments(how):
             assert _wait_gone(pid, 30), f"rank process {pid} outlived its parent"
         assert not [s for s in segments if s.exists()], "shared-memory segments survived"
         if how == signal.SIGINT:
-            assert code != 0 and "KeyboardInterrupt" in parent.stderr.read()
+            assert code != 0 and b"KeyboardInterrupt" in parent.stderr.read()
     finally:
         if parent.poll() is None:
             parent.kill()
