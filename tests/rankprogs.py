@@ -48,7 +48,9 @@ def create_then_die(ctx) -> None:
 def hold_segment(ctx) -> None:
     """Create a segment, say so on stdout, then never return (for parent-death tests)."""
     ctx.arena.create(f"seg{ctx.rank}", 4096)
-    print(f"READY {ctx.rank} {os.getpid()} {ctx.arena.path(f'seg{ctx.rank}')}", flush=True)
+    # One write() below PIPE_BUF is atomic; print() may split text and newline, and the
+    # two ranks' lines then interleave.
+    os.write(1, f"READY {ctx.rank} {os.getpid()} {ctx.arena.path(f'seg{ctx.rank}')}\n".encode())
     stall_forever()
 
 

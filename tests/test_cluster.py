@@ -50,6 +50,7 @@ def test_cluster_rank_raise_names_the_rank(no_leaks):
 
 def test_cluster_rank_hang_reported_with_stuck_frame(no_leaks):
     timeout = 4.0
+    no_leaks.run(rankprogs.pid, ParallelLayout(2, dp=2))  # replace workers earlier tests killed
     started = time.monotonic()
     with pytest.raises(ScenarioTimeoutError) as info:
         no_leaks.run(faults.stall, ParallelLayout(2, dp=2), ((1,),), timeout_s=timeout)
@@ -187,12 +188,15 @@ def test_cluster_parent_death_leaves_no_ranks_or_segments(how):
     )
     try:
         ready = []
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 60
         while len(ready) < 2:
             remaining = deadline - time.monotonic()
-            assert remaining > 0 and select.select([parent.stdout], [], [], remaining)[0], (
-                f"ranks never reported ready; stderr: {parent.stderr.read() if parent.poll() is not None else ''}"
-            )
+            if not (remaining > 0 and select.select([parent.stdout], [], [], remaining)[0]):
+                os.set_blocking(parent.stderr.fileno(), False)
+                tree = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,cmd", "--ppid", str(parent.pid)],
+                                      capture_output=True, text=True).stdout
+                pytest.fail(f"ranks never reported ready (got {ready}); parent alive: {parent.poll() is None}; "
+                            f"children:\n{tree}\nstderr: {parent.stderr.read()}")
             line = parent.stdout.readline().decode()
             assert line, f"parent exited early: {parent.wait()} {parent.stderr.read()}"
             if line.startswith("READY"):
