@@ -320,3 +320,30 @@ def eplb_and_mask(ctx, num_experts: int = 8):
     recv_x, = a2a.dispatch(ids_TK, [x_TH], T, active_rank_mask=mask)
     out = a2a.combine((recv_x.float() * 2).to(torch.bfloat16), T, active_rank_mask=mask)
     return gathered, out
+
+
+def two_sided_round_trip(ctx, case: Case):
+    """MnnvlMoe: prepare, send x, weighted experts on the received rows, combine."""
+    from fakes.flashinfer.comm.trtllm_alltoall import MnnvlMoe
+
+    R, me, M, K = ctx.layout.ep_size, ctx.coords.ep_rank, case.rtm, case.top_k
+    E = case.num_experts
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    config = MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"]))
+    workspace = MnnvlMoe.get_moe_workspaces(mapping, config)
+    prepare_ws = MnnvlMoe.get_moe_prepare_workspace(mapping, config)
+    x_TH, ids_TK, w_TK = rank_inputs(case, me)
+    info, local_ids, local_w, _ = MnnvlMoe.mnnvl_moe_alltoallv_prepare_without_allgather(
+        ids_TK, w_TK, None, prepare_ws, M, me, R, E, E, K)
+    recv_x = MnnvlMoe.mnnvl_moe_alltoallv(x_TH, info, workspace, me, R)
+    n = int(info.recv_rank_count_cumsum[-1])
+    out = torch.zeros(recv_x.shape, dtype=case.dtype)
+    for i in range(n):
+        acc = torch.zeros(case.hidden)
+        for k in range(K):
+            e = int(local_ids[i, k])
+            if e != E:  # slot_count marks experts owned elsewhere
+                acc += local_w[i, k] * expert_fn(recv_x[i], e)
+        out[i] = acc.to(case.dtype)
+    stale = {"ids": bool((local_ids[n:] == E).all()), "x_nan": bool(recv_x[n:].float().isnan().all())}
+    return MnnvlMoe.mnnvl_moe_alltoallv_combine(out, info, workspace, me, R, K, x_TH.size(0)), stale

@@ -3,8 +3,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a2a_programs import Case, combine_variants, eplb_and_mask, expected_rows, reference_output, round_trip
+from a2a_programs import (
+    Case,
+    combine_variants,
+    eplb_and_mask,
+    expected_rows,
+    reference_output,
+    round_trip,
+    two_sided_round_trip,
+)
 from testbed.layout import ParallelLayout
+
+
+def _scale(ref: torch.Tensor) -> float:
+    return max(1.0, ref.abs().max().item()) if ref.numel() else 1.0
 
 
 def _check(per_rank, case):
@@ -13,7 +25,7 @@ def _check(per_rank, case):
         for src in range(R):
             assert got["arrived"][src] == expected_rows(case, me, src), (me, src)
         ref = reference_output(case, me)
-        torch.testing.assert_close(got["out"].float(), ref, rtol=2e-2, atol=2e-2 * max(1.0, ref.abs().max().item()))
+        torch.testing.assert_close(got["out"].float(), ref, rtol=2e-2, atol=2e-2 * _scale(ref))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
@@ -47,3 +59,12 @@ def test_fake_a2a_eplb_stats_and_rank_mask(cluster):
         owners = [{int(e) // (E // R) for e in ids[t]} - {1} for t in range(T)]
         want = torch.tensor([[2.0 * (rank + 1) * len(o)] * 8 for o in owners])
         assert torch.equal(out.float(), want), rank
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fake_two_sided_round_trip_matches_dense_reference(cluster, world):
+    case = Case(num_experts=4 * world, top_k=3, hidden=16, tokens_per_rank=(4,) + (0,) + (6,) * (world - 2), seed=11)
+    for me, (out, stale) in enumerate(cluster.run(two_sided_round_trip, ParallelLayout(world, dp=world), (case,))):
+        ref = reference_output(case, me)
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * _scale(ref))
+        assert stale == {"ids": True, "x_nan": True}

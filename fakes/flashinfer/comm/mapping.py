@@ -101,3 +101,16 @@ class Mapping:
     @property
     def moe_ep_rank(self) -> int:
         return self.tp_rank % self.moe_ep_size
+
+    def _key(self) -> tuple:
+        return (self.world_size, self.rank, self.gpus_per_node, self.cp_size, self.tp_size,
+                self.moe_cluster_size, self.pp_size, self.moe_tp_size, self.moe_ep_size,
+                self.attn_tp_size, self.attn_cp_size, self.auto_parallel)
+
+    def __eq__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())

@@ -1,0 +1,225 @@
+"""Fake ``flashinfer.comm.trtllm_alltoall``: the two-sided MoE all-to-all-v (``MnnvlMoe``).
+
+What the integration sees is reproduced: the index tensors ``moe_prepare`` returns and their
+layout (tokens grouped by target rank, received tokens packed in source-rank order,
+backward indices ``token * top_k + first lane`` that route combine results back), the
+``slot_count`` marking of experts a rank does not own, and the kernels' checks. The
+transport is not: the real kernels stream through FIFOs in the MNNVL workspace, an
+internal the caller never touches; the fake moves the same rows over the workspace's
+communicator (an all-gather), which needs every rank to call, as the real kernels do.
+Slots past what a rank received hold ``slot_count`` ids, NaN scales and -1 indices (the
+real buffers are uninitialised): code that reads them gets caught.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from fakes.flashinfer._check import icheck, icheck_eq
+from fakes.flashinfer.comm.mapping import Mapping
+from fakes.flashinfer.comm.mnnvl import MnnvlConfig, MnnvlMemory, on_scenario_end
+
+MAX_TOP_K = 32
+_FIFO_BYTES = 256 << 10  # per peer and direction; the size is the fake's, the role is real
+
+
+def get_moe_commworkspace_size_per_rank(ep_size: int) -> int:
+    return 2 * _FIFO_BYTES * ep_size
+
+
+def get_moe_prepare_workspace_size_per_rank(ep_size: int) -> int:
+    return _FIFO_BYTES * ep_size
+
+
+def _comm_of(workspace: torch.Tensor):
+    for record in MnnvlMemory.allocated_map.values():
+        if record.segment.data_ptr() == workspace.data_ptr():
+            return record.comm
+    raise RuntimeError("workspace is not an MNNVL allocation of this scenario (use MnnvlMoe.get_moe_workspaces)")
+
+
+def _fill(n: int, values: torch.Tensor, pad) -> torch.Tensor:
+    out = torch.full((n,) + tuple(values.shape[1:]), pad, dtype=values.dtype)
+    out[: values.size(0)] = values
+    return out
+
+
+def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count_per_rank,
+                ep_rank, ep_size, expert_count, slot_count, top_k):
+    """Exchange routing metadata. Returns ``(prepared_local_experts [M*ep, K] int32,
+    prepared_local_scales [M*ep, K] fp32 | None, send_rank_count_cumsum [ep],
+    send_rank_local_indices [M*max(ep,K)], recv_rank_count_cumsum [ep],
+    recv_rank_local_indices [M*ep], backward_recv_rank_local_indices [M*max(ep,K)],
+    gathered_expert_statics [ep, E] | None)``."""
+    icheck(experts_ids.dtype == torch.int32, "expertsIds.dtype() == dl_int32", "expertsIds must be int32")
+    icheck_eq(expert_count % 4, 0, "expertCount % 4", "0", "expertCount must be divisible by 4")
+    icheck_eq(slot_count % 4, 0, "slotCount % 4", "0", "slotCount must be divisible by 4")
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise RuntimeError("Only 1 <= topK <= 32 is supported now.")
+    T, M = experts_ids.size(0), max_token_count_per_rank
+    if T > M:  # stricter: the kernel would overrun its index buffers
+        raise RuntimeError(f"token count {T} exceeds max_token_count_per_rank {M}")
+    if scales is not None:
+        icheck(scales.dtype == torch.float32, "scales.dtype() == dl_float32", "scales must be float32")
+    comm = _comm_of(workspace)
+    me, K = ep_rank, top_k
+    rank_TK = experts_ids.long() // (expert_count // ep_size)
+    per_rank_slots = slot_count // ep_size
+    lanes = torch.arange(K)
+    outgoing, send_idx, backward = [], [], []
+    for r in range(ep_size):
+        hit_TK = rank_TK == r
+        tok = hit_TK.any(1).nonzero().flatten()
+        first_lane = torch.where(hit_TK[tok], lanes, K).min(1).values
+        ids = experts_ids[tok].clone()
+        ids[ids.long() // per_rank_slots != r] = slot_count
+        outgoing.append((ids, None if scales is None else scales[tok]))
+        send_idx.append(tok)
+        backward.append(tok * K + first_lane)
+    gathered = comm.allgather((outgoing, experts_statics))
+    incoming = [gathered[src][0][me] for src in range(ep_size)]
+    send_counts = torch.tensor([t.numel() for t in send_idx], dtype=torch.int32)
+    recv_counts = torch.tensor([ids.size(0) for ids, _ in incoming], dtype=torch.int32)
+    wide = M * max(ep_size, K)
+    recv_total = int(recv_counts.sum())
+    ids_in = torch.cat([ids for ids, _ in incoming]) if recv_total else torch.empty(0, K, dtype=torch.int32)
+    prepared_ids = _fill(M * ep_size, ids_in, slot_count)
+    prepared_scales = None
+    if scales is not None:
+        sc_in = torch.cat([sc for _, sc in incoming]) if recv_total else torch.empty(0, K)
+        prepared_scales = _fill(M * ep_size, sc_in, float("nan"))
+    statics = None
+    if experts_statics is not None:
+        statics = torch.stack([gathered[src][1] for src in range(ep_size)])
+    return (
+        prepared_ids,
+        prepared_scales,
+        send_counts.cumsum(0).to(torch.int32),
+        _fill(wide, torch.cat(send_idx).to(torch.int32), -1),
+        recv_counts.cumsum(0).to(torch.int32),
+        _fill(M * ep_size, torch.arange(recv_total, dtype=torch.int32), -1),
+        _fill(wide, torch.cat(backward).to(torch.int32), -1),
+        statics,
+    )
+
+
+def moe_comm(input, send_rank_cumsum, send_indices, output, recv_rank_cumsum, recv_indices,
+             all_workspaces, ep_rank, ep_size):
+    """Send ``input`` rows ``send_indices[range of r]`` to each rank ``r``; write what
+    arrives from ``src`` at ``output[recv_indices[range of src]]``."""
+    icheck_eq(input.dim(), 2, "input.ndim()", "2", "input must be a 2D tensor")
+    icheck_eq(output.dim(), 2, "output.ndim()", "2", "output must be a 2D tensor")
+    icheck_eq(input.size(1), output.size(1), "input.size(1)", "output.size(1)",
+              "input and output must have the same number of columns")
+    icheck_eq(send_rank_cumsum.size(0), ep_size, "sendRankCumSum.size(0)", "epSize", "sendRankCumSum must have epSize elements")
+    icheck_eq(recv_rank_cumsum.size(0), ep_size, "recvRankCumSum.size(0)", "epSize", "recvRankCumSum must have epSize elements")
+    icheck_eq(all_workspaces.size(0), ep_size, "allWorkspaces.size(0)", "epSize", "allWorkspaces must have epSize elements")
+    icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize", "epRank must be in the range [0, epSize)")
+    per_u64 = 8 // input.element_size()
+    icheck_eq(input.size(1) % (per_u64 * 2), 0, "input.size(1) % (eltCountPerU64 * 2)", "0",
+              "input.size(1) must be aligned to 16 bytes")
+    comm = _comm_of(all_workspaces)
+    bounds = [0] + send_rank_cumsum.tolist()
+    outgoing = [input[send_indices[bounds[r]:bounds[r + 1]].long()] for r in range(ep_size)]
+    gathered = comm.allgather(outgoing)
+    rbounds = [0] + recv_rank_cumsum.tolist()
+    for src in range(ep_size):
+        rows = gathered[src][ep_rank]
+        icheck_eq(rows.size(0), rbounds[src + 1] - rbounds[src], "received rows", "recvRankCumSum range",
+                  f"rank {src} sent a different token count than prepare announced")
+        output[recv_indices[rbounds[src]:rbounds[src + 1]].long()] = rows
+    return output
+
+
+@dataclass
+class MoEAlltoallInfo:
+    local_gather_indices: torch.Tensor
+    send_rank_count_cumsum: torch.Tensor
+    send_rank_local_indices: torch.Tensor
+    recv_rank_count_cumsum: torch.Tensor
+    recv_rank_local_indices: torch.Tensor
+    backward_recv_rank_local_indices: torch.Tensor
+    local_token_allocation_count: int
+
+
+class MnnvlMoe:
+    """NVLink two-sided MoE all-to-all-v over MNNVL workspaces (static methods only)."""
+
+    moe_workspace: MnnvlMemory = None
+    moe_prepare_workspace: MnnvlMemory = None
+    moe_workspace_tensor: torch.Tensor = None
+    moe_prepare_workspace_tensor: torch.Tensor = None
+    moe_mapping: Mapping = None
+
+    @staticmethod
+    def get_moe_workspaces(mapping: Mapping, config: Optional[MnnvlConfig] = None):
+        if MnnvlMoe.moe_workspace is not None:
+            assert mapping == MnnvlMoe.moe_mapping, "only one moe mapping supported now"
+            return MnnvlMoe.moe_workspace_tensor
+        MnnvlMoe.moe_mapping = mapping
+        if config:
+            MnnvlMemory.set_comm_from_config(mapping, config)
+        MnnvlMoe.moe_workspace = MnnvlMemory(mapping, get_moe_commworkspace_size_per_rank(mapping.tp_size))
+        MnnvlMoe.moe_workspace_tensor = MnnvlMoe.moe_workspace.as_torch_strided_tensor(torch.uint64)
+        return MnnvlMoe.moe_workspace_tensor
+
+    @staticmethod
+    def get_moe_prepare_workspace(mapping: Mapping, config: Optional[MnnvlConfig] = None):
+        if MnnvlMoe.moe_prepare_workspace_tensor is not None:
+            assert mapping == MnnvlMoe.moe_mapping, "only one moe mapping supported now"
+            return MnnvlMoe.moe_prepare_workspace_tensor
+        if config:
+            MnnvlMemory.set_comm_from_config(mapping, config)
+        MnnvlMoe.moe_prepare_workspace = MnnvlMemory(
+            mapping, get_moe_prepare_workspace_size_per_rank(mapping.tp_size)
+        )
+        MnnvlMoe.moe_prepare_workspace_tensor = MnnvlMoe.moe_prepare_workspace.as_torch_strided_tensor(torch.uint64)
+        return MnnvlMoe.moe_prepare_workspace_tensor
+
+    @staticmethod
+    def compute_target_rank_id(token_selected_experts: torch.Tensor, expert_count: int, ep_size: int):
+        assert expert_count % ep_size == 0, "expert_count should be divisible by ep_size"
+        return token_selected_experts // (expert_count // ep_size)
+
+    @staticmethod
+    def mnnvl_moe_alltoallv_prepare_without_allgather(expert_ids, scales, expert_statics, workspace,
+                                                      max_token_count_per_rank, ep_rank, ep_size,
+                                                      expert_count, slot_count, top_k):
+        (ids, local_scales, send_cumsum, send_idx, recv_cumsum, recv_idx, backward,
+         statics) = moe_prepare(expert_ids, scales, expert_statics, workspace, max_token_count_per_rank,
+                                ep_rank, ep_size, expert_count, slot_count, top_k)
+        info = MoEAlltoallInfo(None, send_cumsum, send_idx, recv_cumsum, recv_idx, backward,
+                               max_token_count_per_rank * ep_size)
+        return info, ids, local_scales, statics
+
+    @staticmethod
+    def mnnvl_moe_alltoallv(x, alltoall_info: MoEAlltoallInfo, workspace, ep_rank, ep_size):
+        assert x.dim() == 2, "only 2D tensor supported, please reshape."
+        # Uninitialised in the real op: NaN (or all ones for integers) exposes reads of empty slots.
+        pad = float("nan") if x.dtype.is_floating_point else -1
+        output = torch.full((alltoall_info.local_token_allocation_count, x.shape[1]), pad, dtype=x.dtype)
+        return moe_comm(x, alltoall_info.send_rank_count_cumsum, alltoall_info.send_rank_local_indices,
+                        output, alltoall_info.recv_rank_count_cumsum, alltoall_info.recv_rank_local_indices,
+                        workspace, ep_rank, ep_size)
+
+    @staticmethod
+    def mnnvl_moe_alltoallv_combine(x, alltoall_info: MoEAlltoallInfo, workspace, ep_rank, ep_size,
+                                    top_k, token_count):
+        assert x.dim() == 2, "2D tensor supported, please reshape."
+        output = torch.zeros(token_count * top_k, x.shape[1], dtype=x.dtype)
+        moe_comm(x, alltoall_info.recv_rank_count_cumsum, alltoall_info.recv_rank_local_indices, output,
+                 alltoall_info.send_rank_count_cumsum, alltoall_info.backward_recv_rank_local_indices,
+                 workspace, ep_rank, ep_size)
+        return torch.sum(output.reshape(token_count, top_k, x.shape[1]), dim=1, keepdim=False)
+
+    @staticmethod
+    def _forget_scenario() -> None:
+        MnnvlMoe.moe_workspace = MnnvlMoe.moe_prepare_workspace = None
+        MnnvlMoe.moe_workspace_tensor = MnnvlMoe.moe_prepare_workspace_tensor = None
+        MnnvlMoe.moe_mapping = None
+
+
+on_scenario_end(MnnvlMoe._forget_scenario)
