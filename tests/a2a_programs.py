@@ -347,3 +347,19 @@ def two_sided_round_trip(ctx, case: Case):
         out[i] = acc.to(case.dtype)
     stale = {"ids": bool((local_ids[n:] == E).all()), "x_nan": bool(recv_x[n:].float().isnan().all())}
     return MnnvlMoe.mnnvl_moe_alltoallv_combine(out, info, workspace, me, R, K, x_TH.size(0)), stale
+
+
+def slot_order_probe(ctx, mode: str):
+    """Per source, the token indices in the order they landed in this rank's slots."""
+    set_profile("0.7.2")
+    kernels.SlotOrder.mode = mode
+    kernels.SlotOrder.seed = 5
+    R, me, T = ctx.layout.ep_size, ctx.coords.ep_rank, 8
+    a2a = _make(ctx, "0.7.2", max_num_tokens=T, top_k=1, num_experts=R * 4, hidden=4)
+    ids = ((torch.arange(T) % R) * 4).to(torch.int32).view(T, 1)  # token t goes to rank t % R
+    x = (torch.arange(T, dtype=torch.float32) + 100 * me).view(T, 1).repeat(1, 4)
+    recv_ids, recv_x = a2a.dispatch(ids, [ids, x], T, invalid_token_expert_id=-1, expert_id_payload_index=0)
+    try:
+        return [[int(v) - 100 * src for v in recv_x[src, (recv_ids[src, :, 0] != -1), 0]] for src in range(R)]
+    finally:
+        kernels.SlotOrder.mode = "shuffled"

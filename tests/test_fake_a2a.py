@@ -68,3 +68,16 @@ def test_fake_two_sided_round_trip_matches_dense_reference(cluster, world):
         ref = reference_output(case, me)
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * _scale(ref))
         assert stale == {"ids": True, "x_nan": True}
+
+
+def test_fake_a2a_slot_order_deterministic_and_shuffled(cluster):
+    from a2a_programs import slot_order_probe
+
+    R = 2
+    det = cluster.run(slot_order_probe, ParallelLayout(R, dp=R), ("deterministic",))
+    shuf = cluster.run(slot_order_probe, ParallelLayout(R, dp=R), ("shuffled",))
+    for me in range(R):
+        want = [t for t in range(8) if t % R == me]
+        assert det[me] == [want, want]
+        assert [sorted(s) for s in shuf[me]] == [want, want]
+    assert any(shuf[me][src] != det[me][src] for me in range(R) for src in range(R))

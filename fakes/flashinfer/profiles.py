@@ -34,7 +34,6 @@ PROFILES = {
     )
 }
 DEFAULT_PROFILE = "0.7.2"
-_active = PROFILES[os.environ.get("A2A_FAKE_FLASHINFER_PROFILE", DEFAULT_PROFILE)]
 
 
 def set_profile(name: str) -> Profile:
@@ -48,3 +47,6 @@ def set_profile(name: str) -> Profile:
 
 def active() -> Profile:
     return _active
+
+
+_active = set_profile(os.environ.get("A2A_FAKE_FLASHINFER_PROFILE", DEFAULT_PROFILE))

@@ -239,6 +239,8 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
         valid_TK &= torch.tensor(active[:ep_size])[target_TK]
     tok, lane = valid_TK.nonzero(as_tuple=True)
     dest = target_TK[tok, lane]
+    if SlotOrder.mode not in ("shuffled", "deterministic"):
+        raise ValueError(f"slot order {SlotOrder.mode!r}: expected 'shuffled' or 'deterministic'")
     order = torch.arange(tok.numel())
     if SlotOrder.mode == "shuffled" and tok.numel():
         gen = torch.Generator().manual_seed(SlotOrder.seed * 1_000_003 + me * 7919 + SlotOrder._calls)
