@@ -40,8 +40,11 @@ def moe_a2a_get_workspace_size_per_rank(
     total_dispatch_payload_size_per_token: int,
     combine_payload_size_per_token: int,
     eplb_stats_num_experts: int = 0,
+    *,
+    backend: str = "trtllm",
 ) -> int:
     """Workspace bytes per rank: padded aux region + dispatch region + combine region."""
+    _check_backend(backend)
     aux = kernels.metainfo_offsets(
         ep_size, max_num_tokens, eplb_stats_num_experts, profiles.active().k_max_top_k
     )[kernels.PAYLOAD_DATA]
@@ -52,8 +55,10 @@ def moe_a2a_get_workspace_size_per_rank(
     )
 
 
-def moe_a2a_initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts=0):
+def moe_a2a_initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts=0,
+                       *, backend="trtllm"):
     """Zero this rank's workspace row; return the CPU int64 metainfo (10 byte offsets)."""
+    _check_backend(backend)
     return kernels.initialize(
         workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts, profiles.active()
     )
@@ -76,8 +81,10 @@ def moe_a2a_wrap_payload_tensor_in_workspace(
     return base[rank, start:end].view(dtype=dtype).view(*leading_shape, -1)
 
 
-def moe_a2a_sanitize_expert_ids(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id, enable_pdl=None):
+def moe_a2a_sanitize_expert_ids(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id,
+                                enable_pdl=None, *, backend="trtllm"):
     """Set received expert ids past each source's count to ``invalid_expert_id`` (in place)."""
+    _check_backend(backend)
     kernels.sanitize_expert_ids(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id)
 
 
