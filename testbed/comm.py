@@ -7,7 +7,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from fakes.flashinfer.comm.mnnvl import CommBackend
+from fakes.flashinfer.comm.mapping import Mapping
+from fakes.flashinfer.comm.mnnvl import CommBackend, MnnvlConfig
 
 
 class GroupComm(CommBackend):
@@ -38,3 +39,11 @@ class GroupComm(CommBackend):
     def Split(self, color: int, key: int) -> "GroupComm":
         # The group handed in is already the EP group of this pipeline stage.
         return self
+
+
+def ep_mapping_and_config(ctx) -> tuple[Mapping, MnnvlConfig]:
+    """FlashInfer's view of this rank's EP group, built as vLLM builds it
+    (``tp_size = moe_ep_size = ep_size``), with a communicator over that group."""
+    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    return mapping, MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"]))

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from fakes.flashinfer import set_profile
-from fakes.flashinfer.comm import Mapping, MnnvlConfig
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
-from testbed.comm import GroupComm
+from testbed.comm import ep_mapping_and_config
 
 
 @dataclass(frozen=True)
@@ -94,13 +93,9 @@ def round_trip(ctx, case: Case, profile: str = "0.7.2", slot_order: str = "shuff
     set_profile(profile)
     kernels.SlotOrder.mode = slot_order
     kernels.SlotOrder.seed = ctx.seed
-    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
-
-    ep_group = ctx.groups["ep"]
     R, me = ctx.layout.ep_size, ctx.coords.ep_rank
-    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
-    a2a = MoeAlltoAll(mapping, max_num_tokens=case.rtm, top_k=case.top_k, num_experts=case.num_experts,
-                      hidden_size=case.hidden, mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ep_group)))
+    a2a = _make(ctx, profile, max_num_tokens=case.rtm, top_k=case.top_k,
+                num_experts=case.num_experts, hidden=case.hidden)
     x_TH, ids_TK, w_TK = rank_inputs(case, me)
     S = case.rtm
     recv_x, recv_ids, recv_w = a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], S,
@@ -135,12 +130,11 @@ def _make(ctx, profile, *, max_num_tokens=4, top_k=2, num_experts=4, hidden=16,
     set_profile(profile)
     from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
 
-    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
-    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
+    mapping, config = ep_mapping_and_config(ctx)
     return MoeAlltoAll(mapping, max_num_tokens, top_k, num_experts,
                        workspace_size_per_rank=workspace_size_per_rank,
                        hidden_size=None if workspace_size_per_rank else hidden,
-                       mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])), **kw)
+                       mnnvl_config=config, **kw)
 
 
 def _ids(T, K, E, rank):
@@ -247,15 +241,14 @@ def identity_round_trip(ctx, case: FuzzCase):
     set_profile("0.7.2")
     kernels.SlotOrder.mode = "shuffled"
     kernels.SlotOrder.seed = case.seed
-    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll, moe_a2a_get_workspace_size_per_rank
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
 
     R, me = case.ep, ctx.coords.ep_rank
     S = max(max(case.tokens_per_rank), 1)
     item = torch.empty((), dtype=case.dtype).element_size()
     size = moe_a2a_get_workspace_size_per_rank(R, S, case.top_k * 4 + 8 * item + 3, 8 * item)
-    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
-    a2a = MoeAlltoAll(mapping, S, case.top_k, case.num_experts, workspace_size_per_rank=size,
-                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])))
+    a2a = _make(ctx, "0.7.2", max_num_tokens=S, top_k=case.top_k, num_experts=case.num_experts,
+                workspace_size_per_rank=size)
     x_TH, ids_TK, tag_TB = fuzz_inputs(case, me)
     # largest element size first, as the kernel's alignment rule asks
     recv_ids, recv_x, recv_tag = a2a.dispatch(ids_TK, [ids_TK, x_TH, tag_TB], S,
@@ -271,13 +264,9 @@ def identity_round_trip(ctx, case: FuzzCase):
 
 def combine_variants(ctx, case: Case):
     """The same dispatch combined three ways: plain, into ``output=``, from the workspace view."""
-    set_profile("0.7.2")
-    R, me, S = ctx.layout.ep_size, ctx.coords.ep_rank, case.rtm
-    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
-
-    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
-    a2a = MoeAlltoAll(mapping, S, case.top_k, case.num_experts, hidden_size=case.hidden,
-                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])))
+    me, S = ctx.coords.ep_rank, case.rtm
+    a2a = _make(ctx, "0.7.2", max_num_tokens=S, top_k=case.top_k, num_experts=case.num_experts,
+                hidden=case.hidden)
     x_TH, ids_TK, w_TK = rank_inputs(case, me)
     results = []
     for mode in ("plain", "output", "in_workspace"):
@@ -299,14 +288,11 @@ def combine_variants(ctx, case: Case):
 
 def eplb_and_mask(ctx, num_experts: int = 8):
     """EPLB stats gather, then a dispatch with rank 1 masked off."""
-    set_profile("0.7.2")
-    from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll, moe_a2a_active_rank_mask
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask
 
     R, me, T, K, H = ctx.layout.ep_size, ctx.coords.ep_rank, 4, 2, 8
-    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
-    a2a = MoeAlltoAll(mapping, T, K, num_experts, hidden_size=H, eplb_stats_num_experts=num_experts,
-                      enable_rank_mask=True,
-                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"])))
+    a2a = _make(ctx, "0.7.2", max_num_tokens=T, top_k=K, num_experts=num_experts, hidden=H,
+                eplb_stats_num_experts=num_experts, enable_rank_mask=True)
     ids_TK = _ids(T, K, num_experts, me)
     x_TH = torch.ones(T, H, dtype=torch.bfloat16) * (me + 1)
     stats_E = torch.arange(num_experts, dtype=torch.int32) + 100 * me
@@ -328,8 +314,7 @@ def two_sided_round_trip(ctx, case: Case):
 
     R, me, M, K = ctx.layout.ep_size, ctx.coords.ep_rank, case.rtm, case.top_k
     E = case.num_experts
-    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
-    config = MnnvlConfig(comm_backend=GroupComm(ctx.groups["ep"]))
+    mapping, config = ep_mapping_and_config(ctx)
     workspace = MnnvlMoe.get_moe_workspaces(mapping, config)
     prepare_ws = MnnvlMoe.get_moe_prepare_workspace(mapping, config)
     x_TH, ids_TK, w_TK = rank_inputs(case, me)

@@ -39,9 +39,8 @@ def _timed(fn, iters: int, group) -> float:
 
 def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: int) -> dict:
     from fakes.flashinfer import set_profile
-    from fakes.flashinfer.comm import Mapping, MnnvlConfig
     from fakes.flashinfer.comm.moe_a2a_kernels import expert_to_rank
-    from testbed.comm import GroupComm
+    from testbed.comm import ep_mapping_and_config
 
     set_profile("0.7.2")
     from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
@@ -52,9 +51,8 @@ def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: i
     x_TH = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
     ids_TK = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(torch.int32)
     w_TK = torch.rand(tokens, top_k, generator=g)
-    mapping = Mapping(world_size=R, rank=me, tp_size=R, moe_ep_size=R)
-    a2a = MoeAlltoAll(mapping, tokens, top_k, experts, hidden_size=hidden,
-                      mnnvl_config=MnnvlConfig(comm_backend=GroupComm(group)))
+    mapping, config = ep_mapping_and_config(ctx)
+    a2a = MoeAlltoAll(mapping, tokens, top_k, experts, hidden_size=hidden, mnnvl_config=config)
 
     def fake_round():
         recv_x, _, _ = a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], tokens)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import itertools
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -62,7 +62,6 @@ class _AllocationRecord:
     segment: torch.Tensor  # the whole uint8 segment, [comm_size * rank_stride]
     rank_stride: int
     mapped: bool = True
-    arena_prefix: str = field(default="")
 
 
 class MnnvlMemory:
@@ -72,6 +71,7 @@ class MnnvlMemory:
     comm: Optional[CommBackend] = None
     config: Optional[MnnvlConfig] = None
     allocated_map: dict[int, _AllocationRecord] = {}
+    _watched_arena: Optional[ShmArena] = None
     _next_ptr = itertools.count(1 << 40, 1 << 32)
 
     def __init__(self, mapping: Mapping, size: int):
@@ -136,10 +136,9 @@ class MnnvlMemory:
         if comm_rank == 0:
             arena.unlink(key)  # mappings live on; nothing is left if a rank dies later
         ptr = next(MnnvlMemory._next_ptr)
-        MnnvlMemory.allocated_map[ptr] = _AllocationRecord(
-            comm, comm_size, comm_rank, segment, stride, arena_prefix=arena.prefix
-        )
-        if len(MnnvlMemory.allocated_map) == 1:
+        MnnvlMemory.allocated_map[ptr] = _AllocationRecord(comm, comm_size, comm_rank, segment, stride)
+        if MnnvlMemory._watched_arena is not arena:
+            MnnvlMemory._watched_arena = arena
             arena.on_close(MnnvlMemory._forget_scenario)
         return ptr, stride
 
@@ -151,6 +150,7 @@ class MnnvlMemory:
     def _forget_scenario() -> None:
         """The scenario's processes and segments are gone: drop every handle to them."""
         MnnvlMemory.allocated_map.clear()
+        MnnvlMemory._watched_arena = None
         MnnvlMemory.comm = None
         MnnvlMemory.config = None
         MnnvlMemory.initialized = False
