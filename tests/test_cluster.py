@@ -67,7 +67,7 @@ def test_cluster_rank_hang_reported_with_stuck_frame(no_leaks):
 def test_cluster_stack_of_a_rank_holding_the_gil(no_leaks):
     """The control thread cannot run; the stack comes from faulthandler's signal handler."""
     with pytest.raises(ScenarioTimeoutError) as info:
-        no_leaks.run(rankprogs.hold_gil, ParallelLayout(2, dp=2), (1,), timeout_s=3)
+        no_leaks.run(rankprogs.hold_gil, ParallelLayout(2, dp=2), (1,), timeout_s=5)
     detail = info.value.reports[1].detail
     assert detail.startswith("(faulthandler")
     assert "hold_gil" in detail and "rankprogs.py" in detail
@@ -81,7 +81,8 @@ def test_cluster_rank_sigkill_reported_as_death(no_leaks):
     assert "SIGKILL" in err.reports[3].summary
     assert "rank 3 died first" in str(err)
     # the dead worker is replaced on the next scenario, never reused
-    survivors = {err.reports[r].pid for r in (0, 1, 2)}
+    survivors = {rep.pid for rep in err.reports.values() if rep.status == "raised"}
+    assert survivors, "no peer noticed the death"
     pids = no_leaks.run(rankprogs.pid, ParallelLayout(4, dp=4))
     assert err.reports[3].pid not in pids and err.reports[3].pid not in no_leaks.worker_pids
     assert survivors <= set(no_leaks.worker_pids)  # ranks that only raised are reused
