@@ -123,11 +123,12 @@ def moe_comm(input, send_rank_cumsum, send_indices, output, recv_rank_cumsum, re
               "input.size(1) must be aligned to 16 bytes")
     comm = _comm_of(all_workspaces)
     bounds = [0] + send_rank_cumsum.tolist()
-    outgoing = [input[send_indices[bounds[r]:bounds[r + 1]].long()] for r in range(ep_size)]
+    # As raw bytes: the pickled transport does not carry every dtype (float8 fails).
+    outgoing = [input[send_indices[bounds[r]:bounds[r + 1]].long()].view(torch.uint8) for r in range(ep_size)]
     gathered = comm.allgather(outgoing)
     rbounds = [0] + recv_rank_cumsum.tolist()
     for src in range(ep_size):
-        rows = gathered[src][ep_rank]
+        rows = gathered[src][ep_rank].view(output.dtype)
         icheck_eq(rows.size(0), rbounds[src + 1] - rbounds[src], "received rows", "recvRankCumSum range",
                   f"rank {src} sent a different token count than prepare announced")
         output[recv_indices[rbounds[src]:rbounds[src + 1]].long()] = rows

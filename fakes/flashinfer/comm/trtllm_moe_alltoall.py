@@ -15,7 +15,7 @@ import torch
 from fakes.flashinfer import profiles
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from fakes.flashinfer.comm.mapping import Mapping
-from fakes.flashinfer.comm.mnnvl import MnnvlConfig, MnnvlMemory, on_scenario_end
+from fakes.flashinfer.comm.mnnvl import CommBackend, MnnvlConfig, MnnvlMemory, on_scenario_end
 from fakes.flashinfer.tllm_enums import SfLayout
 
 MOE_A2A_RANK_MASK_WORDS = kernels.RANK_MASK_WORDS
@@ -431,6 +431,41 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
         return self._combine(payload, runtime_max_tokens_per_rank, payload_in_workspace,
                              output_dtype, output_scales, output, use_low_precision,
                              active_rank_mask)
+
+
+    def checkpoint_prepare(self) -> None:
+        """Unmap MNNVL handles for checkpointing; repeated calls are no-ops."""
+        record = MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
+        if not record.mapped:
+            return
+        if self._state.phase != "idle":
+            raise RuntimeError("Cannot unmap MNNVL handles during an active all-to-all phase")
+        record.comm.barrier()
+        record.mapped = False
+        record.comm.barrier()
+
+    def checkpoint_restore(self, comm_backend: CommBackend) -> None:
+        """Remap MNNVL handles after restore (initialize zeroes this rank's row again);
+        repeated calls are no-ops."""
+        record = MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
+        if record.mapped:
+            return
+        comm_size, comm_rank = comm_backend.Get_size(), comm_backend.Get_rank()
+        if comm_size != record.comm_size or comm_rank != record.comm_rank:
+            raise RuntimeError(
+                "Cannot remap MNNVL handles because the communicator does not match the "
+                f"graph-visible allocation layout: rank/size {comm_rank}/{comm_size} != "
+                f"{record.comm_rank}/{record.comm_size}"
+            )
+        record.comm = MnnvlMemory.comm = comm_backend
+        record.mapped = True
+        refreshed = moe_a2a_initialize(self.workspace, self.ep_rank, self.ep_size, self.max_num_tokens,
+                                       self.eplb_stats_num_experts)
+        if not torch.equal(refreshed, self.metainfo):
+            raise RuntimeError("MoeAlltoAll metainfo changed during MNNVL handle remap; "
+                               "existing CUDA graphs are not safe to replay")
+        comm_backend.barrier()
+        self._state = _A2AState()
 
 
 class _MoeAlltoAll_0_7_2(_MoeAlltoAll_0_6_16):

@@ -1,0 +1,273 @@
+"""FlashInfer one-sided NVLink all-to-all (``MoeAlltoAll``): the manager and prepare/finalize.
+
+Legend: T local tokens, K top_k, H hidden, R EP ranks, S = runtime max tokens per rank.
+The manager owns one ``MoeAlltoAll`` per EP group, shared by every MoE layer of the group;
+each layer's prepare/finalize grows it to that layer's payload when constructed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from impl.backend import FlashInferAPI, default_gpus_per_node
+from impl.communicator import make_communicator
+from impl.compat import supports_kw
+from impl.formats import DispatchLayout, QuantConfig
+from impl.forward_context import runtime_max_tokens_per_rank
+from impl.moe_layer import PrepareResult, scale_input_by_router_weight
+from impl.quant import quantize_input
+
+ID_BYTES = 4  # int32 expert ids
+WEIGHT_BYTES = 4  # fp32 router weights
+COMBINE_DTYPES = (torch.bfloat16, torch.float16)  # what the combine region is sized for
+INVALID_EXPERT_ID = -1
+
+
+def dispatch_bytes_per_token(x_bytes_per_token: int, x_sf_bytes_per_token: int, top_k: int) -> int:
+    """The dispatch payload ``[x, (x_sf), ids, weights]`` of one token."""
+    return x_bytes_per_token + x_sf_bytes_per_token + top_k * ID_BYTES + top_k * WEIGHT_BYTES
+
+
+def combine_bytes_per_token(hidden_size: int) -> int:
+    """The combine payload of one token: 16-bit hidden states."""
+    return hidden_size * 2
+
+
+def _positive(**values: int) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+class OneSidedManager:
+    """One ``MoeAlltoAll`` per EP group, grown (never shrunk) to cover every layer's need.
+
+    Parameters
+    ----------
+    api : FlashInferAPI
+        The FlashInfer to drive.
+    cpu_group : ProcessGroup
+        The EP group (gloo): FlashInfer's set-up collectives and the rebuild barrier run on
+        it and on nothing wider.
+    gpus_per_node : int, optional
+        For FlashInfer's ``Mapping``; default: the visible CUDA devices (the EP size on CPU).
+
+    Attributes a test can read: ``builds`` (``MoeAlltoAll`` objects constructed),
+    ``combine_supports_output`` (the capability probe's answer for the current object).
+    """
+
+    def __init__(self, api: FlashInferAPI, cpu_group: dist.ProcessGroup, gpus_per_node: Optional[int] = None):
+        self.api = api
+        self.cpu_group = cpu_group
+        self.rank = dist.get_rank(cpu_group)
+        self.world_size = dist.get_world_size(cpu_group)
+        self.gpus_per_node = gpus_per_node or default_gpus_per_node(self.world_size)
+        self.initialized = False
+        self.moe_alltoall: Any = None
+        self.mapping: Any = None
+        self.workspace_size = 0
+        self.max_num_tokens = 0
+        self.top_k = 0
+        self.num_experts = 0
+        self.builds = 0
+        self.combine_supports_output: Optional[bool] = None
+
+    def workspace_size_for(self, max_num_tokens: int, top_k: int, hidden_size: int,
+                           x_bytes_per_token: int, x_sf_bytes_per_token: int) -> int:
+        """FlashInfer's workspace size per rank for one layer's payloads on this EP group."""
+        return self.api.workspace_size_per_rank(
+            self.world_size, max_num_tokens,
+            dispatch_bytes_per_token(x_bytes_per_token, x_sf_bytes_per_token, top_k),
+            combine_bytes_per_token(hidden_size),
+        )
+
+    def initialize(self, max_num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
+                   x_bytes_per_token: int, x_sf_bytes_per_token: int) -> None:
+        """Make the workspace cover this layer; rebuild only when it does not already.
+
+        Every rank of the EP group must call it with the same arguments in the same order
+        (the rebuild is collective). ``top_k`` and ``num_experts`` must equal earlier calls':
+        the kernels are built for one value of each.
+        """
+        _positive(max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
+                  hidden_size=hidden_size, x_bytes_per_token=x_bytes_per_token)
+        if x_sf_bytes_per_token < 0:
+            raise ValueError(f"x_sf_bytes_per_token must be >= 0, got {x_sf_bytes_per_token}")
+        needed = self.workspace_size_for(max_num_tokens, top_k, hidden_size, x_bytes_per_token,
+                                         x_sf_bytes_per_token)
+        if self.initialized:
+            assert top_k == self.top_k, (
+                "FlashInfer one-sided MoeAlltoAll does not support heterogeneous top_k across MoE "
+                f"layers (got {top_k}, was built with {self.top_k})"
+            )
+            assert num_experts == self.num_experts, (
+                "FlashInfer one-sided MoeAlltoAll does not support heterogeneous num_experts across "
+                f"MoE layers (got {num_experts}, was built with {self.num_experts})"
+            )
+            if needed <= self.workspace_size and max_num_tokens <= self.max_num_tokens:
+                return
+        self.workspace_size = max(self.workspace_size, needed)
+        self.max_num_tokens = max(self.max_num_tokens, max_num_tokens)
+        self.top_k = top_k
+        self.num_experts = num_experts
+        self.cleanup()
+        self._build()
+        self._barrier_after_build()
+
+    def _build(self) -> None:
+        W = self.world_size
+        self.mapping = self.api.Mapping(world_size=W, rank=self.rank, gpus_per_node=self.gpus_per_node,
+                                        tp_size=W, moe_ep_size=W)
+        config = self.api.MnnvlConfig(comm_backend=make_communicator(self.api, self.cpu_group))
+        self.moe_alltoall = self.api.MoeAlltoAll(
+            mapping=self.mapping, max_num_tokens=self.max_num_tokens, top_k=self.top_k,
+            num_experts=self.num_experts, workspace_size_per_rank=self.workspace_size,
+            mnnvl_config=config,
+        )
+        self.builds += 1
+        self.initialized = True
+        try:
+            self.combine_supports_output = supports_kw(self.moe_alltoall.combine, "output",
+                                                       allow_var_kwargs=False)
+        except (TypeError, ValueError):
+            self.combine_supports_output = False
+
+    def _barrier_after_build(self) -> None:
+        # The EP group only: with pipeline parallelism each stage has its own EP group and
+        # its own layers, so stages rebuild a different number of times (seed 001).
+        dist.barrier(group=self.cpu_group)
+
+    def combine_into(self, payload_RSH: torch.Tensor, runtime_max_tokens_per_rank: int,
+                     output_TH: torch.Tensor) -> None:
+        """Combine into ``output_TH``: in place when this FlashInfer's combine takes
+        ``output=``, else combine then copy (seed 000)."""
+        if self.moe_alltoall is None:
+            raise RuntimeError("combine_into before initialize (or after cleanup)")
+        if self.combine_supports_output:
+            self.moe_alltoall.combine(payload=payload_RSH, runtime_max_tokens_per_rank=runtime_max_tokens_per_rank,
+                                      output=output_TH)
+        else:
+            output_TH.copy_(self.moe_alltoall.combine(payload=payload_RSH,
+                                                      runtime_max_tokens_per_rank=runtime_max_tokens_per_rank))
+
+    def cleanup(self) -> None:
+        """Drop the ``MoeAlltoAll``; the recorded sizes stay, so the next initialize grows
+        from them. FlashInfer keeps its workspace cached by size."""
+        self.moe_alltoall = None
+        self.mapping = None
+        self.initialized = False
+        self.combine_supports_output = None
+
+    def checkpoint_prepare(self) -> None:
+        """Release the workspace's memory for a process checkpoint (collective on the EP group)."""
+        self._checkpoint_method("checkpoint_prepare")()
+
+    def checkpoint_restore(self) -> None:
+        """Map the workspace again after :meth:`checkpoint_prepare` (collective on the EP group)."""
+        self._checkpoint_method("checkpoint_restore")(make_communicator(self.api, self.cpu_group))
+
+    def _checkpoint_method(self, name: str):
+        if self.moe_alltoall is None:
+            raise RuntimeError(f"{name} before initialize (or after cleanup)")
+        method = getattr(self.moe_alltoall, name, None)
+        if method is None:
+            raise NotImplementedError(
+                f"FlashInfer {self.api.version} MoeAlltoAll has no {name} (added in 0.6.16)"
+            )
+        return method
+
+
+class OneSidedPrepareFinalize:
+    """One MoE layer's dispatch and combine through the shared :class:`OneSidedManager`.
+
+    The constructor grows the manager to this layer's payload (``layout``, ``top_k``, ...).
+    ``num_dispatchers`` is the EP size: every EP rank dispatches its own tokens.
+    """
+
+    def __init__(self, manager: OneSidedManager, *, max_num_tokens: int, top_k: int, num_experts: int,
+                 hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None):
+        self.manager = manager
+        self.max_num_tokens = max_num_tokens
+        self.top_k = top_k
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.layout = layout
+        self.num_dispatchers_ = num_dispatchers or manager.world_size
+        self.runtime_max_tokens_per_rank: Optional[int] = None
+        manager.initialize(max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
+                           hidden_size=hidden_size, x_bytes_per_token=layout.x_bytes_per_token,
+                           x_sf_bytes_per_token=layout.x_sf_bytes_per_token)
+
+    def output_is_reduced(self) -> bool:
+        return True
+
+    def topk_indices_dtype(self) -> Optional[torch.dtype]:
+        return torch.int32
+
+    def num_dispatchers(self) -> int:
+        return self.num_dispatchers_
+
+    def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,
+                quant_config: QuantConfig, defer_input_quant: bool = False) -> PrepareResult:
+        """Quantize and dispatch ``[x, (x_sf), ids, weights]``; return what this rank received,
+        flattened to ``[R * S, ...]`` (rows past a source's count carry expert id -1).
+
+        ``expert_map`` is unused: ids travel global and the experts select their own.
+        """
+        if a1.dim() != 2 or a1.size(1) != self.hidden_size:
+            raise ValueError(f"a1 must be [tokens, {self.hidden_size}], got {tuple(a1.shape)}")
+        if num_experts != self.num_experts:
+            raise ValueError(f"num_experts={num_experts} but this layer was built for {self.num_experts}")
+        if tuple(topk_ids.shape) != (a1.size(0), self.top_k) or topk_ids.dtype != torch.int32:
+            raise ValueError(f"topk_ids must be int32 [{a1.size(0)}, {self.top_k}], got "
+                             f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
+        if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32:
+            raise ValueError(f"topk_weights must be fp32 {tuple(topk_ids.shape)} (the workspace is sized "
+                             f"for 4-byte weights), got {topk_weights.dtype} {tuple(topk_weights.shape)}")
+        if apply_router_weight_on_input:
+            scale_input_by_router_weight(a1, topk_weights, topk_ids)
+        S = runtime_max_tokens_per_rank(a1.size(0))
+        if S > self.manager.max_num_tokens:
+            raise ValueError(f"runtime max tokens per rank {S} exceeds the workspace's max_num_tokens "
+                             f"{self.manager.max_num_tokens}")
+        self.runtime_max_tokens_per_rank = S
+        a1q, a1q_scale = (a1, None) if defer_input_quant else quantize_input(a1, quant_config)
+        self._check_layout(a1q, a1q_scale)
+        payloads = [a1q] + ([a1q_scale] if a1q_scale is not None else []) + [topk_ids, topk_weights]
+        ids_index = len(payloads) - 2
+        recv = self.manager.moe_alltoall.dispatch(
+            token_selected_experts=topk_ids, input_payloads=payloads, runtime_max_tokens_per_rank=S,
+            invalid_token_expert_id=INVALID_EXPERT_ID, expert_id_payload_index=ids_index,
+        )
+        flat = [t.reshape(-1, t.shape[-1]) for t in recv]
+        a1q_recv, scale_recv = flat[0], (flat[1] if a1q_scale is not None else None)
+        return PrepareResult(a1q_recv, scale_recv, None, flat[ids_index], flat[ids_index + 1])
+
+    def _check_layout(self, a1q: torch.Tensor, a1q_scale: Optional[torch.Tensor]) -> None:
+        got = DispatchLayout(a1q.size(1) * a1q.element_size(),
+                             0 if a1q_scale is None else a1q_scale.size(1) * a1q_scale.element_size())
+        if got != self.layout:
+            raise RuntimeError(
+                f"quantized activations carry {got.x_bytes_per_token} + {got.x_sf_bytes_per_token} bytes "
+                f"per token but the workspace was sized for {self.layout.x_bytes_per_token} + "
+                f"{self.layout.x_sf_bytes_per_token} (dispatch_layout disagrees with the quantizer)"
+            )
+
+    def finalize(self, output: torch.Tensor, fused_expert_output: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, apply_router_weight_on_input: bool, weight_and_reduce_impl: Any) -> None:
+        """Combine the experts' ``[R * S, H]`` rows (already router-weighted) into ``output``."""
+        S = self.runtime_max_tokens_per_rank
+        if S is None:
+            raise RuntimeError("finalize called before prepare")
+        if fused_expert_output.dtype not in COMBINE_DTYPES:
+            raise ValueError(f"fused_expert_output must be one of {COMBINE_DTYPES} (the combine region "
+                             f"is sized for 16-bit rows), got {fused_expert_output.dtype}")
+        H = fused_expert_output.size(-1)
+        payload_RSH = fused_expert_output.view(self.manager.world_size, S, H)
+        self.manager.combine_into(payload_RSH, S, output)
+        self.runtime_max_tokens_per_rank = None
+

@@ -1,0 +1,229 @@
+"""Dense reference MoE, the per-rank expert stand-in, and rank programs that drive ``impl``.
+
+Legend: T tokens of a DP rank, K top_k, H hidden, E experts, N rows an EP rank received.
+Every rank rebuilds every DP rank's tokens and every expert's weights from the case's seed,
+so the reference needs no communication. Expert e is the linear map ``x @ W_e``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from impl.backend import resolve_backend
+from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
+from impl.forward_context import forward_context
+from impl.moe_layer import PrepareResult, moe_forward
+from impl.quant import dequantize_input, nvfp4_global_scale, quantize_input
+from impl.two_sided import TwoSidedManager
+from testbed.mutants import MANAGERS, PREPARE_FINALIZES
+
+FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
+ACT_DTYPE = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class MoECase:
+    """One MoE layer's shapes, activation format and inputs (by seed)."""
+
+    num_experts: int
+    top_k: int
+    hidden: int
+    tokens_per_dp: tuple[int, ...]
+    fmt: str = "bf16"
+    seed: int = 0
+    mx_alignment: int = 0
+    max_num_tokens: Optional[int] = None  # the layer's workspace bound; default max(tokens_per_dp, 1)
+
+    def __post_init__(self):
+        if self.fmt not in FORMATS:
+            raise ValueError(f"fmt must be one of {FORMATS}, got {self.fmt!r}")
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_num_tokens or max(max(self.tokens_per_dp), 1)
+
+    def quant_config(self) -> QuantConfig:
+        if self.fmt == "bf16":
+            return QuantConfig()
+        if self.fmt == "nvfp4":
+            amax = max((rank_inputs(self, d)[0].float().abs().max().item()
+                        for d in range(len(self.tokens_per_dp)) if self.tokens_per_dp[d]), default=1.0)
+            return QuantConfig("nvfp4", a1_gscale=nvfp4_global_scale(amax))
+        if self.fmt == "mxfp8":
+            return QuantConfig("mxfp8", mx_alignment=self.mx_alignment)
+        return QuantConfig(FP8_DTYPE, block_shape=(FP8_BLOCK, FP8_BLOCK))
+
+
+def rank_inputs(case: MoECase, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x_TH bf16, topk_ids_TK int32 distinct, topk_weights_TK fp32)`` of ``dp_rank``."""
+    g = torch.Generator().manual_seed(case.seed * 7919 + dp_rank)
+    T, K, E, H = case.tokens_per_dp[dp_rank], case.top_k, case.num_experts, case.hidden
+    x_TH = (torch.randn(T, H, generator=g) * 2).to(ACT_DTYPE)
+    ids_TK = torch.argsort(torch.rand(T, E, generator=g), dim=1)[:, :K].to(torch.int32)
+    w_TK = torch.softmax(torch.randn(T, K, generator=g), dim=1)
+    return x_TH, ids_TK, w_TK
+
+
+def expert_weight(case: MoECase, expert: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(case.seed * 104729 + 17 * expert + 1)
+    return torch.randn(case.hidden, case.hidden, generator=g) / case.hidden ** 0.5
+
+
+def reference_output(case: MoECase, dp_rank: int, *, quantized: bool = True) -> torch.Tensor:
+    """Dense fp32, one token and lane at a time: ``sum_k w[t,k] * (x[t] @ W_ids[t,k])``, with
+    ``x`` as the experts see it after quantization (``quantized``) or as the router saw it."""
+    x_TH, ids_TK, w_TK = rank_inputs(case, dp_rank)
+    xin_TH = x_TH.float()
+    if quantized and case.fmt != "bf16" and x_TH.size(0):
+        qc = case.quant_config()
+        xin_TH = dequantize_input(*quantize_input(x_TH, qc), qc, case.hidden)
+    out_TH = torch.zeros(x_TH.shape, dtype=torch.float32)
+    weights = {}
+    for t in range(x_TH.size(0)):
+        for k in range(case.top_k):
+            e = int(ids_TK[t, k])
+            if e not in weights:
+                weights[e] = expert_weight(case, e)
+            out_TH[t] += w_TK[t, k] * (xin_TH[t] @ weights[e])
+    return out_TH
+
+
+def local_experts(num_experts: int, ep_size: int, ep_rank: int) -> range:
+    """The contiguous block of experts ``ep_rank`` owns (ranks below ``E % ep`` own one more)."""
+    base, rem = divmod(num_experts, ep_size)
+    start = ep_rank * base + min(ep_rank, rem)
+    return range(start, start + base + (1 if ep_rank < rem else 0))
+
+
+class Experts:
+    """The fused-experts kernel of one EP rank: per received row, the router-weighted sum of
+    this rank's experts over the row's lanes, in the activation dtype."""
+
+    def __init__(self, case: MoECase, ep_size: int, ep_rank: int):
+        self.case = case
+        self.quant_config = case.quant_config()
+        self.local = local_experts(case.num_experts, ep_size, ep_rank)
+
+    def __call__(self, prep: PrepareResult) -> torch.Tensor:
+        N, H = prep.topk_ids.size(0), self.case.hidden
+        out_NH = torch.zeros(N, H)
+        rows_with_local = (prep.topk_ids >= self.local.start) & (prep.topk_ids < self.local.stop)
+        rows = rows_with_local.any(1).nonzero().flatten()
+        if rows.numel():
+            # Only rows that hold a local expert are read: the rest are stale or padding.
+            scale = None if prep.a1q_scale is None else prep.a1q_scale[rows]
+            x_nH = dequantize_input(prep.a1q[rows], scale, self.quant_config, H)
+            for e in self.local:
+                n, lane = (prep.topk_ids[rows] == e).nonzero(as_tuple=True)
+                if n.numel():
+                    y = x_nH[n] @ expert_weight(self.case, e)
+                    out_NH.index_add_(0, rows[n], prep.topk_weights[rows[n], lane, None].float() * y)
+        return out_NH.to(ACT_DTYPE)
+
+
+@dataclass
+class LayersResult:
+    """What :func:`run_layers` reports from one rank."""
+
+    dp_rank: int
+    builds: list[int] = field(default_factory=list)  # manager.builds after each layer's constructor
+    workspace_sizes: list[int] = field(default_factory=list)
+    rebuilt: list[bool] = field(default_factory=list)  # a new MoeAlltoAll object after the constructor
+    probe: Optional[bool] = None  # the manager's combine_supports_output at the end
+    outputs: list[torch.Tensor] = field(default_factory=list)
+
+
+def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one_sided",
+               manager: str = "one_sided", prepare_finalize: Optional[str] = None, profile: str = "0.7.2",
+               slot_order: str = "shuffled", forward: bool = True) -> LayersResult:
+    """Build this rank's pipeline stage's layers (``stages[pp_rank]``) on one shared manager,
+    then run each layer's forward on this DP rank's tokens.
+
+    ``kind`` is ``"one_sided"`` or ``"two_sided"``; ``manager`` / ``prepare_finalize`` name
+    the classes (or mutants) in :mod:`testbed.mutants`.
+    """
+    from fakes.flashinfer.comm import moe_a2a_kernels
+
+    api = resolve_backend("fake", profile=profile)
+    moe_a2a_kernels.SlotOrder.mode = slot_order
+    moe_a2a_kernels.SlotOrder.seed = ctx.seed
+    ep_group = ctx.groups["ep"]
+    ep_size, ep_rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
+    layers = stages[ctx.coords.pp_rank]
+    result = LayersResult(dp_rank=ctx.coords.dp_rank)
+    pf_cls = PREPARE_FINALIZES[prepare_finalize or kind]
+    if kind == "one_sided":
+        mgr = MANAGERS[manager](api, ep_group)
+        pfs = []
+        for case in layers:
+            before = mgr.moe_alltoall
+            pfs.append(pf_cls(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k,
+                              num_experts=case.num_experts, hidden_size=case.hidden,
+                              layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE)))
+            result.builds.append(mgr.builds)
+            result.workspace_sizes.append(mgr.workspace_size)
+            result.rebuilt.append(mgr.moe_alltoall is not before)
+        result.probe = mgr.combine_supports_output
+    elif kind == "two_sided":
+        mgr = TwoSidedManager(api, ep_group)
+        pfs = [pf_cls(mgr) for _ in layers]
+    else:
+        raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
+    if forward:
+        for case, pf in zip(layers, pfs):
+            x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
+            with forward_context(case.tokens_per_dp):
+                out = moe_forward(pf, x_TH, w_TK, ids_TK, Experts(case, ep_size, ep_rank), case.quant_config(),
+                                  num_experts=case.num_experts, tp_group=ctx.groups["tp"])
+            result.outputs.append(out)
+    return result
+
+
+class OutputSizedTemporaries(TorchDispatchMode):
+    """Counts the tensors aten creates with ``target``'s shape and dtype outside its storage
+    (a temporary the size of the output), and the ops that made them."""
+
+    def __init__(self, target: torch.Tensor):
+        super().__init__()
+        self.target = target
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        target_storage = self.target.untyped_storage().data_ptr()
+        for t in tree_flatten(out)[0]:
+            if (isinstance(t, torch.Tensor) and t.shape == self.target.shape and t.dtype == self.target.dtype
+                    and not t._is_view() and t.untyped_storage().data_ptr() != target_storage):
+                self.ops.append(str(func))
+        return out
+
+
+def finalize_temporaries(ctx, case: MoECase, *, profile: str, manager: str = "one_sided") -> dict:
+    """One forward whose finalize runs under :class:`OutputSizedTemporaries`; returns the ops
+    that made output-sized temporaries, the probe, whether ``output`` kept its storage, and the
+    output."""
+    from fakes.flashinfer.comm import moe_a2a_kernels
+
+    api = resolve_backend("fake", profile=profile)
+    moe_a2a_kernels.SlotOrder.seed = ctx.seed
+    ep_group = ctx.groups["ep"]
+    mgr = MANAGERS[manager](api, ep_group)
+    pf = PREPARE_FINALIZES["one_sided"](
+        mgr, max_num_tokens=case.max_tokens, top_k=case.top_k, num_experts=case.num_experts,
+        hidden_size=case.hidden, layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE))
+    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
+    with forward_context(case.tokens_per_dp):
+        prep = pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config())
+    fused = Experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))(prep)
+    output = torch.empty(x_TH.shape, dtype=ACT_DTYPE)
+    ptr = output.data_ptr()
+    with OutputSizedTemporaries(output) as counter:
+        pf.finalize(output, fused, w_TK, ids_TK, False, None)
+    return {"ops": counter.ops, "probe": mgr.combine_supports_output, "same_storage": output.data_ptr() == ptr,
+            "out": output}
