@@ -12,8 +12,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from impl.backend import resolve_backend
 from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
@@ -127,6 +125,22 @@ class Experts:
         return out_NH.to(ACT_DTYPE)
 
 
+def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, num_tokens: int) -> list[int]:
+    """Start a forward pass: every EP rank shares its token count; returns one per DP rank.
+
+    This stands in for vLLM's per-forward DP metadata exchange (plus the TP collectives of
+    attention), which orders every rank's previous forward before this one. It matters:
+    FlashInfer's protocol has no completion wait after combine, and the next dispatch's
+    payload region can reach into the previous round's combine region when the payload
+    per token grows (nvfp4 layer, then bf16 layer), so back-to-back rounds of different
+    sizes with nothing between them race (the fake shows it under CPU timing).
+    """
+    pairs: list = [None] * dist.get_world_size(ep_group)
+    dist.all_gather_object(pairs, (dp_rank, num_tokens), group=ep_group)
+    counts = dict(pairs)
+    return [counts[d] for d in range(len(counts))]
+
+
 @dataclass
 class LayersResult:
     """What :func:`run_layers` reports from one rank."""
@@ -178,52 +192,8 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     if forward:
         for case, pf in zip(layers, pfs):
             x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
-            with forward_context(case.tokens_per_dp):
+            with forward_context(forward_pass_token_counts(ep_group, ctx.coords.dp_rank, x_TH.size(0))):
                 out = moe_forward(pf, x_TH, w_TK, ids_TK, Experts(case, ep_size, ep_rank), case.quant_config(),
                                   num_experts=case.num_experts, tp_group=ctx.groups["tp"])
             result.outputs.append(out)
     return result
-
-
-class OutputSizedTemporaries(TorchDispatchMode):
-    """Counts the tensors aten creates with ``target``'s shape and dtype outside its storage
-    (a temporary the size of the output), and the ops that made them."""
-
-    def __init__(self, target: torch.Tensor):
-        super().__init__()
-        self.target = target
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        target_storage = self.target.untyped_storage().data_ptr()
-        for t in tree_flatten(out)[0]:
-            if (isinstance(t, torch.Tensor) and t.shape == self.target.shape and t.dtype == self.target.dtype
-                    and not t._is_view() and t.untyped_storage().data_ptr() != target_storage):
-                self.ops.append(str(func))
-        return out
-
-
-def finalize_temporaries(ctx, case: MoECase, *, profile: str, manager: str = "one_sided") -> dict:
-    """One forward whose finalize runs under :class:`OutputSizedTemporaries`; returns the ops
-    that made output-sized temporaries, the probe, whether ``output`` kept its storage, and the
-    output."""
-    from fakes.flashinfer.comm import moe_a2a_kernels
-
-    api = resolve_backend("fake", profile=profile)
-    moe_a2a_kernels.SlotOrder.seed = ctx.seed
-    ep_group = ctx.groups["ep"]
-    mgr = MANAGERS[manager](api, ep_group)
-    pf = PREPARE_FINALIZES["one_sided"](
-        mgr, max_num_tokens=case.max_tokens, top_k=case.top_k, num_experts=case.num_experts,
-        hidden_size=case.hidden, layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE))
-    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
-    with forward_context(case.tokens_per_dp):
-        prep = pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config())
-    fused = Experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))(prep)
-    output = torch.empty(x_TH.shape, dtype=ACT_DTYPE)
-    ptr = output.data_ptr()
-    with OutputSizedTemporaries(output) as counter:
-        pf.finalize(output, fused, w_TK, ids_TK, False, None)
-    return {"ops": counter.ops, "probe": mgr.combine_supports_output, "same_storage": output.data_ptr() == ptr,
-            "out": output}

@@ -1,0 +1,137 @@
+"""Rank programs for the ``impl`` tests (module level, so the rank processes can import them)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import impl
+from impl.backend import resolve_backend
+from impl.communicator import make_communicator
+from impl.formats import dispatch_layout
+from impl.forward_context import forward_context
+from impl.moe_layer import moe_forward
+from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
+from testbed.moe import ACT_DTYPE, Experts, MoECase, forward_pass_token_counts, rank_inputs
+from testbed.mutants import MANAGERS
+
+
+def _layer(mgr, case: MoECase, cls=OneSidedPrepareFinalize):
+    return cls(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k, num_experts=case.num_experts,
+               hidden_size=case.hidden, layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE))
+
+
+def _forward(ctx, pf, case: MoECase):
+    ep = ctx.groups["ep"]
+    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
+    with forward_context(forward_pass_token_counts(ep, ctx.coords.dp_rank, x_TH.size(0))):
+        return moe_forward(pf, x_TH, w_TK, ids_TK, Experts(case, dist.get_world_size(ep), dist.get_rank(ep)),
+                           case.quant_config(), num_experts=case.num_experts, tp_group=ctx.groups["tp"])
+
+
+class ImplOps(TorchDispatchMode):
+    """Records the non-view aten ops that code under ``impl/`` issues itself (not FlashInfer,
+    not torch internals): a temporary or an extra copy made by the integration shows here."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and _caller_file().startswith(IMPL_DIR):
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+IMPL_DIR = os.path.dirname(impl.__file__) + os.sep
+TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _caller_file() -> str:
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
+        frame = frame.f_back
+    return frame.f_code.co_filename if frame is not None else ""
+
+
+def finalize_ops(ctx, case: MoECase, profile: str, manager: str = "one_sided") -> dict:
+    """One forward whose finalize runs under :class:`ImplOps`."""
+    mgr = MANAGERS[manager](resolve_backend("fake", profile=profile), ctx.groups["ep"])
+    pf = _layer(mgr, case)
+    ep = ctx.groups["ep"]
+    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
+    with forward_context(forward_pass_token_counts(ep, ctx.coords.dp_rank, x_TH.size(0))):
+        prep = pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config())
+    fused = Experts(case, dist.get_world_size(ep), dist.get_rank(ep))(prep)
+    output = torch.empty(x_TH.shape, dtype=ACT_DTYPE)
+    storage = output.untyped_storage().data_ptr()
+    with ImplOps() as recorder:
+        pf.finalize(output, fused, w_TK, ids_TK, False, None)
+    return {"ops": recorder.ops, "probe": mgr.combine_supports_output,
+            "same_storage": output.untyped_storage().data_ptr() == storage, "out": output}
+
+
+def _kwargs_only_combine(self, payload, runtime_max_tokens_per_rank, **kwargs):
+    return self._combine(payload, runtime_max_tokens_per_rank, **kwargs)
+
+
+def kwargs_only_combine(ctx, case: MoECase) -> dict:
+    """A FlashInfer whose ``combine`` takes ``**kwargs`` only: the probe must say no, and the
+    numbers must not change."""
+    from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
+
+    api = resolve_backend("fake", profile="0.7.2")
+    fake_mod.MoeAlltoAll = fake_mod.custom_moe_alltoall(_kwargs_only_combine)
+    ctx.add_cleanup(lambda: delattr(fake_mod, "MoeAlltoAll"))
+    mgr = OneSidedManager(api, ctx.groups["ep"])
+    pf = _layer(mgr, case)
+    return {"probe": mgr.combine_supports_output, "out": _forward(ctx, pf, case)}
+
+
+def heterogeneous(ctx, what: str) -> None:
+    """Layers that disagree on top_k or num_experts on one manager."""
+    mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
+    R = ctx.layout.ep_size
+    _layer(mgr, MoECase(num_experts=4 * R, top_k=2, hidden=64, tokens_per_dp=(2,) * R))
+    other = dict(top_k=4) if what == "top_k" else dict(num_experts=8 * R)
+    _layer(mgr, MoECase(**{**dict(num_experts=4 * R, top_k=2, hidden=64, tokens_per_dp=(2,) * R), **other}))
+
+
+def bad_initialize(ctx, kwargs: dict) -> None:
+    mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
+    mgr.initialize(**kwargs)
+
+
+def checkpoint_cycle(ctx, case: MoECase, profile: str) -> dict:
+    """checkpoint_prepare, a dispatch while unmapped, checkpoint_restore, a forward."""
+    mgr = OneSidedManager(resolve_backend("fake", profile=profile), ctx.groups["ep"])
+    pf = _layer(mgr, case)
+    before = _forward(ctx, pf, case)
+    mgr.checkpoint_prepare()
+    try:
+        _forward(ctx, pf, case)
+        unmapped_error = None
+    except RuntimeError as e:
+        unmapped_error = str(e)
+    mgr.checkpoint_restore()
+    return {"before": before, "unmapped_error": unmapped_error, "after": _forward(ctx, pf, case)}
+
+
+def split_colors(ctx) -> None:
+    """A Split whose colors differ across the group (a mapping wider than the EP group)."""
+    comm = make_communicator(resolve_backend("fake"), ctx.groups["ep"])
+    comm.Split(color=ctx.coords.ep_rank % 2, key=0)
+
+
+def wrong_layout(ctx, case: MoECase, layout_fmt: str) -> None:
+    """A layer whose workspace layout was computed for another format than it quantizes to."""
+    mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
+    other = MoECase(case.num_experts, case.top_k, case.hidden, case.tokens_per_dp, fmt=layout_fmt)
+    pf = OneSidedPrepareFinalize(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k,
+                                 num_experts=case.num_experts, hidden_size=case.hidden,
+                                 layout=dispatch_layout(case.hidden, other.quant_config(), ACT_DTYPE))
+    _forward(ctx, pf, case)

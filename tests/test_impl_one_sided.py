@@ -1,0 +1,168 @@
+"""impl's one-sided path on the simulated cluster: workspace growth (seed 001), the rebuild
+barrier's scope, combine_into and its probe (seed 000), checkpoints, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impl_programs import (
+    bad_initialize,
+    checkpoint_cycle,
+    finalize_ops,
+    heterogeneous,
+    kwargs_only_combine,
+    split_colors,
+    wrong_layout,
+)
+from testbed.cluster import RankFailedError, ScenarioTimeoutError
+from testbed.layout import ParallelLayout
+from testbed.moe import MoECase, reference_output, run_layers
+
+PROFILES = ["0.6.8", "0.7.2"]
+
+
+def assert_matches_reference(case: MoECase, dp_rank: int, got: torch.Tensor) -> None:
+    ref = reference_output(case, dp_rank)
+    scale = max(1.0, ref.abs().max().item()) if ref.numel() else 1.0
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2 * scale)
+
+
+def _pad(x: int) -> int:
+    return -(-x // 128) * 128
+
+
+def _layers(world: int, fmts, tokens=None, hidden=256, top_k=2):
+    tokens = tokens or tuple(2 + r for r in range(world))
+    return tuple(MoECase(num_experts=4 * world, top_k=top_k, hidden=hidden, tokens_per_dp=tokens, fmt=f, seed=i)
+                 for i, f in enumerate(fmts))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("profile", PROFILES)
+def test_one_sided_workspace_grows_for_heterogeneous_layers(cluster, world, profile):
+    layers = _layers(world, ["nvfp4", "bf16", "nvfp4"])
+    results = cluster.run(run_layers, ParallelLayout(world, dp=world), ((layers,),), {"profile": profile})
+    H, K, M = 256, 2, layers[0].max_tokens
+    for res in results:
+        assert res.builds == [1, 2, 2]
+        assert res.rebuilt == [True, True, False]
+        nvfp4_ws, bf16_ws, last_ws = res.workspace_sizes
+        # The payload regions grow by exactly the bf16-minus-nvfp4 dispatch bytes (aux unchanged).
+        grow = _pad(world * M * (2 * H + 8 * K)) - _pad(world * M * (H // 2 + H // 16 + 8 * K))
+        assert bf16_ws - nvfp4_ws == grow and last_ws == bf16_ws
+        for case, out in zip(layers, res.outputs):
+            assert_matches_reference(case, res.dp_rank, out)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("profile", PROFILES)
+def test_one_sided_first_layer_workspace_overflows_in_combine(cluster, world, profile):
+    layers = _layers(world, ["nvfp4", "bf16"])
+    with pytest.raises(RankFailedError) as e:
+        cluster.run(run_layers, ParallelLayout(world, dp=world), ((layers,),),
+                    {"profile": profile, "manager": "first_layer_workspace"})
+    assert "workspace insufficient for combine payload region" in str(e.value)
+
+
+PP_STAGES = (_layers(2, ["nvfp4", "bf16"]), _layers(2, ["nvfp4"]))
+
+
+def test_one_sided_rebuild_barrier_is_ep_scoped_under_pp(cluster):
+    layout = ParallelLayout(4, dp=2, pp=2)
+    results = cluster.run(run_layers, layout, (PP_STAGES,), timeout_s=60)
+    for rank, res in enumerate(results):
+        stage = layout.coords(rank).pp_rank
+        assert res.builds == ([1, 2] if stage == 0 else [1])
+        for case, out in zip(PP_STAGES[stage], res.outputs):
+            assert_matches_reference(case, res.dp_rank, out)
+
+
+def test_one_sided_world_barrier_deadlocks_under_pp(cluster):
+    layout = ParallelLayout(4, dp=2, pp=2)
+    with pytest.raises(ScenarioTimeoutError) as e:
+        cluster.run(run_layers, layout, (PP_STAGES,), {"manager": "world_barrier", "forward": False},
+                    timeout_s=8)
+    stage0 = [r for r in range(4) if layout.coords(r).pp_rank == 0]
+    assert e.value.stuck == stage0, str(e.value)
+    assert e.value.finished == [r for r in range(4) if r not in stage0]
+    assert "_barrier_after_build" in str(e.value)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_one_sided_combine_into_same_numbers_with_and_without_output(cluster, world):
+    case = _layers(world, ["bf16"], tokens=(0,) + (3,) * (world - 1))[0]
+    layout = ParallelLayout(world, dp=world)
+    runs = {p: cluster.run(run_layers, layout, (((case,),),), {"profile": p}) for p in PROFILES}
+    kwargs_only = cluster.run(kwargs_only_combine, layout, (case,))
+    for rank in range(world):
+        assert runs["0.6.8"][rank].probe is False and runs["0.7.2"][rank].probe is True
+        assert kwargs_only[rank]["probe"] is False
+        out = runs["0.7.2"][rank].outputs[0]
+        assert torch.equal(out, runs["0.6.8"][rank].outputs[0])
+        assert torch.equal(out, kwargs_only[rank]["out"])
+        assert_matches_reference(case, rank, out)
+
+
+def test_one_sided_combine_into_writes_output_in_place(cluster):
+    """On 0.7.2 the integration hands ``output`` to combine and issues no op of its own
+    (no temporary, no copy); on 0.6.8 the recorder sees its copy, so it can fail."""
+    case = _layers(2, ["bf16"], tokens=(4, 3))[0]
+    new = cluster.run(finalize_ops, ParallelLayout(2, dp=2), (case, "0.7.2"))
+    old = cluster.run(finalize_ops, ParallelLayout(2, dp=2), (case, "0.6.8"))
+    for rank in range(2):
+        assert new[rank]["probe"] and new[rank]["same_storage"]
+        assert new[rank]["ops"] == [], new[rank]["ops"]
+        assert old[rank]["ops"] == ["aten.copy_.default"], old[rank]["ops"]
+        assert torch.equal(new[rank]["out"], old[rank]["out"])
+        assert_matches_reference(case, rank, new[rank]["out"])
+
+
+def test_one_sided_unprobed_output_fails_on_old_flashinfer(cluster):
+    layers = _layers(2, ["bf16"])
+    with pytest.raises(RankFailedError, match="unexpected keyword argument 'output'"):
+        cluster.run(run_layers, ParallelLayout(2, dp=2), ((layers,),),
+                    {"profile": "0.6.8", "manager": "unprobed_output"})
+
+
+@pytest.mark.parametrize("what, match", [
+    ("top_k", r"heterogeneous top_k across MoE layers \(got 4, was built with 2\)"),
+    ("num_experts", r"heterogeneous num_experts across MoE layers \(got 16, was built with 8\)"),
+])
+def test_one_sided_manager_rejects_heterogeneous_layers(cluster, what, match):
+    with pytest.raises(RankFailedError, match=match):
+        cluster.run(heterogeneous, ParallelLayout(2, dp=2), (what,))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_num_tokens=0, top_k=2, num_experts=8, hidden_size=64, x_bytes_per_token=128,
+          x_sf_bytes_per_token=0), "max_num_tokens must be a positive int, got 0"),
+    (dict(max_num_tokens=4, top_k=2.0, num_experts=8, hidden_size=64, x_bytes_per_token=128,
+          x_sf_bytes_per_token=0), "top_k must be a positive int, got 2.0"),
+    (dict(max_num_tokens=4, top_k=2, num_experts=8, hidden_size=64, x_bytes_per_token=128,
+          x_sf_bytes_per_token=-1), "x_sf_bytes_per_token must be >= 0, got -1"),
+])
+def test_one_sided_manager_initialize_rejects_bad_sizes(cluster, kwargs, match):
+    with pytest.raises(RankFailedError, match=match):
+        cluster.run(bad_initialize, ParallelLayout(2, dp=2), (kwargs,))
+
+
+def test_one_sided_layout_disagreeing_with_quantizer_is_named(cluster):
+    case = _layers(2, ["nvfp4"])[0]
+    with pytest.raises(RankFailedError, match=r"carry 128 \+ 16 bytes per token but the workspace was sized for 256 \+ 8"):
+        cluster.run(wrong_layout, ParallelLayout(2, dp=2), (case, "mxfp8"))
+
+
+def test_one_sided_checkpoint_prepare_restore(cluster):
+    case = _layers(2, ["bf16"])[0]
+    for rank, res in enumerate(cluster.run(checkpoint_cycle, ParallelLayout(2, dp=2), (case, "0.7.2"))):
+        assert res["unmapped_error"] == "MNNVL handles are unmapped"
+        assert torch.equal(res["before"], res["after"])
+        assert_matches_reference(case, rank, res["after"])
+    with pytest.raises(RankFailedError, match="FlashInfer 0.6.8 MoeAlltoAll has no checkpoint_prepare"):
+        cluster.run(checkpoint_cycle, ParallelLayout(2, dp=2), (case, "0.6.8"))
+
+
+def test_communicator_split_refuses_to_split_its_group(cluster):
+    with pytest.raises(RankFailedError, match=r"passed colors \[0, 1\]"):
+        cluster.run(split_colors, ParallelLayout(2, dp=2))
