@@ -13,7 +13,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from impl.backend import FlashInferAPI
+from typing import Optional
+
+from impl.backend import FlashInferAPI, default_gpus_per_node
 
 
 def make_communicator(api: FlashInferAPI, group: dist.ProcessGroup):
@@ -73,3 +75,30 @@ class _GroupCommunicator:
         if keys != sorted(keys):
             raise ValueError(f"Split(key={key}): keys {keys} would reorder the group's ranks")
         return self
+
+
+class EPGroupManager:
+    """What every all-to-all manager knows about its EP group (vLLM's ``All2AllManagerBase``).
+
+    Parameters
+    ----------
+    api : FlashInferAPI
+        The FlashInfer to drive.
+    cpu_group : ProcessGroup
+        The EP group (gloo): FlashInfer's set-up collectives run on it and on nothing wider.
+    gpus_per_node : int, optional
+        For FlashInfer's ``Mapping``; default: the visible CUDA devices (the EP size on CPU).
+    """
+
+    def __init__(self, api: FlashInferAPI, cpu_group: dist.ProcessGroup, gpus_per_node: Optional[int] = None):
+        self.api = api
+        self.cpu_group = cpu_group
+        self.rank = dist.get_rank(cpu_group)
+        self.world_size = dist.get_world_size(cpu_group)
+        self.gpus_per_node = gpus_per_node or default_gpus_per_node(self.world_size)
+        self.initialized = False
+        self.mapping: Any = None
+
+    def mnnvl_config(self, **kwargs):
+        """FlashInfer's ``MnnvlConfig`` with a communicator over this EP group."""
+        return self.api.MnnvlConfig(comm_backend=make_communicator(self.api, self.cpu_group), **kwargs)

@@ -68,7 +68,7 @@ def moe_forward(prepare_finalize: PrepareFinalize, x_TH: torch.Tensor, topk_weig
     prepared = prepare_finalize.prepare(x_TH, topk_weights_TK, topk_ids_TK, num_experts, None,
                                         apply_router_weight_on_input, quant_config)
     fused_out = experts(prepared)
-    output = torch.empty(x_TH.shape, dtype=x_TH.dtype)
+    output = torch.empty(x_TH.shape, dtype=x_TH.dtype, device=x_TH.device)
     prepare_finalize.finalize(output, fused_out, topk_weights_TK, topk_ids_TK,
                               apply_router_weight_on_input, None)
     if tp_group is not None and dist.get_world_size(tp_group) > 1 and not prepare_finalize.output_is_reduced():

@@ -12,8 +12,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from impl.backend import FlashInferAPI, default_gpus_per_node
-from impl.communicator import make_communicator
+from impl.backend import FlashInferAPI
+from impl.communicator import EPGroupManager, make_communicator
 from impl.compat import supports_kw
 from impl.formats import DispatchLayout, QuantConfig
 from impl.forward_context import runtime_max_tokens_per_rank
@@ -42,32 +42,18 @@ def _positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
-class OneSidedManager:
+class OneSidedManager(EPGroupManager):
     """One ``MoeAlltoAll`` per EP group, grown (never shrunk) to cover every layer's need.
 
-    Parameters
-    ----------
-    api : FlashInferAPI
-        The FlashInfer to drive.
-    cpu_group : ProcessGroup
-        The EP group (gloo): FlashInfer's set-up collectives and the rebuild barrier run on
-        it and on nothing wider.
-    gpus_per_node : int, optional
-        For FlashInfer's ``Mapping``; default: the visible CUDA devices (the EP size on CPU).
-
-    Attributes a test can read: ``builds`` (``MoeAlltoAll`` objects constructed),
-    ``combine_supports_output`` (the capability probe's answer for the current object).
+    Constructed as :class:`impl.communicator.EPGroupManager`; the rebuild barrier runs on the
+    EP group only. Attributes a test can read: ``builds`` (``MoeAlltoAll`` objects
+    constructed), ``combine_supports_output`` (the capability probe's answer for the current
+    object).
     """
 
     def __init__(self, api: FlashInferAPI, cpu_group: dist.ProcessGroup, gpus_per_node: Optional[int] = None):
-        self.api = api
-        self.cpu_group = cpu_group
-        self.rank = dist.get_rank(cpu_group)
-        self.world_size = dist.get_world_size(cpu_group)
-        self.gpus_per_node = gpus_per_node or default_gpus_per_node(self.world_size)
-        self.initialized = False
+        super().__init__(api, cpu_group, gpus_per_node)
         self.moe_alltoall: Any = None
-        self.mapping: Any = None
         self.workspace_size = 0
         self.max_num_tokens = 0
         self.top_k = 0
@@ -121,7 +107,7 @@ class OneSidedManager:
         W = self.world_size
         self.mapping = self.api.Mapping(world_size=W, rank=self.rank, gpus_per_node=self.gpus_per_node,
                                         tp_size=W, moe_ep_size=W)
-        config = self.api.MnnvlConfig(comm_backend=make_communicator(self.api, self.cpu_group))
+        config = self.mnnvl_config()
         self.moe_alltoall = self.api.MoeAlltoAll(
             mapping=self.mapping, max_num_tokens=self.max_num_tokens, top_k=self.top_k,
             num_experts=self.num_experts, workspace_size_per_rank=self.workspace_size,

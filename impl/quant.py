@@ -81,9 +81,9 @@ def quantize_nvfp4(x_TH: torch.Tensor, global_scale: torch.Tensor) -> tuple[torc
     amax_TB1 = x_TBV.abs().amax(-1, keepdim=True)
     sf_TB1 = (amax_TB1 / E2M1_MAX * gs).clamp(max=FP8_MAX).to(FP8_DTYPE)
     sf_f = sf_TB1.float()
-    inv = torch.where(sf_f > 0, gs / sf_f.clamp(min=torch.finfo(torch.float32).tiny), torch.zeros(()))
+    inv = torch.where(sf_f > 0, gs / sf_f.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
     v_TBV = (x_TBV * inv).clamp(-E2M1_MAX, E2M1_MAX)
-    mag = torch.bucketize(v_TBV.abs(), _E2M1_MIDPOINTS, right=False).to(torch.uint8)
+    mag = torch.bucketize(v_TBV.abs(), _E2M1_MIDPOINTS.to(x_TH.device), right=False).to(torch.uint8)
     codes = (mag | ((v_TBV < 0).to(torch.uint8) << 3)).reshape(T, H)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed.contiguous(), sf_TB1.reshape(T, H // NVFP4_BLOCK).contiguous()
@@ -92,7 +92,7 @@ def quantize_nvfp4(x_TH: torch.Tensor, global_scale: torch.Tensor) -> tuple[torc
 def dequantize_nvfp4(packed_TH2: torch.Tensor, sf_TB: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     T, H = packed_TH2.size(0), packed_TH2.size(1) * 2
     codes = torch.stack([packed_TH2 & 0xF, packed_TH2 >> 4], dim=-1).reshape(T, H).long()
-    vals = E2M1_VALUES[codes & 7] * torch.where((codes & 8) != 0, -1.0, 1.0)
+    vals = E2M1_VALUES.to(codes.device)[codes & 7] * torch.where((codes & 8) != 0, -1.0, 1.0)
     gs = torch.as_tensor(global_scale, dtype=torch.float32)
     scale = sf_TB.view(FP8_DTYPE).float().repeat_interleave(NVFP4_BLOCK, dim=1) / gs
     return vals * scale
@@ -107,7 +107,7 @@ def quantize_mxfp8(x_TH: torch.Tensor, mx_alignment: int = 0) -> tuple[torch.Ten
     exp = torch.ceil(torch.log2(amax.clamp(min=2.0 ** -126) / FP8_MAX)).clamp(-UE8M0_BIAS, UE8M0_BIAS)
     exp = torch.where(amax > 0, exp, torch.full_like(exp, -UE8M0_BIAS))
     q = (x_TBV / torch.exp2(exp)).to(FP8_DTYPE).reshape(T, H)
-    sf = torch.full((T, cols), UE8M0_BIAS, dtype=torch.uint8)
+    sf = torch.full((T, cols), UE8M0_BIAS, dtype=torch.uint8, device=x_TH.device)
     sf[:, : H // MX_BLOCK] = (exp.reshape(T, H // MX_BLOCK) + UE8M0_BIAS).to(torch.uint8)
     return q.contiguous(), sf
 

@@ -10,8 +10,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from impl.backend import FlashInferAPI, default_gpus_per_node
-from impl.communicator import make_communicator
+from impl.backend import FlashInferAPI
+from impl.communicator import EPGroupManager
 from impl.formats import QuantConfig
 from impl.forward_context import runtime_max_tokens_per_rank
 from impl.moe_layer import PrepareResult, scale_input_by_router_weight
@@ -20,26 +20,12 @@ from impl.quant import quantize_input
 FABRIC_PAGE_SIZE = 1 << 29  # 512 MiB, as vLLM asks
 
 
-class TwoSidedManager:
-    """The ``MnnvlMoe`` workspaces of one EP group (FlashInfer sizes them from the EP size).
-
-    Parameters
-    ----------
-    api : FlashInferAPI
-    cpu_group : ProcessGroup
-        The EP group (gloo); the workspaces span exactly its ranks.
-    gpus_per_node : int, optional
-        For FlashInfer's ``Mapping``; default: the visible CUDA devices (the EP size on CPU).
-    """
+class TwoSidedManager(EPGroupManager):
+    """The ``MnnvlMoe`` workspaces of one EP group (FlashInfer sizes them from the EP size);
+    constructed as :class:`impl.communicator.EPGroupManager`."""
 
     def __init__(self, api: FlashInferAPI, cpu_group: dist.ProcessGroup, gpus_per_node: Optional[int] = None):
-        self.api = api
-        self.cpu_group = cpu_group
-        self.rank = dist.get_rank(cpu_group)
-        self.world_size = dist.get_world_size(cpu_group)
-        self.gpus_per_node = gpus_per_node or default_gpus_per_node(self.world_size)
-        self.initialized = False
-        self.mapping: Any = None
+        super().__init__(api, cpu_group, gpus_per_node)
         self.workspace_tensor: Optional[torch.Tensor] = None
         self.prepare_workspace_tensor: Optional[torch.Tensor] = None
 
@@ -50,8 +36,7 @@ class TwoSidedManager:
         self.cleanup()
         W = self.world_size
         self.mapping = self.api.Mapping(world_size=W, rank=self.rank, gpus_per_node=self.gpus_per_node, tp_size=W)
-        config = self.api.MnnvlConfig(comm_backend=make_communicator(self.api, self.cpu_group),
-                                      fabric_page_size=FABRIC_PAGE_SIZE, allocation_granularity=0)
+        config = self.mnnvl_config(fabric_page_size=FABRIC_PAGE_SIZE, allocation_granularity=0)
         self.workspace_tensor = self.api.MnnvlMoe.get_moe_workspaces(self.mapping, config)
         self.prepare_workspace_tensor = self.api.MnnvlMoe.get_moe_prepare_workspace(self.mapping, config)
         self.initialized = True

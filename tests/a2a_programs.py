@@ -13,6 +13,7 @@ import torch
 from fakes.flashinfer import set_profile
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from testbed.comm import ep_mapping_and_config
+from testbed.moe import local_experts
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,7 @@ def rank_inputs(case: Case, rank: int):
 
 
 def owner_of(expert: int, num_experts: int, ep: int) -> int:
-    """Independent restatement of the contiguous ceil/floor expert split."""
-    base, rem = divmod(num_experts, ep)
-    bounds, start = [], 0
-    for r in range(ep):
-        start += base + (1 if r < rem else 0)
-        bounds.append(start)
-    return next(r for r, end in enumerate(bounds) if expert < end)
+    return next(r for r in range(ep) if expert in local_experts(num_experts, ep, r))
 
 
 def expert_fn(x_H: torch.Tensor, expert: int) -> torch.Tensor:
@@ -120,9 +115,7 @@ def round_trip(ctx, case: Case, profile: str = "0.7.2", slot_order: str = "shuff
 
 
 def experts_on(num_experts: int, ep: int, rank: int) -> int:
-    """How many experts rank owns (independent of the fake)."""
-    base, rem = divmod(num_experts, ep)
-    return base + (1 if rank < rem else 0)
+    return len(local_experts(num_experts, ep, rank))
 
 
 def _make(ctx, profile, *, max_num_tokens=4, top_k=2, num_experts=4, hidden=16,

@@ -68,9 +68,10 @@ def test_one_sided_first_layer_workspace_overflows_in_combine(cluster, world, pr
 PP_STAGES = (_layers(2, ["nvfp4", "bf16"]), _layers(2, ["nvfp4"]))
 
 
-def test_one_sided_rebuild_barrier_is_ep_scoped_under_pp(cluster):
+@pytest.mark.parametrize("profile", PROFILES)
+def test_one_sided_rebuild_barrier_is_ep_scoped_under_pp(cluster, profile):
     layout = ParallelLayout(4, dp=2, pp=2)
-    results = cluster.run(run_layers, layout, (PP_STAGES,), timeout_s=60)
+    results = cluster.run(run_layers, layout, (PP_STAGES,), {"profile": profile}, timeout_s=60)
     for rank, res in enumerate(results):
         stage = layout.coords(rank).pp_rank
         assert res.builds == ([1, 2] if stage == 0 else [1])

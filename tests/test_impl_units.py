@@ -16,7 +16,6 @@ from impl.compat import supports_kw
 from impl.formats import FP8_DTYPE, DispatchLayout, QuantConfig, dispatch_layout
 from impl.forward_context import forward_context, runtime_max_tokens_per_rank
 from impl.quant import (
-    E2M1_VALUES,
     dequantize_input,
     nvfp4_global_scale,
     prepare_deepseek_fp8_x_sf,
