@@ -4,11 +4,14 @@ Each rank dispatches ``[x bf16 [T, H], ids int32 [T, K], weights fp32 [T, K]]`` 
 the received ``x`` back. The bytes moved per rank are the payload bytes of every (token,
 unique target rank) pair plus the ``H * 2`` bytes per pair the combine gathers. The same
 byte counts then go through two gloo ``all_to_all_single`` calls (dispatch and combine
-splits), and through a single-thread ``memcpy`` on rank 0 while the others wait.
+splits), and through a single-thread ``memcpy`` on rank 0 while the others wait; then every
+rank copies its bytes once at the same time (``memcpy_all_ranks_gbps``: the ceiling of any
+data path when ranks share the cores).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -81,16 +84,19 @@ def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: i
 
     gloo_s = _timed(gloo_round, iters, group)
 
+    src, dst = torch.ones(moved, dtype=torch.uint8), torch.empty(moved, dtype=torch.uint8)
     memcpy_s = None
     if me == 0:
-        src, dst = torch.empty(moved, dtype=torch.uint8), torch.empty(moved, dtype=torch.uint8)
         dst.copy_(src)
         started = time.perf_counter()
         for _ in range(iters):
             dst.copy_(src)
         memcpy_s = (time.perf_counter() - started) / iters
     dist.barrier(group=group)
-    return {"moved": moved, "fake_s": fake_s, "gloo_s": gloo_s, "memcpy_s": memcpy_s}
+    # The ceiling of any data path here: every rank copying its bytes once, at the same time.
+    all_ranks_memcpy_s = _timed(lambda: dst.copy_(src), iters, group)
+    return {"moved": moved, "fake_s": fake_s, "gloo_s": gloo_s, "memcpy_s": memcpy_s,
+            "all_ranks_memcpy_s": all_ranks_memcpy_s}
 
 
 def _sig(x: float) -> float:
@@ -118,4 +124,6 @@ def run(args) -> dict:
         "memcpy_gbps": _sig(memcpy),
         "fake_vs_gloo": _sig(fake / gloo),
         "fake_vs_memcpy": _sig(fake / memcpy),
+        "memcpy_all_ranks_gbps": _sig(gbps("all_ranks_memcpy_s")),
+        "cpus": os.cpu_count(),
     }
