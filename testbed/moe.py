@@ -110,7 +110,8 @@ class Experts:
 
     def __call__(self, prep: PrepareResult) -> torch.Tensor:
         N, H = prep.topk_ids.size(0), self.case.hidden
-        out_NH = torch.zeros(N, H)
+        device = prep.topk_ids.device
+        out_NH = torch.zeros(N, H, device=device)
         rows_with_local = (prep.topk_ids >= self.local.start) & (prep.topk_ids < self.local.stop)
         rows = rows_with_local.any(1).nonzero().flatten()
         if rows.numel():
@@ -120,7 +121,7 @@ class Experts:
             for e in self.local:
                 n, lane = (prep.topk_ids[rows] == e).nonzero(as_tuple=True)
                 if n.numel():
-                    y = x_nH[n] @ expert_weight(self.case, e)
+                    y = x_nH[n] @ expert_weight(self.case, e).to(device)
                     out_NH.index_add_(0, rows[n], prep.topk_weights[rows[n], lane, None].float() * y)
         return out_NH.to(ACT_DTYPE)
 
@@ -155,18 +156,24 @@ class LayersResult:
 
 def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one_sided",
                manager: str = "one_sided", prepare_finalize: Optional[str] = None, profile: str = "0.7.2",
-               slot_order: str = "shuffled", forward: bool = True) -> LayersResult:
+               slot_order: str = "shuffled", forward: bool = True, backend: str = "fake") -> LayersResult:
     """Build this rank's pipeline stage's layers (``stages[pp_rank]``) on one shared manager,
     then run each layer's forward on this DP rank's tokens.
 
     ``kind`` is ``"one_sided"`` or ``"two_sided"``; ``manager`` / ``prepare_finalize`` name
-    the classes (or mutants) in :mod:`testbed.mutants`.
+    the classes (or mutants) in :mod:`testbed.mutants`. ``backend="flashinfer"`` drives the
+    real package on this rank's GPU (``profile`` and ``slot_order`` are the fake's); outputs
+    come back on the CPU either way.
     """
-    from fakes.flashinfer.comm import moe_a2a_kernels
+    device = _rank_device(ctx, backend)
+    if backend == "fake":
+        from fakes.flashinfer.comm import moe_a2a_kernels
 
-    api = resolve_backend("fake", profile=profile)
-    moe_a2a_kernels.SlotOrder.mode = slot_order
-    moe_a2a_kernels.SlotOrder.seed = ctx.seed
+        api = resolve_backend("fake", profile=profile)
+        moe_a2a_kernels.SlotOrder.mode = slot_order
+        moe_a2a_kernels.SlotOrder.seed = ctx.seed
+    else:
+        api = resolve_backend(backend)
     ep_group = ctx.groups["ep"]
     ep_size, ep_rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
     layers = stages[ctx.coords.pp_rank]
@@ -191,9 +198,17 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
         raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
     if forward:
         for case, pf in zip(layers, pfs):
-            x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
+            x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, ctx.coords.dp_rank))
             with forward_context(forward_pass_token_counts(ep_group, ctx.coords.dp_rank, x_TH.size(0))):
                 out = moe_forward(pf, x_TH, w_TK, ids_TK, Experts(case, ep_size, ep_rank), case.quant_config(),
                                   num_experts=case.num_experts, tp_group=ctx.groups["tp"])
-            result.outputs.append(out)
+            result.outputs.append(out.cpu())
     return result
+
+
+def _rank_device(ctx, backend: str) -> torch.device:
+    if backend == "fake":
+        return torch.device("cpu")
+    index = ctx.rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

@@ -1,0 +1,43 @@
+"""impl against the real FlashInfer on GPUs: the CPU suite's key scenarios, same reference.
+
+Never run by this project's CPU CI (skipped without >= 2 GPUs and flashinfer); written so
+that `tox -e gpu` on an NVLink box runs the integration unchanged.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from testbed.layout import ParallelLayout
+from testbed.moe import MoECase, reference_output, run_layers
+
+
+def _check(case, results):
+    for res, out in ((r, r.outputs[0]) for r in results):
+        ref = reference_output(case, res.dp_rank)
+        scale = max(1.0, ref.abs().max().item()) if ref.numel() else 1.0
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * scale)
+
+
+@pytest.mark.parametrize("kind", ["one_sided", "two_sided"])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_gpu_impl_round_trip(cluster, backend, kind, fmt):
+    world = min(torch.cuda.device_count(), 4)
+    case = MoECase(num_experts=8 * world, top_k=4, hidden=1024, tokens_per_dp=tuple(3 + r for r in range(world)),
+                   fmt=fmt, seed=1)
+    results = cluster.run(run_layers, ParallelLayout(world, dp=world), (((case,),),),
+                          {"kind": kind, "backend": backend}, timeout_s=300)
+    _check(case, results)
+
+
+def test_gpu_impl_workspace_grows_for_heterogeneous_layers(cluster, backend):
+    world = min(torch.cuda.device_count(), 4)
+    layers = tuple(MoECase(num_experts=8 * world, top_k=2, hidden=1024, tokens_per_dp=(4,) * world, fmt=f, seed=i)
+                   for i, f in enumerate(["nvfp4", "bf16", "nvfp4"]))
+    results = cluster.run(run_layers, ParallelLayout(world, dp=world), ((layers,),), {"backend": backend},
+                          timeout_s=300)
+    for res in results:
+        assert res.builds == [1, 2, 2] and res.rebuilt == [True, True, False]
+    for i, case in enumerate(layers):
+        _check(case, [type(r)(r.dp_rank, outputs=[r.outputs[i]]) for r in results])
