@@ -21,9 +21,7 @@ __all__ = [
 
 def convert_to_block_layout(input_tensor, blockK: int):
     """``[M, K]`` -> ``[K / blockK, M, blockK]`` (``blockK`` in elements of the tensor given)."""
-    M, K = input_tensor.shape
-    assert K % blockK == 0, "K must be divisible by blockK"
-    return input_tensor.view(M, K // blockK, blockK).permute(1, 0, 2).contiguous()
+    return to_block_major_k(input_tensor, blockK)
 
 
 def reorder_rows_for_gated_act_gemm(x):

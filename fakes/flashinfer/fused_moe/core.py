@@ -23,7 +23,6 @@ order (shuffled by default), so nothing may depend on it.
 from __future__ import annotations
 
 import inspect
-from typing import Optional
 
 import torch
 
@@ -198,6 +197,12 @@ def _run(x_TH, ids_TK, w_TK, w1_LMH, w2_LHI, *, num_experts, local_expert_offset
     return output.copy_(out_TH)
 
 
+def _gemm1_rows(activation_type: int, intermediate_size: int) -> tuple[bool, int]:
+    """Whether GEMM1 is gated (linear and gate halves) and its output rows per expert."""
+    gated = activation_type != ActivationType.Relu2
+    return gated, (2 if gated else 1) * intermediate_size
+
+
 def _check_locals(w, local_num_experts, name):
     icheck(w.size(0) == local_num_experts, f"{name}.size(0) == local_num_experts",
            f"{name} must hold local_num_experts experts")
@@ -210,10 +215,10 @@ def _bf16_moe(ids_TK, w_TK, hidden_states, gemm1_weights, gemm2_weights, num_exp
     icheck(weight_layout == WeightLayout.BlockMajorK, "weight_layout == WeightLayout::BlockMajorK",
            "BF16 MoE requires the BlockMajorK weight layout")
     _check_locals(gemm1_weights, local_num_experts, "gemm1_weights")
-    gated = activation_type != ActivationType.Relu2
     tile = EPILOGUE_TILE_M["bf16"]
     I, H = intermediate_size, hidden_states.size(1)
-    w1 = _logical(gemm1_weights, (2 if gated else 1) * I, layout=weight_layout, shuffled=use_shuffled_weight,
+    gated, M1 = _gemm1_rows(activation_type, I)
+    w1 = _logical(gemm1_weights, M1, layout=weight_layout, shuffled=use_shuffled_weight,
                   tile=tile, gated=gated).float()
     w2 = _logical(gemm2_weights, H, layout=weight_layout, shuffled=use_shuffled_weight, tile=tile, gated=False).float()
     result = _run(hidden_states.float(), ids_TK, w_TK, w1, w2, num_experts=num_experts,
@@ -277,8 +282,7 @@ def trtllm_fp8_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
            f"hidden_states_scale must be fp32 [{H // 128}, {T}] (block-major K)")
     _check_locals(gemm1_weights, local_num_experts, "gemm1_weights")
     I, tile = intermediate_size, EPILOGUE_TILE_M["fp8"]
-    gated = activation_type != ActivationType.Relu2
-    M1 = (2 if gated else 1) * I
+    gated, M1 = _gemm1_rows(activation_type, I)
     w1 = _logical(gemm1_weights, M1, layout=weight_layout, shuffled=use_shuffled_weight, tile=tile, gated=False)
     w2 = _logical(gemm2_weights, H, layout=weight_layout, shuffled=use_shuffled_weight, tile=tile, gated=False)
     icheck(tuple(gemm1_weights_scale.shape[1:]) == (M1 // 128, H // 128),
@@ -318,8 +322,7 @@ def trtllm_fp4_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
            f"hidden_states_scale must hold [{T}, {H // 16}] scales (linear layout)")
     _check_locals(gemm1_weights, local_num_experts, "gemm1_weights")
     I, tile = intermediate_size, EPILOGUE_TILE_M["fp4"]
-    gated = activation_type != ActivationType.Relu2
-    M1 = (2 if gated else 1) * I
+    gated, M1 = _gemm1_rows(activation_type, I)
     w1_raw = _logical(gemm1_weights, M1, layout=WeightLayout.MajorK, shuffled=True, tile=tile, gated=gated)
     w2_raw = _logical(gemm2_weights, H, layout=WeightLayout.MajorK, shuffled=True, tile=tile, gated=False)
     sf1 = _logical_sf_128x4(gemm1_weights_scale, M1, H // 16, tile=tile, gated=gated)

@@ -8,7 +8,8 @@ kernels apply the inverses to get the logical ``[rows, K]`` matrices back. Legen
   (the kernel reads the linear and gate halves of GEMM1 in pairs).
 - row shuffle for the epilogue tile (``shuffle_matrix_a``): inside blocks of 16 rows (tile
   64) or 32 rows (tile 128), source row ``i`` lands at ``i // n + 8 * (i % n)``, n = block / 8.
-- ``BlockMajorK``: ``[M, K]`` -> ``[K / blockK, M, blockK]`` with blockK = 128 bytes.
+- ``BlockMajorK``: ``[M, K]`` -> ``[K / blockK, M, blockK]``; the kernels take blockK = 128
+  bytes (users block the uint8 view, then view it back).
 - 128x4 scale-factor interleave (``block_scale_interleave``): rows padded to 128 and columns
   to 4, element ``(r, c)`` stored at
   ``((r // 128) * (C / 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4``.
@@ -17,9 +18,6 @@ kernels apply the inverses to get the logical ``[rows, K]`` matrices back. Legen
 from __future__ import annotations
 
 import torch
-
-BLOCK_K_BYTES = 128
-
 
 def gated_reorder_indices(m: int) -> torch.Tensor:
     """``new[i] = old[idx[i]]`` for the gated-activation row reorder."""
@@ -45,13 +43,11 @@ def shuffle_indices(m: int, epilogue_tile_m: int) -> torch.Tensor:
     return idx
 
 
-def to_block_major_k(w_MK: torch.Tensor) -> torch.Tensor:
-    """``[M, K]`` -> ``[K / blockK, M, blockK]`` (blockK = 128 bytes of ``w``'s dtype)."""
-    block = BLOCK_K_BYTES // w_MK.element_size()
+def to_block_major_k(w_MK: torch.Tensor, block_k: int) -> torch.Tensor:
+    """``[M, K]`` -> ``[K / block_k, M, block_k]`` (``block_k`` in elements of ``w``)."""
     M, K = w_MK.shape
-    if K % block:
-        raise AssertionError("K must be divisible by blockK")
-    return w_MK.view(M, K // block, block).permute(1, 0, 2).contiguous()
+    assert K % block_k == 0, "K must be divisible by blockK"
+    return w_MK.view(M, K // block_k, block_k).permute(1, 0, 2).contiguous()
 
 
 def from_block_major_k(w_BMb: torch.Tensor) -> torch.Tensor:
