@@ -1,8 +1,12 @@
 """``a2a-testbed``: the command-line runner.
 
-``run`` is the main job. For now it is the cluster self-check over a few layouts (or the
-ones given), optionally with an injected fault; it prints one line per layout and a final
-JSON summary, and exits 1 when anything failed.
+``run`` is the main job, over a few layouts (or the ones given): ``--job selfcheck`` checks
+the simulated cluster's collectives and groups; ``--job moe`` drives the integration
+(``impl``) through MoE layers on every rank against the dense reference. ``--fault`` injects
+a cluster fault (crash, stall, sigkill, wrong-group barrier) or one of the historical
+integration bugs (double reduce, first-layer workspace, world-scoped rebuild barrier,
+unprobed ``output=``) and reports whether and how the testbed caught it. One line per
+layout, then a JSON summary; exit 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import time
 
 from testbed import __version__
 
-FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
+CLUSTER_FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
+MUTANT_FAULTS = ("double-reduce", "first-layer-workspace", "world-barrier-rebuild", "unprobed-output")
+FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,18 +32,30 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("version", help="print the testbed, torch and Python versions")
     run = sub.add_parser(
         "run",
-        help="run the cluster self-check over parallel layouts (optionally injecting a fault)",
+        help="check parallel layouts: the cluster self-check or the MoE integration (optionally injecting a fault)",
         description=(
-            "Run every collective the testbed relies on over each layout's world, TP, DP, PP "
-            "and EP groups and check the groups against the layout. With --fault, run that "
-            "fault instead and print the watchdog's report."
+            "selfcheck: run every collective the testbed relies on over each layout's world, TP, "
+            "DP, PP and EP groups and check the groups against the layout. moe: build the "
+            "integration's managers and MoE layers on every rank (PP stage 0 gets every format, "
+            "later stages the first) and compare each layer's output with a dense fp32 "
+            "reference. With --fault, inject that fault instead and report whether it was caught."
         ),
     )
+    run.add_argument("--job", choices=("selfcheck", "moe"), default="selfcheck",
+                     help="what to check (default: %(default)s; integration faults imply moe)")
+    run.add_argument("--path", choices=("one_sided", "two_sided"), default="one_sided",
+                     help="moe: FlashInfer all-to-all to drive (default: %(default)s)")
+    run.add_argument("--profile", default="0.7.2",
+                     help="moe: FlashInfer release the fake imitates (default: %(default)s)")
+    run.add_argument("--formats", default="nvfp4,bf16", metavar="F[,F...]",
+                     help=f"moe: activation format of each layer, from {', '.join(FORMATS)} "
+                          "(default: %(default)s)")
     run.add_argument(
         "--layout", action="append", metavar="W,TP,DP,PP",
         help="a layout such as 8,2,2,2 or w8tp2dp2pp2 (repeatable; default: %(default)s)",
     )
-    run.add_argument("--fault", choices=FAULTS, help="inject this fault (on rank 0 / PP stage 0)")
+    run.add_argument("--fault", choices=CLUSTER_FAULTS + MUTANT_FAULTS,
+                     help="inject this fault: a cluster fault (on rank 0 / PP stage 0) or an integration bug")
     run.add_argument("--timeout", type=float, default=60.0, metavar="S",
                      help="per-scenario watchdog timeout in seconds (default: %(default)s)")
     return parser
@@ -67,12 +85,27 @@ def _run(args, parser) -> int:
         parser.error(str(exc))
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0, got {args.timeout}")
+    formats = tuple(f for f in args.formats.split(",") if f)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        parser.error(f"--formats takes a comma-separated list from {', '.join(FORMATS)}; got {args.formats!r}")
+    job = "moe" if args.fault in MUTANT_FAULTS else args.job
+    if job == "moe" and args.fault in CLUSTER_FAULTS:
+        parser.error(f"--fault {args.fault} is a cluster fault: use it with --job selfcheck")
+    from fakes.flashinfer.profiles import PROFILES
+
+    if args.profile not in PROFILES:
+        parser.error(f"--profile must be one of {', '.join(PROFILES)}; got {args.profile!r}")
     from testbed.cluster import RankPool  # torch is imported only once the input is good
+    from testbed.moecheck import check_moe
     from testbed.selfcheck import check_layouts
 
     started = time.monotonic()
     with RankPool() as pool:
-        if args.fault:
+        if job == "moe":
+            rows = [check_moe(pool, layout, kind=args.path, profile=args.profile, formats=formats,
+                              fault=args.fault, timeout_s=args.timeout) for layout in layouts]
+        elif args.fault:
             rows = [_run_fault(pool, args.fault, layout, args.timeout) for layout in layouts]
         else:
             rows = [
@@ -83,7 +116,7 @@ def _run(args, parser) -> int:
         status = "PASS" if row["ok"] else "FAIL"
         print(f"{status} {row['layout']:<14} {row['seconds']:7.2f} s  {row['detail']}")
     summary = {
-        "job": "fault" if args.fault else "selfcheck",
+        "job": job,
         "fault": args.fault,
         "layouts": [row["layout"] for row in rows],
         "passed": sum(row["ok"] for row in rows),

@@ -48,3 +48,25 @@ def test_cli_run_rejects_bad_layout():
     done = _cli("run", "--layout", "6,4,1,1")
     assert done.returncode == 2
     assert "world_size 6 is not divisible by tp 4" in done.stderr
+
+
+def test_cli_run_moe_job_checks_the_integration():
+    done = _cli("run", "--job", "moe", "--layout", "4,2,2,1", "--path", "two_sided", "--formats", "bf16,mxfp8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS w4tp2dp2pp1" in done.stdout and "two_sided (FlashInfer 0.7.2), layers bf16/mxfp8" in done.stdout
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["job"] == "moe" and summary["passed"] == 1
+
+
+def test_cli_run_integration_fault_is_caught_or_reported_unnoticed():
+    done = _cli("run", "--fault", "double-reduce", "--layout", "4,2,2,1", "--layout", "2,1,2,1")
+    assert done.returncode == 1, done.stdout + done.stderr  # TP = 1 cannot show a double reduce
+    assert "PASS w4tp2dp2pp1" in done.stdout and "caught: wrong output" in done.stdout
+    assert "FAIL w2tp1dp2pp1" in done.stdout and "went unnoticed (needs tp >= 2)" in done.stdout
+
+
+def test_cli_run_rejects_bad_moe_options():
+    done = _cli("run", "--job", "moe", "--formats", "bf16,int4")
+    assert done.returncode == 2 and "--formats takes a comma-separated list" in done.stderr
+    done = _cli("run", "--job", "moe", "--fault", "crash")
+    assert done.returncode == 2 and "is a cluster fault" in done.stderr
