@@ -167,3 +167,25 @@ def test_one_sided_checkpoint_prepare_restore(cluster):
 def test_communicator_split_refuses_to_split_its_group(cluster):
     with pytest.raises(RankFailedError, match=r"passed colors \[0, 1\]"):
         cluster.run(split_colors, ParallelLayout(2, dp=2))
+
+
+@pytest.mark.parametrize("first, corrupted", [("nvfp4", True), ("bf16", False)])
+def test_one_sided_back_to_back_rounds_of_growing_payload_race(cluster, first, corrupted):
+    """FlashInfer's protocol has no wait after combine. When the next round's dispatch payload
+    is larger, its region reaches into the combine region a slow peer is still reading: rank 1,
+    stalled in its first combine until rank 0 has written the next dispatch, reads rank 0's
+    overwritten rows (nvfp4 then bf16). With equal rounds (bf16 then bf16) the regions do not
+    overlap and the same stall is harmless. Why run_layers starts each forward with a collective."""
+    from impl_programs import back_to_back_rounds
+
+    layers = tuple(MoECase(num_experts=4, top_k=2, hidden=256, tokens_per_dp=(8, 8), fmt=f, seed=3 + i)
+                   for i, f in enumerate([first, "bf16"]))
+    outs = cluster.run(back_to_back_rounds, ParallelLayout(2, dp=2), (layers,), timeout_s=60)
+    assert_matches_reference(layers[0], 0, outs[0][0])  # rank 0 was not slow
+    for rank in range(2):
+        assert_matches_reference(layers[1], rank, outs[rank][1])
+    if corrupted:
+        with pytest.raises(AssertionError, match="not close"):
+            assert_matches_reference(layers[0], 1, outs[1][0])
+    else:
+        assert_matches_reference(layers[0], 1, outs[1][0])

@@ -41,6 +41,14 @@ class SlotOrder:
     _calls = 0
 
 
+class Hooks:
+    """Fault-injection points for tests. ``before_combine_read(workspace, ep_rank, offsets)``
+    runs after a rank's combine saw every peer ready and before it reads their rows: where a
+    slow GPU would be when its peers have already moved on."""
+
+    before_combine_read = None
+
+
 FLAG_TIMEOUT_S = float(os.environ.get("A2A_FAKE_FLAG_TIMEOUT_S", "30"))
 
 
@@ -353,6 +361,8 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
             region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
     _post_flags(workspace, me, offsets[COMBINE_FLAGS], peers, expected)
     _wait_flags(workspace, me, offsets[COMBINE_FLAGS], peers, expected, "combine")
+    if Hooks.before_combine_read is not None:
+        Hooks.before_combine_read(workspace, me, offsets)
 
     # moeA2ACombineKernel: sum, per local token, the rows its target ranks hold for it.
     tgt_TK = _i32(workspace, me, offsets[TOPK_TARGET_RANKS], T * top_k).view(T, top_k)
