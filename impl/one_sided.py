@@ -252,8 +252,11 @@ class OneSidedPrepareFinalize:
         if fused_expert_output.dtype not in COMBINE_DTYPES:
             raise ValueError(f"fused_expert_output must be one of {COMBINE_DTYPES} (the combine region "
                              f"is sized for 16-bit rows), got {fused_expert_output.dtype}")
-        H = fused_expert_output.size(-1)
-        payload_RSH = fused_expert_output.view(self.manager.world_size, S, H)
+        R, H = self.manager.world_size, fused_expert_output.size(-1)
+        if fused_expert_output.dim() != 2 or fused_expert_output.size(0) != R * S:
+            raise ValueError(f"fused_expert_output must be [ep_size * runtime_max_tokens_per_rank, hidden] = "
+                             f"[{R * S}, {H}] (one row per received row), got {tuple(fused_expert_output.shape)}")
+        payload_RSH = fused_expert_output.view(R, S, H)
         self.manager.combine_into(payload_RSH, S, output)
         self.runtime_max_tokens_per_rank = None
 

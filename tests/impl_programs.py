@@ -177,3 +177,14 @@ def back_to_back_rounds(ctx, layers: tuple[MoECase, ...]) -> list[torch.Tensor]:
                                                                         dist.get_rank(ep)),
                                     case.quant_config(), num_experts=case.num_experts))
     return outs
+
+
+def short_expert_output(ctx, case: MoECase) -> None:
+    """Experts that return fewer rows than prepare handed them."""
+    mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
+    pf = _layer(mgr, case)
+    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
+    with forward_context(case.tokens_per_dp):
+        prep = pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config())
+        pf.finalize(torch.empty_like(x_TH), torch.zeros(prep.a1q.size(0) - 1, case.hidden, dtype=ACT_DTYPE),
+                    w_TK, ids_TK, False, None)

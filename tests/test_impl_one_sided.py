@@ -154,6 +154,15 @@ def test_one_sided_layout_disagreeing_with_quantizer_is_named(cluster):
         cluster.run(wrong_layout, ParallelLayout(2, dp=2), (case, "mxfp8"))
 
 
+def test_one_sided_finalize_rejects_expert_output_of_the_wrong_size(cluster):
+    from impl_programs import short_expert_output
+
+    case = _layers(2, ["bf16"], tokens=(3, 3))[0]
+    with pytest.raises(RankFailedError, match=r"fused_expert_output must be \[ep_size \* runtime_max_tokens_per_rank, "
+                                              r"hidden\] = \[6, 256\] .*got \(5, 256\)"):
+        cluster.run(short_expert_output, ParallelLayout(2, dp=2), (case,))
+
+
 def test_one_sided_checkpoint_prepare_restore(cluster):
     case = _layers(2, ["bf16"])[0]
     for rank, res in enumerate(cluster.run(checkpoint_cycle, ParallelLayout(2, dp=2), (case, "0.7.2"))):
