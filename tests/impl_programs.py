@@ -188,3 +188,20 @@ def short_expert_output(ctx, case: MoECase) -> None:
         prep = pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config())
         pf.finalize(torch.empty_like(x_TH), torch.zeros(prep.a1q.size(0) - 1, case.hidden, dtype=ACT_DTYPE),
                     w_TK, ids_TK, False, None)
+
+
+def bad_prepare(ctx, case: MoECase, what: str) -> None:
+    """prepare with one input that breaks the layer's contract."""
+    mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
+    pf = _layer(mgr, case)
+    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
+    args = {"x": x_TH, "w": w_TK, "ids": ids_TK, "E": case.num_experts, "on_input": False}
+    args.update({
+        "weights_bf16": {"w": w_TK.bfloat16()},
+        "ids_int64": {"ids": ids_TK.long()},
+        "hidden": {"x": x_TH[:, :-16].contiguous()},
+        "num_experts": {"E": case.num_experts * 2},
+        "router_weight_top_k_2": {"on_input": True},
+    }[what])
+    with forward_context(case.tokens_per_dp):
+        pf.prepare(args["x"], args["w"], args["ids"], args["E"], None, args["on_input"], case.quant_config())

@@ -154,6 +154,21 @@ def test_one_sided_layout_disagreeing_with_quantizer_is_named(cluster):
         cluster.run(wrong_layout, ParallelLayout(2, dp=2), (case, "mxfp8"))
 
 
+@pytest.mark.parametrize("what, match", [
+    ("weights_bf16", r"topk_weights must be fp32 \(3, 2\) \(the workspace is sized for 4-byte weights\)"),
+    ("ids_int64", r"topk_ids must be int32 \[3, 2\], got torch.int64"),
+    ("hidden", r"a1 must be \[tokens, 256\], got \(3, 240\)"),
+    ("num_experts", r"num_experts=16 but this layer was built for 8"),
+    ("router_weight_top_k_2", r"apply_router_weight_on_input is only implemented for top_k == 1; got top_k=2"),
+])
+def test_one_sided_prepare_rejects_bad_input(cluster, what, match):
+    from impl_programs import bad_prepare
+
+    case = _layers(2, ["bf16"], tokens=(3, 3))[0]
+    with pytest.raises(RankFailedError, match=match):
+        cluster.run(bad_prepare, ParallelLayout(2, dp=2), (case, what))
+
+
 def test_one_sided_finalize_rejects_expert_output_of_the_wrong_size(cluster):
     from impl_programs import short_expert_output
 
