@@ -79,13 +79,21 @@ def _kwargs_only_combine(self, payload, runtime_max_tokens_per_rank, **kwargs):
     return self._combine(payload, runtime_max_tokens_per_rank, **kwargs)
 
 
-def kwargs_only_combine(ctx, case: MoECase) -> dict:
-    """A FlashInfer whose ``combine`` takes ``**kwargs`` only: the probe must say no, and the
-    numbers must not change."""
+def _uninspectable_combine(self, payload, runtime_max_tokens_per_rank, output=None):
+    return self._combine(payload, runtime_max_tokens_per_rank, output=output)
+
+
+_uninspectable_combine.__signature__ = "not a Signature"  # inspect.signature raises TypeError
+
+
+def custom_combine(ctx, case: MoECase, variant: str) -> dict:
+    """A FlashInfer whose ``combine`` takes ``**kwargs`` only, or has no inspectable signature:
+    the probe must say no (the second through its TypeError), and the numbers must not change."""
     from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 
     api = resolve_backend("fake", profile="0.7.2")
-    fake_mod.MoeAlltoAll = fake_mod.custom_moe_alltoall(_kwargs_only_combine)
+    combine = {"kwargs_only": _kwargs_only_combine, "uninspectable": _uninspectable_combine}[variant]
+    fake_mod.MoeAlltoAll = fake_mod.custom_moe_alltoall(combine)
     ctx.add_cleanup(lambda: delattr(fake_mod, "MoeAlltoAll"))
     mgr = OneSidedManager(api, ctx.groups["ep"])
     pf = _layer(mgr, case)

@@ -11,7 +11,7 @@ from impl_programs import (
     checkpoint_cycle,
     finalize_ops,
     heterogeneous,
-    kwargs_only_combine,
+    custom_combine,
     split_colors,
     wrong_layout,
 )
@@ -95,13 +95,14 @@ def test_one_sided_combine_into_same_numbers_with_and_without_output(cluster, wo
     case = _layers(world, ["bf16"], tokens=(0,) + (3,) * (world - 1))[0]
     layout = ParallelLayout(world, dp=world)
     runs = {p: cluster.run(run_layers, layout, (((case,),),), {"profile": p}) for p in PROFILES}
-    kwargs_only = cluster.run(kwargs_only_combine, layout, (case,))
+    custom = {v: cluster.run(custom_combine, layout, (case, v)) for v in ("kwargs_only", "uninspectable")}
     for rank in range(world):
         assert runs["0.6.8"][rank].probe is False and runs["0.7.2"][rank].probe is True
-        assert kwargs_only[rank]["probe"] is False
         out = runs["0.7.2"][rank].outputs[0]
         assert torch.equal(out, runs["0.6.8"][rank].outputs[0])
-        assert torch.equal(out, kwargs_only[rank]["out"])
+        for variant, results in custom.items():
+            assert results[rank]["probe"] is False, variant
+            assert torch.equal(out, results[rank]["out"]), variant
         assert_matches_reference(case, rank, out)
 
 
