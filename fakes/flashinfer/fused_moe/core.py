@@ -92,29 +92,23 @@ def _routing_from_logits(logits_TE, bias, top_k: int, method: int, norm_topk_pro
 
 # --- weights ---------------------------------------------------------------------------------
 
+def _row_order(rows: int, *, shuffled: bool, tile: int, gated: bool) -> torch.Tensor:
+    """``kernel[i] = logical[idx[i]]``: the gated reorder, then the epilogue-tile shuffle."""
+    idx = layouts.gated_reorder_indices(rows) if gated else torch.arange(rows)
+    return idx[layouts.shuffle_indices(rows, tile)] if shuffled else idx
+
+
 def _logical(w, rows: int, *, layout: int, shuffled: bool, tile: int, gated: bool) -> torch.Tensor:
     """``[L, rows, K]`` in logical row order from the kernel layout of ``w``."""
-    out = []
-    for w_e in w:
-        w_MK = layouts.from_block_major_k(w_e) if layout == WeightLayout.BlockMajorK else w_e
-        icheck(w_MK.size(0) == rows, "weights.size(-2) == expected rows", f"weights must have {rows} rows per expert")
-        if shuffled:
-            w_MK = layouts.unpermute_rows(w_MK, layouts.shuffle_indices(rows, tile))
-        if gated:
-            w_MK = layouts.unpermute_rows(w_MK, layouts.gated_reorder_indices(rows))
-        out.append(w_MK)
-    return torch.stack(out) if out else torch.empty(0)
+    w_LMK = layouts.from_block_major_k(w) if layout == WeightLayout.BlockMajorK else w
+    icheck(w_LMK.size(1) == rows, "weights.size(-2) == expected rows", f"weights must have {rows} rows per expert")
+    return layouts.unpermute_rows(w_LMK, _row_order(rows, shuffled=shuffled, tile=tile, gated=gated))
 
 
 def _logical_sf_128x4(sf, rows: int, cols: int, *, tile: int, gated: bool) -> torch.Tensor:
-    out = []
-    for sf_e in sf.reshape(sf.size(0), -1):
-        s = layouts.deinterleave_128x4(sf_e, rows, cols)
-        s = layouts.unpermute_rows(s, layouts.shuffle_indices(rows, tile))
-        if gated:
-            s = layouts.unpermute_rows(s, layouts.gated_reorder_indices(rows))
-        out.append(s)
-    return torch.stack(out)
+    """``[L, rows, cols]`` linear scales in logical row order from shuffled, 128x4-interleaved ones."""
+    s_LRC = layouts.deinterleave_128x4(sf.reshape(sf.size(0), -1), rows, cols)
+    return layouts.unpermute_rows(s_LRC, _row_order(rows, shuffled=True, tile=tile, gated=gated))
 
 
 def _e2m1(packed: torch.Tensor) -> torch.Tensor:

@@ -50,9 +50,10 @@ def to_block_major_k(w_MK: torch.Tensor, block_k: int) -> torch.Tensor:
     return w_MK.view(M, K // block_k, block_k).permute(1, 0, 2).contiguous()
 
 
-def from_block_major_k(w_BMb: torch.Tensor) -> torch.Tensor:
-    B, M, b = w_BMb.shape
-    return w_BMb.permute(1, 0, 2).reshape(M, B * b)
+def from_block_major_k(w: torch.Tensor) -> torch.Tensor:
+    """``[..., K / blockK, M, blockK]`` -> ``[..., M, K]``."""
+    B, M, b = w.shape[-3:]
+    return w.transpose(-3, -2).reshape(*w.shape[:-3], M, B * b)
 
 
 def interleave_128x4_indices(rows: int, cols: int) -> tuple[torch.Tensor, int]:
@@ -73,14 +74,15 @@ def interleave_128x4(sf_RC: torch.Tensor) -> torch.Tensor:
 
 
 def deinterleave_128x4(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The flat 128x4 buffer(s) ``[..., size]`` -> linear ``[..., rows, cols]`` scales."""
     pos, size = interleave_128x4_indices(rows, cols)
-    if flat.numel() < size:
-        raise RuntimeError(f"128x4 scale buffer holds {flat.numel()} elements, needs {size} for [{rows}, {cols}]")
-    return flat.flatten()[pos]
+    if flat.size(-1) < size:
+        raise RuntimeError(f"128x4 scale buffer holds {flat.size(-1)} elements, needs {size} for [{rows}, {cols}]")
+    return flat[..., pos]
 
 
-def unpermute_rows(w_M: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Undo ``w = orig[idx]``."""
-    orig = torch.empty_like(w_M)
-    orig[idx] = w_M
+def unpermute_rows(w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Undo ``w = orig[..., idx, :]`` (rows are the second-to-last dimension)."""
+    orig = torch.empty_like(w)
+    orig[..., idx, :] = w
     return orig
