@@ -7,6 +7,7 @@ so the reference needs no communication. Expert e is the linear map ``x @ W_e``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -50,9 +51,7 @@ class MoECase:
         if self.fmt == "bf16":
             return QuantConfig()
         if self.fmt == "nvfp4":
-            amax = max((rank_inputs(self, d)[0].float().abs().max().item()
-                        for d in range(len(self.tokens_per_dp)) if self.tokens_per_dp[d]), default=1.0)
-            return QuantConfig("nvfp4", a1_gscale=nvfp4_global_scale(amax))
+            return QuantConfig("nvfp4", a1_gscale=nvfp4_global_scale(_input_amax(self)))
         if self.fmt == "mxfp8":
             return QuantConfig("mxfp8", mx_alignment=self.mx_alignment)
         return QuantConfig(FP8_DTYPE, block_shape=(FP8_BLOCK, FP8_BLOCK))
@@ -66,6 +65,13 @@ def rank_inputs(case: MoECase, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor
     ids_TK = torch.argsort(torch.rand(T, E, generator=g), dim=1)[:, :K].to(torch.int32)
     w_TK = torch.softmax(torch.randn(T, K, generator=g), dim=1)
     return x_TH, ids_TK, w_TK
+
+
+@functools.lru_cache(maxsize=64)
+def _input_amax(case: MoECase) -> float:
+    """max |x| over every DP rank's tokens: the calibrated amax of the nvfp4 global scale."""
+    return max((rank_inputs(case, d)[0].float().abs().max().item()
+                for d, n in enumerate(case.tokens_per_dp) if n), default=1.0)
 
 
 def expert_weight(case: MoECase, expert: int) -> torch.Tensor:
@@ -175,7 +181,6 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     else:
         api = resolve_backend(backend)
     ep_group = ctx.groups["ep"]
-    ep_size, ep_rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
     layers = stages[ctx.coords.pp_rank]
     result = LayersResult(dp_rank=ctx.coords.dp_rank)
     pf_cls = PREPARE_FINALIZES[prepare_finalize or kind]
@@ -197,13 +202,19 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     else:
         raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
     if forward:
-        for case, pf in zip(layers, pfs):
-            x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, ctx.coords.dp_rank))
-            with forward_context(forward_pass_token_counts(ep_group, ctx.coords.dp_rank, x_TH.size(0))):
-                out = moe_forward(pf, x_TH, w_TK, ids_TK, Experts(case, ep_size, ep_rank), case.quant_config(),
-                                  num_experts=case.num_experts, tp_group=ctx.groups["tp"])
-            result.outputs.append(out.cpu())
+        result.outputs = [forward_layer(ctx, pf, case, device).cpu() for case, pf in zip(layers, pfs)]
     return result
+
+
+def forward_layer(ctx, pf, case: MoECase, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    """One forward pass of one layer on this rank's DP tokens: the token-count exchange, then
+    ``moe_forward`` with this EP rank's experts. Returns ``[T, H]`` on ``device``."""
+    ep_group = ctx.groups["ep"]
+    x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, ctx.coords.dp_rank))
+    experts = Experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
+    with forward_context(forward_pass_token_counts(ep_group, ctx.coords.dp_rank, x_TH.size(0))):
+        return moe_forward(pf, x_TH, w_TK, ids_TK, experts, case.quant_config(), num_experts=case.num_experts,
+                           tp_group=ctx.groups["tp"])
 
 
 def _rank_device(ctx, backend: str) -> torch.device:

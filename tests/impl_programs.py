@@ -16,7 +16,7 @@ from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
 from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from testbed.moe import ACT_DTYPE, Experts, MoECase, forward_pass_token_counts, rank_inputs
+from testbed.moe import ACT_DTYPE, Experts, MoECase, forward_layer, rank_inputs
 from testbed.mutants import MANAGERS
 
 
@@ -25,12 +25,17 @@ def _layer(mgr, case: MoECase, cls=OneSidedPrepareFinalize):
                hidden_size=case.hidden, layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE))
 
 
-def _forward(ctx, pf, case: MoECase):
-    ep = ctx.groups["ep"]
+def _one_layer(ctx, case: MoECase, profile: str = "0.7.2", manager: str = "one_sided"):
+    """``(manager, prepare/finalize)`` of one layer on this rank's EP group."""
+    mgr = MANAGERS[manager](resolve_backend("fake", profile=profile), ctx.groups["ep"])
+    return mgr, _layer(mgr, case)
+
+
+def _prepared(ctx, pf, case: MoECase):
+    """``(prepare's result, x, ids, weights)`` of this rank's DP tokens."""
     x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
-    with forward_context(forward_pass_token_counts(ep, ctx.coords.dp_rank, x_TH.size(0))):
-        return moe_forward(pf, x_TH, w_TK, ids_TK, Experts(case, dist.get_world_size(ep), dist.get_rank(ep)),
-                           case.quant_config(), num_experts=case.num_experts, tp_group=ctx.groups["tp"])
+    with forward_context(case.tokens_per_dp):
+        return pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config()), x_TH, ids_TK, w_TK
 
 
 class ImplOps(TorchDispatchMode):
@@ -60,12 +65,9 @@ def _caller_file() -> str:
 
 def finalize_ops(ctx, case: MoECase, profile: str, manager: str = "one_sided") -> dict:
     """One forward whose finalize runs under :class:`ImplOps`."""
-    mgr = MANAGERS[manager](resolve_backend("fake", profile=profile), ctx.groups["ep"])
-    pf = _layer(mgr, case)
+    mgr, pf = _one_layer(ctx, case, profile, manager)
+    prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
     ep = ctx.groups["ep"]
-    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
-    with forward_context(forward_pass_token_counts(ep, ctx.coords.dp_rank, x_TH.size(0))):
-        prep = pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config())
     fused = Experts(case, dist.get_world_size(ep), dist.get_rank(ep))(prep)
     output = torch.empty(x_TH.shape, dtype=ACT_DTYPE)
     storage = output.untyped_storage().data_ptr()
@@ -97,7 +99,7 @@ def custom_combine(ctx, case: MoECase, variant: str) -> dict:
     ctx.add_cleanup(lambda: delattr(fake_mod, "MoeAlltoAll"))
     mgr = OneSidedManager(api, ctx.groups["ep"])
     pf = _layer(mgr, case)
-    return {"probe": mgr.combine_supports_output, "out": _forward(ctx, pf, case)}
+    return {"probe": mgr.combine_supports_output, "out": forward_layer(ctx, pf, case)}
 
 
 def heterogeneous(ctx, what: str) -> None:
@@ -116,17 +118,16 @@ def bad_initialize(ctx, kwargs: dict) -> None:
 
 def checkpoint_cycle(ctx, case: MoECase, profile: str) -> dict:
     """checkpoint_prepare, a dispatch while unmapped, checkpoint_restore, a forward."""
-    mgr = OneSidedManager(resolve_backend("fake", profile=profile), ctx.groups["ep"])
-    pf = _layer(mgr, case)
-    before = _forward(ctx, pf, case)
+    mgr, pf = _one_layer(ctx, case, profile)
+    before = forward_layer(ctx, pf, case)
     mgr.checkpoint_prepare()
     try:
-        _forward(ctx, pf, case)
+        forward_layer(ctx, pf, case)
         unmapped_error = None
     except RuntimeError as e:
         unmapped_error = str(e)
     mgr.checkpoint_restore()
-    return {"before": before, "unmapped_error": unmapped_error, "after": _forward(ctx, pf, case)}
+    return {"before": before, "unmapped_error": unmapped_error, "after": forward_layer(ctx, pf, case)}
 
 
 def split_colors(ctx) -> None:
@@ -142,7 +143,7 @@ def wrong_layout(ctx, case: MoECase, layout_fmt: str) -> None:
     pf = OneSidedPrepareFinalize(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k,
                                  num_experts=case.num_experts, hidden_size=case.hidden,
                                  layout=dispatch_layout(case.hidden, other.quant_config(), ACT_DTYPE))
-    _forward(ctx, pf, case)
+    forward_layer(ctx, pf, case)
 
 
 def _wait_for_peer_next_dispatch(peer: int, timeout_s: float = 20.0):
@@ -189,19 +190,15 @@ def back_to_back_rounds(ctx, layers: tuple[MoECase, ...]) -> list[torch.Tensor]:
 
 def short_expert_output(ctx, case: MoECase) -> None:
     """Experts that return fewer rows than prepare handed them."""
-    mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
-    pf = _layer(mgr, case)
-    x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
-    with forward_context(case.tokens_per_dp):
-        prep = pf.prepare(x_TH, w_TK, ids_TK, case.num_experts, None, False, case.quant_config())
-        pf.finalize(torch.empty_like(x_TH), torch.zeros(prep.a1q.size(0) - 1, case.hidden, dtype=ACT_DTYPE),
-                    w_TK, ids_TK, False, None)
+    _, pf = _one_layer(ctx, case)
+    prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
+    pf.finalize(torch.empty_like(x_TH), torch.zeros(prep.a1q.size(0) - 1, case.hidden, dtype=ACT_DTYPE),
+                w_TK, ids_TK, False, None)
 
 
 def bad_prepare(ctx, case: MoECase, what: str) -> None:
     """prepare with one input that breaks the layer's contract."""
-    mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
-    pf = _layer(mgr, case)
+    _, pf = _one_layer(ctx, case)
     x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
     args = {"x": x_TH, "w": w_TK, "ids": ids_TK, "E": case.num_experts, "on_input": False}
     args.update({
