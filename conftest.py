@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from testbed.arena import PREFIX_ROOT, SHM_DIR
+from fakes.arena import PREFIX_ROOT, SHM_DIR
 
 # `ci` is Hypothesis' own profile, loaded by Hypothesis itself when CI is set.
 settings.register_profile(
@@ -44,7 +44,7 @@ def backend(request) -> str:
 @pytest.fixture(scope="session")
 def cluster():
     """A rank pool shared by every test of this pytest process (one per xdist worker)."""
-    from testbed.cluster import RankPool
+    from testbed.cluster.pool import RankPool
 
     with RankPool() as pool:
         yield pool

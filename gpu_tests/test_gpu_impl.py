@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed.layout import ParallelLayout
-from testbed.moe import MoECase, reference_output, run_layers
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.moe import MoECase, reference_output, run_layers
 
 
 def _check(case, results):

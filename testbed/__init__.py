@@ -1,3 +1,4 @@
-"""Machinery that runs ranks: simulated cluster, shared-memory arena, self-check, faults, benchmarks."""
+"""The testbed: the simulated cluster (``testbed.cluster``) and the scenario side
+(``testbed.scenario``), the command-line runner and the benchmarks."""
 
 __version__ = "0.1.0"

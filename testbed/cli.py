@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, parser) -> int:
-    from testbed.layout import DEFAULT_LAYOUTS, ParallelLayout
+    from testbed.cluster.layout import DEFAULT_LAYOUTS, ParallelLayout
 
     texts = args.layout or list(DEFAULT_LAYOUTS)
     try:
@@ -96,9 +96,9 @@ def _run(args, parser) -> int:
 
     if args.profile not in PROFILES:
         parser.error(f"--profile must be one of {', '.join(PROFILES)}; got {args.profile!r}")
-    from testbed.cluster import RankPool  # torch is imported only once the input is good
-    from testbed.moecheck import check_moe
-    from testbed.selfcheck import check_layouts
+    from testbed.cluster.pool import RankPool  # torch is imported only once the input is good
+    from testbed.scenario.moecheck import check_moe
+    from testbed.cluster.selfcheck import check_layouts
 
     started = time.monotonic()
     with RankPool() as pool:
@@ -129,8 +129,8 @@ def _run(args, parser) -> int:
 
 def _run_fault(pool, fault: str, layout, timeout_s: float) -> dict:
     """Run one injected fault; ``ok`` means the watchdog caught it and said why."""
-    from testbed import faults
-    from testbed.cluster import ScenarioError
+    from testbed.cluster import faults
+    from testbed.cluster.pool import ScenarioError
 
     if fault == "wrong-group-barrier":
         if layout.pp < 2:

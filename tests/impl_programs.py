@@ -16,8 +16,8 @@ from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
 from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from testbed.moe import ACT_DTYPE, Experts, MoECase, forward_layer, rank_inputs
-from testbed.mutants import MANAGERS
+from testbed.scenario.moe import ACT_DTYPE, Experts, MoECase, forward_layer, rank_inputs
+from testbed.scenario.mutants import MANAGERS
 
 
 def _layer(mgr, case: MoECase, cls=OneSidedPrepareFinalize):

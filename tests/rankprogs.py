@@ -8,7 +8,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from testbed.faults import stall_forever
+from testbed.cluster.faults import stall_forever
 
 
 def pid(ctx) -> int:

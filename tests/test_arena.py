@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import rankprogs
-from testbed.arena import SHM_DIR, ShmArena, scenario_prefix, sweep_orphans
-from testbed.cluster import RankFailedError
-from testbed.layout import ParallelLayout
+from fakes.arena import SHM_DIR, ShmArena, scenario_prefix, sweep_orphans
+from testbed.cluster.pool import RankFailedError
+from testbed.cluster.layout import ParallelLayout
 
 
 def _own_segments() -> list[Path]:

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 import rankprogs
-from testbed import faults, selfcheck
-from testbed.cluster import (
+from testbed.cluster import faults, selfcheck
+from testbed.cluster.pool import (
     RankFailedError,
     RankPool,
     ScenarioSetupError,
     ScenarioTimeoutError,
 )
-from testbed.layout import ParallelLayout
+from testbed.cluster.layout import ParallelLayout
 from vllm_groups import EXPECTED_GROUPS, group_containing
 
 HERE = Path(__file__).parent
@@ -160,8 +160,8 @@ def test_cluster_pool_close_stops_every_worker():
 
 PARENT_SCRIPT = """
 import os, sys
-from testbed.cluster import RankPool
-from testbed.layout import ParallelLayout
+from testbed.cluster.pool import RankPool
+from testbed.cluster.layout import ParallelLayout
 import rankprogs
 pool = RankPool()
 pool.run(rankprogs.hold_segment, ParallelLayout(2, dp=2), timeout_s=120)

@@ -12,7 +12,7 @@ from a2a_programs import (
     round_trip,
     two_sided_round_trip,
 )
-from testbed.layout import ParallelLayout
+from testbed.cluster.layout import ParallelLayout
 
 
 def _scale(ref: torch.Tensor) -> float:

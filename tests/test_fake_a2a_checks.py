@@ -8,7 +8,7 @@ import pytest
 
 from a2a_programs import trigger
 from fakes.flashinfer import set_profile
-from testbed.layout import ParallelLayout
+from testbed.cluster.layout import ParallelLayout
 
 CASES = [
     ("seed001_overflow", "0.7.2", "RuntimeError", "workspace insufficient for combine payload region"),

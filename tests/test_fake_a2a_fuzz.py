@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from a2a_programs import FuzzCase, fuzz_inputs, identity_round_trip, owner_of
-from testbed.layout import ParallelLayout
+from testbed.cluster.layout import ParallelLayout
 
 
 @st.composite

@@ -15,9 +15,9 @@ from impl_programs import (
     split_colors,
     wrong_layout,
 )
-from testbed.cluster import RankFailedError, ScenarioTimeoutError
-from testbed.layout import ParallelLayout
-from testbed.moe import MoECase, reference_output, run_layers
+from testbed.cluster.pool import RankFailedError, ScenarioTimeoutError
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.moe import MoECase, reference_output, run_layers
 
 PROFILES = ["0.6.8", "0.7.2"]
 

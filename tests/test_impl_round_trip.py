@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from test_impl_one_sided import assert_matches_reference
-from testbed.layout import ParallelLayout
-from testbed.moe import FORMATS, MoECase, reference_output, run_layers
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.moe import FORMATS, MoECase, reference_output, run_layers
 
 # (kind, profile): the two-sided path does not depend on the one-sided signature history.
 PATHS = [("one_sided", "0.6.8"), ("one_sided", "0.7.2"), ("two_sided", "0.7.2")]

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.layout import GROUP_KINDS, ParallelLayout
+from testbed.cluster.layout import GROUP_KINDS, ParallelLayout
 from vllm_groups import EXPECTED_GROUPS
 
 

@@ -1,7 +1,7 @@
 """Group memberships written out by hand from vLLM's ``initialize_model_parallel``
 (``arange(world).reshape(dp, pp, tp)``; TP = rows, PP = transpose(pp, tp), DP =
 transpose(dp, tp), EP = transpose(dp, pp) flattened over (dp, tp)). Independent of
-``testbed.layout``: these are the reference the layout and the live ranks are checked against.
+``testbed.cluster.layout``: these are the reference the layout and the live ranks are checked against.
 """
 
 EXPECTED_GROUPS = {

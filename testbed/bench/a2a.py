@@ -17,8 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from testbed.cluster import RankPool
-from testbed.layout import ParallelLayout
+from testbed.cluster.pool import RankPool
+from testbed.cluster.layout import ParallelLayout
 
 
 def add_arguments(parser) -> None:
@@ -43,7 +43,7 @@ def _timed(fn, iters: int, group) -> float:
 def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: int) -> dict:
     from fakes.flashinfer import set_profile
     from fakes.flashinfer.comm.moe_a2a_kernels import expert_to_rank
-    from testbed.comm import ep_mapping_and_config
+    from testbed.scenario.fake_ep import ep_mapping_and_config
 
     set_profile("0.7.2")
     from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll

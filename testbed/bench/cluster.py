@@ -3,7 +3,7 @@
 The spawn side is what PyTorch's own multi-process test case does for every test: start
 the rank processes (each imports torch), rendezvous on a FileStore, run, tear down. The
 pool side runs the same trivial scenario (an all-reduce and a barrier) through one warm
-:class:`testbed.cluster.RankPool`, which also builds every TP/DP/PP/EP group each time.
+:class:`testbed.cluster.pool.RankPool`, which also builds every TP/DP/PP/EP group each time.
 The pool's one-off start-up is reported apart (``pool_startup_s``).
 """
 
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from testbed.cluster import RankPool
-from testbed.layout import ParallelLayout
+from testbed.cluster.pool import RankPool
+from testbed.cluster.layout import ParallelLayout
 
 SIZES = (2, 4)
 

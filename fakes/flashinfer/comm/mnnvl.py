@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 from fakes.flashinfer.comm.mapping import Mapping
-from testbed.arena import ShmArena
+from fakes.arena import ShmArena
 
 ALLOCATION_GRANULARITY = 2 << 20  # the CUDA VMM granularity; the fake's row stride unit
 

@@ -34,11 +34,23 @@ RANK_MASK_WORDS = 1
 
 class SlotOrder:
     """How slots inside a source's block are assigned: ``shuffled`` stands in for the GPU's
-    atomics (nothing may depend on it), ``deterministic`` is source token order."""
+    atomics (nothing may depend on it), ``deterministic`` is source token order.
+
+    A shuffled order is a function of ``seed`` (the scenario's), the source rank, the round
+    (the source's dispatch flag value) and the target rank, so a rerun of a scenario sees the
+    same orders and each target sees its own, as each target's counter races on its own."""
 
     mode = os.environ.get("A2A_FAKE_SLOT_ORDER", "shuffled")
     seed = 0
-    _calls = 0
+
+
+def slot_permutation(n: int, source: int, target: int, round_: int) -> torch.Tensor:
+    """The slot of each of the ``n`` tokens ``source`` sends to ``target`` in ``round_``,
+    in source token order."""
+    if SlotOrder.mode == "deterministic" or n <= 1:
+        return torch.arange(n)
+    key = ((SlotOrder.seed * 1_000_003 + source) * 7919 + target) * 104_729 + round_
+    return torch.randperm(n, generator=torch.Generator().manual_seed(key % (1 << 63)))
 
 
 class Hooks:
@@ -249,16 +261,12 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     dest = target_TK[tok, lane]
     if SlotOrder.mode not in ("shuffled", "deterministic"):
         raise ValueError(f"slot order {SlotOrder.mode!r}: expected 'shuffled' or 'deterministic'")
-    order = torch.arange(tok.numel())
-    if SlotOrder.mode == "shuffled" and tok.numel():
-        gen = torch.Generator().manual_seed(SlotOrder.seed * 1_000_003 + me * 7919 + SlotOrder._calls)
-        SlotOrder._calls += 1
-        priority_T = torch.randperm(T, generator=gen)
-        order = torch.argsort(priority_T[tok], stable=True)
-    slot = torch.empty_like(dest)
-    onehot = torch.nn.functional.one_hot(dest[order], ep_size)
-    slot[order] = (onehot.cumsum(0) - 1).gather(1, dest[order, None]).squeeze(1)
     counts_R = torch.bincount(dest, minlength=ep_size)
+    slot = torch.empty_like(dest)
+    for r in range(ep_size):
+        sel = (dest == r).nonzero().flatten()
+        if sel.numel():
+            slot[sel] = slot_permutation(sel.numel(), me, r, expected)
 
     send_TK = torch.full((T, top_k), -1, dtype=torch.int32)
     send_TK[tok, lane] = slot.to(torch.int32)

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
-from testbed import worker as worker_mod
-from testbed.arena import scenario_prefix, sweep_orphans, unlink_prefix
-from testbed.layout import ParallelLayout
+from testbed.cluster import worker as worker_mod
+from fakes.arena import scenario_prefix, sweep_orphans, unlink_prefix
+from testbed.cluster.layout import ParallelLayout
 
 DEFAULT_TIMEOUT_S = 60.0
 ABORT_GRACE_S = 3.0
@@ -225,7 +225,7 @@ class RankPool:
         ----------
         fn : callable
             A picklable (module-level) function; ``ctx`` is a
-            :class:`testbed.worker.RankContext`.
+            :class:`testbed.cluster.worker.RankContext`.
         layout : ParallelLayout
             The world size and TP / DP / PP degrees.
         timeout_s : float

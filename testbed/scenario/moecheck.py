@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 
 
-from testbed.cluster import ScenarioError
-from testbed.layout import ParallelLayout
-from testbed.moe import MoECase, reference_output, run_layers
+from testbed.cluster.pool import ScenarioError
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.moe import MoECase, reference_output, run_layers
 
 # fault -> (run_layers keywords, requirement on the layout/options or None)
 MUTANT_FAULTS = {

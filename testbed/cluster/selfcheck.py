@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from testbed.layout import DEFAULT_LAYOUTS, GROUP_KINDS, ParallelLayout
+from testbed.cluster.layout import DEFAULT_LAYOUTS, GROUP_KINDS, ParallelLayout
 
 # torch 2.13 renamed these (the old names warn); older releases have only the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

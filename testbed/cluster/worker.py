@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
-from testbed.arena import ShmArena, unlink_prefix
-from testbed.layout import GROUP_KINDS, ParallelLayout, RankCoords
+from fakes.arena import ShmArena, unlink_prefix
+from testbed.cluster.layout import GROUP_KINDS, ParallelLayout, RankCoords
 
 EXIT_PARENT_GONE = 3
 

@@ -20,7 +20,7 @@ from impl.forward_context import forward_context
 from impl.moe_layer import PrepareResult, moe_forward
 from impl.quant import dequantize_input, nvfp4_global_scale, quantize_input
 from impl.two_sided import TwoSidedManager
-from testbed.mutants import MANAGERS, PREPARE_FINALIZES
+from testbed.scenario.mutants import MANAGERS, PREPARE_FINALIZES
 
 FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
 ACT_DTYPE = torch.bfloat16
@@ -167,7 +167,7 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     then run each layer's forward on this DP rank's tokens.
 
     ``kind`` is ``"one_sided"`` or ``"two_sided"``; ``manager`` / ``prepare_finalize`` name
-    the classes (or mutants) in :mod:`testbed.mutants`. ``backend="flashinfer"`` drives the
+    the classes (or mutants) in :mod:`testbed.scenario.mutants`. ``backend="flashinfer"`` drives the
     real package on this rank's GPU (``profile`` and ``slot_order`` are the fake's); outputs
     come back on the CPU either way.
     """
