@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+# Not POSITIONAL_ONLY, which vLLM's supports_kw counts: passing one by name is a TypeError.
 _PASSABLE_BY_NAME = (
-    inspect.Parameter.POSITIONAL_ONLY,
     inspect.Parameter.POSITIONAL_OR_KEYWORD,
     inspect.Parameter.KEYWORD_ONLY,
 )

@@ -17,7 +17,7 @@ from impl.forward_context import forward_context
 from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
 from testbed.scenario.moe import ACT_DTYPE, Experts, MoECase, forward_layer, rank_inputs
-from testbed.scenario.mutants import MANAGERS
+from testbed.scenario import mutants
 
 
 def _layer(mgr, case: MoECase, cls=OneSidedPrepareFinalize):
@@ -25,9 +25,12 @@ def _layer(mgr, case: MoECase, cls=OneSidedPrepareFinalize):
                hidden_size=case.hidden, layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE))
 
 
-def _one_layer(ctx, case: MoECase, profile: str = "0.7.2", manager: str = "one_sided"):
-    """``(manager, prepare/finalize)`` of one layer on this rank's EP group."""
-    mgr = MANAGERS[manager](resolve_backend("fake", profile=profile), ctx.groups["ep"])
+def _one_layer(ctx, case: MoECase, profile: str = "0.7.2", mutant: str | None = None):
+    """``(manager, prepare/finalize)`` of one layer on this rank's EP group (optionally
+    against a mutant of impl)."""
+    if mutant:
+        ctx.add_cleanup(mutants.apply(mutant))
+    mgr = OneSidedManager(resolve_backend("fake", profile=profile), ctx.groups["ep"])
     return mgr, _layer(mgr, case)
 
 
@@ -63,9 +66,9 @@ def _caller_file() -> str:
     return frame.f_code.co_filename if frame is not None else ""
 
 
-def finalize_ops(ctx, case: MoECase, profile: str, manager: str = "one_sided") -> dict:
+def finalize_ops(ctx, case: MoECase, profile: str) -> dict:
     """One forward whose finalize runs under :class:`ImplOps`."""
-    mgr, pf = _one_layer(ctx, case, profile, manager)
+    mgr, pf = _one_layer(ctx, case, profile)
     prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
     ep = ctx.groups["ep"]
     fused = Experts(case, dist.get_world_size(ep), dist.get_rank(ep))(prep)

@@ -61,7 +61,7 @@ def test_one_sided_first_layer_workspace_overflows_in_combine(cluster, world, pr
     layers = _layers(world, ["nvfp4", "bf16"])
     with pytest.raises(RankFailedError) as e:
         cluster.run(run_layers, ParallelLayout(world, dp=world), ((layers,),),
-                    {"profile": profile, "manager": "first_layer_workspace"})
+                    {"profile": profile, "mutant": "first-layer-workspace"})
     assert "workspace insufficient for combine payload region" in str(e.value)
 
 
@@ -82,7 +82,7 @@ def test_one_sided_rebuild_barrier_is_ep_scoped_under_pp(cluster, profile):
 def test_one_sided_world_barrier_deadlocks_under_pp(cluster):
     layout = ParallelLayout(4, dp=2, pp=2)
     with pytest.raises(ScenarioTimeoutError) as e:
-        cluster.run(run_layers, layout, (PP_STAGES,), {"manager": "world_barrier", "forward": False},
+        cluster.run(run_layers, layout, (PP_STAGES,), {"mutant": "world-barrier-rebuild", "forward": False},
                     timeout_s=8)
     stage0 = [r for r in range(4) if layout.coords(r).pp_rank == 0]
     assert e.value.stuck == stage0, str(e.value)
@@ -124,7 +124,7 @@ def test_one_sided_unprobed_output_fails_on_old_flashinfer(cluster):
     layers = _layers(2, ["bf16"])
     with pytest.raises(RankFailedError, match="unexpected keyword argument 'output'"):
         cluster.run(run_layers, ParallelLayout(2, dp=2), ((layers,),),
-                    {"profile": "0.6.8", "manager": "unprobed_output"})
+                    {"profile": "0.6.8", "mutant": "unprobed-output"})
 
 
 @pytest.mark.parametrize("what, match", [

@@ -43,7 +43,7 @@ def test_reduce_contract_tp2_dp2(cluster, kind):
     case = MoECase(num_experts=8, top_k=2, hidden=256, tokens_per_dp=(4, 3), seed=5)
     layout = ParallelLayout(4, tp=2, dp=2)
     good = cluster.run(run_layers, layout, (((case,),),), {"kind": kind})
-    bad = cluster.run(run_layers, layout, (((case,),),), {"kind": kind, "prepare_finalize": f"double_reduce_{kind}"})
+    bad = cluster.run(run_layers, layout, (((case,),),), {"kind": kind, "mutant": f"double-reduce-{kind.replace('_', '-')}"})
     for g, b in zip(good, bad):
         assert_matches_reference(case, g.dp_rank, g.outputs[0])
         ref = reference_output(case, b.dp_rank)

@@ -19,8 +19,10 @@ from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
 from impl.forward_context import forward_context
 from impl.moe_layer import PrepareResult, moe_forward
 from impl.quant import dequantize_input, nvfp4_global_scale, quantize_input
-from impl.two_sided import TwoSidedManager
-from testbed.scenario.mutants import MANAGERS, PREPARE_FINALIZES
+from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
+from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
+from testbed.scenario import mutants
+from testbed.scenario.reference import local_experts
 
 FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
 ACT_DTYPE = torch.bfloat16
@@ -98,13 +100,6 @@ def reference_output(case: MoECase, dp_rank: int, *, quantized: bool = True) -> 
     return out_TH
 
 
-def local_experts(num_experts: int, ep_size: int, ep_rank: int) -> range:
-    """The contiguous block of experts ``ep_rank`` owns (ranks below ``E % ep`` own one more)."""
-    base, rem = divmod(num_experts, ep_size)
-    start = ep_rank * base + min(ep_rank, rem)
-    return range(start, start + base + (1 if ep_rank < rem else 0))
-
-
 class Experts:
     """The fused-experts kernel of one EP rank: per received row, the router-weighted sum of
     this rank's experts over the row's lanes, in the activation dtype."""
@@ -161,17 +156,19 @@ class LayersResult:
 
 
 def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one_sided",
-               manager: str = "one_sided", prepare_finalize: Optional[str] = None, profile: str = "0.7.2",
+               mutant: Optional[str] = None, profile: str = "0.7.2",
                slot_order: str = "shuffled", forward: bool = True, backend: str = "fake") -> LayersResult:
     """Build this rank's pipeline stage's layers (``stages[pp_rank]``) on one shared manager,
     then run each layer's forward on this DP rank's tokens.
 
-    ``kind`` is ``"one_sided"`` or ``"two_sided"``; ``manager`` / ``prepare_finalize`` name
-    the classes (or mutants) in :mod:`testbed.scenario.mutants`. ``backend="flashinfer"`` drives the
+    ``kind`` is ``"one_sided"`` or ``"two_sided"``; ``mutant`` names a mutant of ``impl`` in
+    :mod:`testbed.scenario.mutants` to run against. ``backend="flashinfer"`` drives the
     real package on this rank's GPU (``profile`` and ``slot_order`` are the fake's); outputs
     come back on the CPU either way.
     """
     device = _rank_device(ctx, backend)
+    if mutant:
+        ctx.add_cleanup(mutants.apply(mutant))
     if backend == "fake":
         from fakes.flashinfer.comm import moe_a2a_kernels
 
@@ -183,13 +180,12 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     ep_group = ctx.groups["ep"]
     layers = stages[ctx.coords.pp_rank]
     result = LayersResult(dp_rank=ctx.coords.dp_rank)
-    pf_cls = PREPARE_FINALIZES[prepare_finalize or kind]
     if kind == "one_sided":
-        mgr = MANAGERS[manager](api, ep_group)
+        mgr = OneSidedManager(api, ep_group)
         pfs = []
         for case in layers:
             before = mgr.moe_alltoall
-            pfs.append(pf_cls(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k,
+            pfs.append(OneSidedPrepareFinalize(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k,
                               num_experts=case.num_experts, hidden_size=case.hidden,
                               layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE)))
             result.builds.append(mgr.builds)
@@ -198,7 +194,7 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
         result.probe = mgr.combine_supports_output
     elif kind == "two_sided":
         mgr = TwoSidedManager(api, ep_group)
-        pfs = [pf_cls(mgr) for _ in layers]
+        pfs = [TwoSidedPrepareFinalize(mgr) for _ in layers]
     else:
         raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
     if forward:

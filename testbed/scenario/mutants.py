@@ -1,64 +1,204 @@
-"""The historical bugs (SPEC.md section 4), re-created as subclasses of the integration.
+"""Mutants of ``impl``: small, realistic wrong changes, applied at run time in the rank processes.
 
-A test runs a mutant to prove the testbed catches that bug: the same scenario must pass with
-the real class and fail, in the documented way, with the mutant. Scenarios pick them by name
-(``MANAGERS`` / ``PREPARE_FINALIZES``), so rank programs stay picklable.
+A mutant replaces one exact piece of one ``impl`` function's source and recompiles that
+function in its module (the file name and line numbers stay the real ones, so call sites and
+stacks still point into ``impl/``). A replacement that does not match exactly once is a
+broken mutant (:class:`MutantError`), never a "killed" one. ``expect`` says how the testbed
+must catch it: the name of an invariant (:mod:`testbed.scenario.invariants`) and a piece of
+its evidence; a scenario failing for another reason does not count.
 """
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
-from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from impl.two_sided import TwoSidedPrepareFinalize
-
-
-class FirstLayerWorkspaceManager(OneSidedManager):
-    """Bug 2 (seed 001): the workspace is built once, for the first layer, and never grown."""
-
-    def initialize(self, *args, **kwargs) -> None:
-        if not self.initialized:
-            super().initialize(*args, **kwargs)
+import importlib
+import inspect
+import sys
+import textwrap
+from dataclasses import dataclass
+from typing import Callable
 
 
-class WorldBarrierManager(OneSidedManager):
-    """Bug 3 (seed 001): the rebuild barrier on the world group instead of the EP group."""
-
-    def _barrier_after_build(self) -> None:
-        dist.barrier()
+class MutantError(RuntimeError):
+    """A mutant that cannot be applied as written (its source no longer matches ``impl``)."""
 
 
-class UnprobedOutputManager(OneSidedManager):
-    """Bug 4 (seed 000): ``combine(output=...)`` passed without asking FlashInfer first."""
-
-    def _build(self) -> None:
-        super()._build()
-        self.combine_supports_output = True
-
-
-class DoubleReduceOneSided(OneSidedPrepareFinalize):
-    """Bug 1 (seed 002): claims its combined output still needs the TP all-reduce."""
-
-    def output_is_reduced(self) -> bool:
-        return False
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    description: str
+    target: str  # "impl.module:Function" or "impl.module:Class.method"
+    old: str
+    new: str
+    expect: tuple[tuple[str, str], ...]  # (invariant, evidence substring): any one kills it
 
 
-class DoubleReduceTwoSided(TwoSidedPrepareFinalize):
-    """Bug 1 on the two-sided path (vLLM's two-sided prepare/finalize returned False too)."""
-
-    def output_is_reduced(self) -> bool:
-        return False
+def _m(name, description, target, old, new, *expect) -> Mutant:
+    return Mutant(name, description, target, old, new, tuple(expect))
 
 
-MANAGERS = {
-    "one_sided": OneSidedManager,
-    "first_layer_workspace": FirstLayerWorkspaceManager,
-    "world_barrier": WorldBarrierManager,
-    "unprobed_output": UnprobedOutputManager,
-}
-PREPARE_FINALIZES = {
-    "one_sided": OneSidedPrepareFinalize,
-    "two_sided": TwoSidedPrepareFinalize,
-    "double_reduce_one_sided": DoubleReduceOneSided,
-    "double_reduce_two_sided": DoubleReduceTwoSided,
-}
+OS, MGR = "impl.one_sided", "impl.one_sided:OneSidedManager"
+PF = "impl.one_sided:OneSidedPrepareFinalize"
+CATALOGUE: tuple[Mutant, ...] = (
+    # -- workspace growth (seed 001) --------------------------------------------------------
+    _m("first-layer-workspace", "historical bug 2: the workspace is built for the first layer and never grown",
+       f"{MGR}.initialize", "        needed = self.workspace_size_for(",
+       "        if self.initialized:\n            return\n        needed = self.workspace_size_for(",
+       ("workspace", "does not cover"), ("completes", "workspace insufficient")),
+    _m("workspace-latest-layer", "the workspace is set to the latest layer's need instead of the largest",
+       f"{MGR}.initialize", "self.workspace_size = max(self.workspace_size, needed)",
+       "self.workspace_size = needed", ("workspace", "")),
+    _m("rebuild-ignores-token-budget", "the rebuild decision compares bytes but not the token budget",
+       f"{MGR}.initialize", "if needed <= self.workspace_size and max_num_tokens <= self.max_num_tokens:",
+       "if needed <= self.workspace_size:", ("workspace", "max_num_tokens")),
+    _m("max-tokens-latest-layer", "the token budget is set to the latest layer's instead of the largest",
+       f"{MGR}.initialize", "self.max_num_tokens = max(self.max_num_tokens, max_num_tokens)",
+       "self.max_num_tokens = max_num_tokens", ("workspace", "")),
+    _m("rebuild-on-equal-need", "a layer whose need equals the current size rebuilds anyway",
+       f"{MGR}.initialize", "if needed <= self.workspace_size and", "if needed < self.workspace_size and",
+       ("workspace", "builds")),
+    _m("combine-bytes-8bit", "the combine region is sized for 1 byte per hidden value",
+       f"{OS}:combine_bytes_per_token", "return hidden_size * 2", "return hidden_size",
+       ("workspace", "does not cover"), ("completes", "workspace insufficient")),
+    _m("dispatch-bytes-without-scales", "the dispatch payload is sized without the activation scales",
+       f"{OS}:dispatch_bytes_per_token", "return x_bytes_per_token + x_sf_bytes_per_token +",
+       "return x_bytes_per_token +", ("workspace", "does not cover")),
+    _m("dispatch-bytes-without-weights", "the dispatch payload is sized without the router weights",
+       f"{OS}:dispatch_bytes_per_token", "+ top_k * ID_BYTES + top_k * WEIGHT_BYTES", "+ top_k * ID_BYTES",
+       ("workspace", "does not cover")),
+    _m("workspace-for-one-rank", "the workspace is sized for an EP group of one rank",
+       f"{MGR}.workspace_size_for", "self.world_size, max_num_tokens,", "1, max_num_tokens,",
+       ("workspace", "does not cover")),
+    # -- barrier scope (seed 001) ------------------------------------------------------------
+    _m("world-barrier-rebuild", "historical bug 3: the rebuild barrier runs on the world group",
+       f"{MGR}._barrier_after_build", "dist.barrier(group=self.cpu_group)", "dist.barrier()",
+       ("collectives", "barrier on group")),
+    _m("no-barrier-after-rebuild", "no barrier after the MoeAlltoAll is rebuilt",
+       f"{MGR}.initialize", "        self._build()\n        self._barrier_after_build()\n",
+       "        self._build()\n", ("collectives", "not followed by a barrier")),
+    _m("barrier-before-rebuild", "the barrier runs before the rebuild instead of after it",
+       f"{MGR}.initialize", "        self.cleanup()\n        self._build()\n        self._barrier_after_build()\n",
+       "        self._barrier_after_build()\n        self.cleanup()\n        self._build()\n",
+       ("collectives", "not followed by a barrier")),
+    _m("communicator-world-barrier", "FlashInfer's communicator barriers on the world group",
+       "impl.communicator:_GroupCommunicator.barrier", "dist.barrier(group=self.group)", "dist.barrier()",
+       ("collectives", "barrier on group")),
+    _m("communicator-world-allgather", "FlashInfer's communicator gathers over the world group",
+       "impl.communicator:_GroupCommunicator.allgather", "dist.all_gather_object(out, data, group=self.group)",
+       "dist.all_gather_object(out, data)", ("collectives", "all_gather_object on group")),
+    # -- capability probe (seed 000) ---------------------------------------------------------
+    _m("unprobed-output", "historical bug 4: combine(output=) passed without asking FlashInfer",
+       f"{MGR}._build", "self.combine_supports_output = supports_kw(",
+       "self.combine_supports_output = True or supports_kw(",
+       ("probe", "output="), ("completes", "output")),
+    _m("probe-allows-var-kwargs", "the probe counts **kwargs as accepting output=",
+       f"{MGR}._build", "allow_var_kwargs=False)", "allow_var_kwargs=True)", ("probe", "output=")),
+    _m("probe-without-fallback", "a combine without an inspectable signature crashes the probe",
+       f"{MGR}._build", "except (TypeError, ValueError):", "except ValueError:",
+       ("completes", "TypeError")),
+    _m("probe-counts-positional-only", "the probe counts a positional-only output as a keyword",
+       "impl.compat:supports_kw", "if param is not None and param.kind in _PASSABLE_BY_NAME:",
+       "if param is not None:", ("completes", "positional-only"), ("probe", "output=")),
+    _m("never-output-kw", "combine_into never passes output=, even where combine takes it",
+       f"{MGR}.combine_into", "if self.combine_supports_output:", "if False:", ("probe", "output=")),
+    _m("combine-result-dropped", "without output=, combine's result is not copied into the output",
+       f"{MGR}.combine_into", "output_TH.copy_(self.moe_alltoall.combine(", "(self.moe_alltoall.combine(",
+       ("output", "")),
+    # -- the reduce contract (seed 002) ------------------------------------------------------
+    _m("double-reduce-one-sided", "historical bug 1: one-sided output_is_reduced() says False",
+       f"{PF}.output_is_reduced", "return True", "return False", ("reduce", "output_is_reduced")),
+    _m("double-reduce-two-sided", "historical bug 1 on the two-sided path",
+       "impl.two_sided:TwoSidedPrepareFinalize.output_is_reduced", "return True", "return False",
+       ("reduce", "output_is_reduced")),
+    _m("reduce-ignores-contract", "the MoE layer all-reduces over TP whatever output_is_reduced() says",
+       "impl.moe_layer:moe_forward", " and not prepare_finalize.output_is_reduced():", ":",
+       ("reduce", "all_reduce")),
+    # -- layout and quantizers (seed 003) ----------------------------------------------------
+    _m("nvfp4-scale-width", "the nvfp4 layout counts one scale per 32 values",
+       "impl.formats:dispatch_layout", "DispatchLayout(hidden // 2, hidden // NVFP4_BLOCK)",
+       "DispatchLayout(hidden // 2, hidden // 32)", ("workspace", "does not cover"),
+       ("completes", "disagrees")),
+    _m("fp8-scale-bytes", "the DeepSeek fp8 layout counts 1 byte per fp32 scale",
+       "impl.formats:dispatch_layout", "hidden // FP8_BLOCK * torch.float32.itemsize", "hidden // FP8_BLOCK",
+       ("workspace", "does not cover"), ("completes", "disagrees")),
+    _m("nvfp4-nibble-order", "the nvfp4 quantizer packs the first value of a pair in the high nibble",
+       "impl.quant:quantize_nvfp4", "packed = codes[:, 0::2] | (codes[:, 1::2] << 4)",
+       "packed = (codes[:, 0::2] << 4) | codes[:, 1::2]", ("output", "")),
+    _m("mxfp8-scale-floor", "the mxfp8 scale exponent rounds down, so block maxima saturate",
+       "impl.quant:quantize_mxfp8", "exp = torch.ceil(torch.log2(", "exp = torch.floor(torch.log2(",
+       ("output", "")),
+    # -- runtime max tokens and 0-token ranks ------------------------------------------------
+    _m("rtm-local-count", "the runtime max tokens per rank is the local count, not the DP max",
+       "impl.forward_context:runtime_max_tokens_per_rank",
+       "return max(max(counts) if counts is not None else local_num_tokens, 1)",
+       "return max(local_num_tokens, 1)", ("output", ""), ("completes", "")),
+    _m("rtm-without-floor", "a pass where no rank has tokens dispatches with runtime max 0",
+       "impl.forward_context:runtime_max_tokens_per_rank",
+       "return max(max(counts) if counts is not None else local_num_tokens, 1)",
+       "return max(counts) if counts is not None else local_num_tokens",
+       ("completes", "runtime_max_tokens_per_rank")),
+    _m("skip-empty-rank", "a rank without tokens skips the all-to-all (its peers wait for it)",
+       "impl.moe_layer:moe_forward", "    prepared = prepare_finalize.prepare(",
+       "    if x_TH.size(0) == 0:\n        return torch.zeros_like(x_TH)\n    prepared = prepare_finalize.prepare(",
+       ("completes", "timed out"), ("completes", "CompletionTimeout")),
+    _m("two-sided-rtm-local", "the two-sided prepare sizes its exchange from the local count",
+       "impl.two_sided:TwoSidedPrepareFinalize.prepare", "M = runtime_max_tokens_per_rank(a1.size(0))",
+       "M = max(a1.size(0), 1)", ("output", ""), ("completes", "")),
+    # -- payload order and the expert-id sentinel --------------------------------------------
+    _m("ids-weights-swapped", "ids and weights swapped in the dispatch payload list",
+       f"{PF}.prepare", "+ [topk_ids, topk_weights]", "+ [topk_weights, topk_ids]",
+       ("output", ""), ("completes", ""), ("expert-load", "")),
+    _m("ids-index-off-by-one", "the expert-id payload index points at the weights",
+       f"{PF}.prepare", "ids_index = len(payloads) - 2", "ids_index = len(payloads) - 1",
+       ("output", ""), ("completes", ""), ("expert-load", "")),
+    _m("sentinel-zero", "stale received rows are marked with expert 0 instead of -1",
+       f"{PF}.prepare", "invalid_token_expert_id=INVALID_EXPERT_ID", "invalid_token_expert_id=0",
+       ("expert-load", "")),
+    _m("no-sanitize", "stale received rows keep the expert ids of an earlier round",
+       f"{PF}.prepare", "invalid_token_expert_id=INVALID_EXPERT_ID, ", "", ("expert-load", "")),
+    _m("two-sided-combine-top1", "the two-sided combine is told top_k = 1",
+       "impl.two_sided:TwoSidedPrepareFinalize.finalize", "top_k=topk_ids.size(1)", "top_k=1",
+       ("output", ""), ("completes", "")),
+)
+BY_NAME = {m.name: m for m in CATALOGUE}
+
+
+def get(name: str) -> Mutant:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown mutant {name!r}; `a2a-testbed mutants --list` names them") from None
+
+
+def apply(name: str) -> Callable[[], None]:
+    """Patch ``impl`` in this process with mutant ``name``; returns the function that undoes it."""
+    m = get(name)
+    module_name, _, path = m.target.partition(":")
+    module = importlib.import_module(module_name)
+    *owner_path, attr = path.split(".")
+    owner = module
+    for part in owner_path:
+        owner = getattr(owner, part)
+    original = inspect.getattr_static(owner, attr)
+    lines, first = inspect.getsourcelines(original)
+    source = "".join(lines)
+    count = source.count(m.old)
+    if count != 1:
+        raise MutantError(f"mutant {name}: {m.old!r} occurs {count} times in {m.target} (expected once)")
+    mutated = textwrap.dedent(source.replace(m.old, m.new))
+    if owner_path:  # a method: zero-argument super() needs the class cell a class body gives
+        mutated = mutated.replace("super()", f"super({owner_path[-1]}, self)")
+    namespace: dict = {}
+    exec(compile("\n" * (first - 1) + mutated, inspect.getsourcefile(original), "exec"),
+         module.__dict__, namespace)
+    replacement = namespace[attr]
+    # Rebind every reference impl modules hold (``from impl.x import f`` copies the name).
+    holders = [owner] + ([] if owner_path else [mod for key, mod in list(sys.modules.items())
+                                               if key.startswith("impl.") and getattr(mod, attr, None) is original])
+    for holder in holders:
+        setattr(holder, attr, replacement)
+
+    def undo() -> None:
+        for holder in holders:
+            setattr(holder, attr, original)
+
+    return undo

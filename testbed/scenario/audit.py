@@ -1,0 +1,108 @@
+"""The collective audit and the event log of a scenario's rank.
+
+Every ``torch.distributed`` collective made from a frame of ``impl/`` is recorded with its
+group (as global ranks) and its call site, in a per-rank JSON-lines file the parent reads
+even when the rank hung or died: a mismatch between the ranks of a group is then reported
+by name instead of as a bare timeout. The rank program logs its own events (a build of the
+all-to-all, a layer built, a forward's start and end) in the same file, so the order of
+collectives and events is the order they happened in.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+import impl
+
+IMPL_DIR = str(Path(impl.__file__).resolve().parent) + os.sep
+COLLECTIVES = (
+    "barrier", "monitored_barrier", "all_reduce", "reduce", "broadcast", "all_gather",
+    "all_gather_into_tensor", "all_gather_single", "all_gather_object", "broadcast_object_list",
+    "gather", "gather_object", "scatter", "scatter_object_list", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "new_group",
+)
+
+
+class EventLog:
+    """Append-only JSON lines, one ``os.write`` each (whole lines even if the rank dies)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def write(self, **event: Any) -> None:
+        os.write(self._fd, (json.dumps(event) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_log(path: str) -> list[dict]:
+    """The events of one rank's log (empty when the rank never started one)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+def impl_call_site() -> str | None:
+    """``impl/<file>:<line> in <function>`` of the innermost ``impl`` frame calling, or None."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(IMPL_DIR):
+            rel = "impl/" + filename[len(IMPL_DIR):]
+            return f"{rel}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return None
+
+
+def install(log: EventLog, world_size: int) -> Callable[[], None]:
+    """Record every collective ``impl`` makes from now on; returns the function that stops it."""
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def wrap(name: str, fn: Callable) -> Callable:
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+
+        def recorded(*args, **kwargs):
+            site = impl_call_site()
+            if site is not None:
+                log.write(ev="coll", op=name, group=_group_ranks(name, sig, args, kwargs, world_size),
+                          site=site)
+            return fn(*args, **kwargs)
+
+        recorded.__wrapped__ = fn
+        return recorded
+
+    for name, fn in originals.items():
+        setattr(dist, name, wrap(name, fn))
+
+    def uninstall() -> None:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+    return uninstall
+
+
+def _group_ranks(name, sig, args, kwargs, world_size) -> list[int]:
+    if name == "new_group":
+        ranks = (sig.bind_partial(*args, **kwargs).arguments.get("ranks") if sig else None)
+        return sorted(ranks) if ranks is not None else list(range(world_size))
+    if name == "batch_isend_irecv":
+        group = getattr(args[0][0], "group", None) if args and args[0] else None
+    else:
+        group = sig.bind_partial(*args, **kwargs).arguments.get("group") if sig else kwargs.get("group")
+    if group is None or group is dist.group.WORLD:
+        return list(range(world_size))
+    return list(dist.get_process_group_ranks(group))

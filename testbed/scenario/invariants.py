@@ -1,0 +1,288 @@
+"""The invariants every scenario is checked against, each failing with its name and evidence.
+
+- ``completes``: every rank finished (no raise, no death, no hang).
+- ``output``: every rank's output of every layer and pass matches the dense fp32 reference.
+- ``expert-load``: each EP rank's experts computed exactly the lanes routed to them (rows the
+  dispatch left stale must not reach them), order-insensitive.
+- ``workspace``: after each layer is built the live ``MoeAlltoAll`` covers every layer built
+  so far at its own budget; sizes never shrink; builds = strict increases of the need; the
+  same on every rank of the EP group.
+- ``collectives``: ``impl`` uses the EP group (set-up, barriers) and the TP group (the reduce)
+  only; the ranks of a group issue the same sequence; every rebuild is followed by a barrier
+  on the EP group.
+- ``reduce``: ``output_is_reduced()`` is True (both combines reduce) and the TP all-reduce
+  runs exactly when it is False.
+- ``probe``: combine receives ``output=`` exactly when the exposed combine takes it.
+- ``no-leaks`` (checked by the runner): no process or shared-memory segment left behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
+from testbed.scenario.model import Scenario
+from testbed.scenario.reference import (
+    TOLERANCE,
+    dispatch_bytes,
+    expected_expert_rows,
+    reference_output,
+)
+
+INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "probe", "no-leaks")
+MAX_EVIDENCE = 6  # findings kept per invariant
+
+
+@dataclass(frozen=True)
+class Failure:
+    invariant: str
+    evidence: str
+
+
+@dataclass
+class Verdict:
+    """The outcome of one scenario: failures by invariant, and the figures a report shows."""
+
+    scenario: Scenario
+    failures: list[Failure] = field(default_factory=list)
+    worst: float = 0.0  # worst |output - reference| as a multiple of the tolerance
+    layer_errors: list[tuple[str, float]] = field(default_factory=list)  # ("s0 l1 p0", x tolerance)
+    builds: list[list[tuple[int, int]]] = field(default_factory=list)  # per stage: (max tokens, bytes)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def failed(self, invariant: str) -> list[Failure]:
+        return [f for f in self.failures if f.invariant == invariant]
+
+
+class _Findings:
+    def __init__(self, verdict: Verdict, invariant: str):
+        self.verdict, self.invariant, self.items = verdict, invariant, []
+
+    def add(self, text: str) -> None:
+        self.items.append(text)
+
+    def close(self) -> None:
+        if self.items:
+            more = len(self.items) - MAX_EVIDENCE
+            text = "\n".join(self.items[:MAX_EVIDENCE]) + (f"\n(+{more} more)" if more > 0 else "")
+            self.verdict.failures.append(Failure(self.invariant, text))
+
+
+def check(sc: Scenario, logs: dict[int, list[dict]], results: Optional[list[dict]], error) -> Verdict:
+    """Every invariant of ``sc`` on what the ranks logged and returned (``results`` is None
+    when the scenario did not complete; ``error`` is then the :class:`ScenarioError`)."""
+    v = Verdict(sc)
+    if error is not None:
+        v.failures.append(Failure("completes", f"{type(error).__name__}: {error}"))
+    _collectives(sc, logs, v)
+    _workspace(sc, logs, v)
+    _reduce(sc, logs, v, complete=results is not None)
+    _probe(sc, logs, v)
+    if results is not None:
+        _output(sc, results, v)
+        _expert_load(sc, results, v)
+    return v
+
+
+def _stage(sc: Scenario, rank: int) -> int:
+    return sc.layout.coords(rank).pp_rank
+
+
+def _group_text(ranks) -> str:
+    return "[" + ",".join(map(str, ranks)) + "]"
+
+
+def _collectives(sc: Scenario, logs, v: Verdict) -> None:
+    f = _Findings(v, "collectives")
+    lay = sc.layout
+    per_group: dict[tuple[int, ...], dict[int, list[dict]]] = {}
+    for rank, events in sorted(logs.items()):
+        ep, tp = lay.group_of("ep", rank), lay.group_of("tp", rank)
+        for e in events:
+            if e["ev"] != "coll":
+                continue
+            group = tuple(e["group"])
+            per_group.setdefault(group, {}).setdefault(rank, []).append(e)
+            if group != ep and not (e["op"] == "all_reduce" and group == tp):
+                f.add(f"rank {rank}: {e['op']} on group {_group_text(group)} from {e['site']}; impl may use "
+                      f"only its EP group {_group_text(ep)} (and its TP group {_group_text(tp)} for the reduce)")
+        if sc.path == "one_sided":
+            _rebuild_barriers(rank, events, ep, f)
+    for group, by_rank in sorted(per_group.items()):
+        seqs = {r: [e["op"] for e in by_rank.get(r, [])] for r in group}
+        if len({tuple(s) for s in seqs.values()}) > 1:
+            f.add(_first_divergence(group, seqs, by_rank))
+    f.close()
+
+
+def _rebuild_barriers(rank: int, events: list[dict], ep: tuple[int, ...], f: _Findings) -> None:
+    pending = None
+    for e in events:
+        if e["ev"] == "build":
+            pending = e
+        elif e["ev"] == "coll" and pending and e["op"] in ("barrier", "monitored_barrier") \
+                and tuple(e["group"]) == ep:
+            pending = None
+        elif e["ev"] in ("layer", "forward") and pending:
+            f.add(f"rank {rank}: MoeAlltoAll build {pending['index']} (max_num_tokens "
+                  f"{pending['max_num_tokens']}, {pending['workspace_size']} bytes) was not followed by a "
+                  f"barrier on the EP group {_group_text(ep)} before the layer was used")
+            pending = None
+
+
+def _first_divergence(group, seqs, by_rank) -> str:
+    n = 0
+    while len({tuple(s[n:n + 1]) for s in seqs.values()}) == 1:
+        n += 1
+    parts = []
+    for r in group:
+        events = by_rank.get(r, [])
+        parts.append(f"rank {r}: " + (f"{events[n]['op']} from {events[n]['site']}" if n < len(events)
+                                      else "nothing more"))
+    return (f"group {_group_text(group)}: the ranks' collective #{n + 1} differs ("
+            + "; ".join(parts) + "): a mismatch that deadlocks or pairs the wrong calls")
+
+
+def _workspace(sc: Scenario, logs, v: Verdict) -> None:
+    if sc.path != "one_sided":
+        return
+    f = _Findings(v, "workspace")
+    ep = sc.ep_size
+    v.builds = [[] for _ in sc.stages]
+    seen_stage: dict[int, tuple] = {}
+    for rank, events in sorted(logs.items()):
+        stage = _stage(sc, rank)
+        layers = sc.stages[stage]
+        needs = [moe_a2a_get_workspace_size_per_rank(ep, ly.max_num_tokens, dispatch_bytes(ly, sc), 2 * sc.hidden)
+                 for ly in layers]
+        builds, live = [], None
+        for e in events:
+            if e["ev"] == "build":
+                if live and (e["workspace_size"] < live["workspace_size"]
+                             or e["max_num_tokens"] < live["max_num_tokens"]):
+                    f.add(f"rank {rank}: build {e['index']} shrinks the workspace: {live['workspace_size']} -> "
+                          f"{e['workspace_size']} bytes, max_num_tokens {live['max_num_tokens']} -> "
+                          f"{e['max_num_tokens']}")
+                if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
+                    f.add(f"rank {rank}: build {e['index']} has top_k {e['top_k']}, num_experts "
+                          f"{e['num_experts']}; the model has {sc.top_k}, {sc.experts}")
+                live = e
+                builds.append((e["max_num_tokens"], e["workspace_size"]))
+            elif e["ev"] == "layer":
+                i = e["layer"]
+                if live is None:
+                    f.add(f"rank {rank}: layer {i} built without any MoeAlltoAll")
+                    continue
+                for j in range(i + 1):
+                    ly = layers[j]
+                    if live["workspace_size"] < needs[j] or live["max_num_tokens"] < ly.max_num_tokens:
+                        f.add(f"rank {rank}: after layer {i} the MoeAlltoAll does not cover layer {j} ({ly}): "
+                              f"it needs {needs[j]} bytes and max_num_tokens {ly.max_num_tokens}, the live one "
+                              f"(build {live['index']}) has {live['workspace_size']} bytes and max_num_tokens "
+                              f"{live['max_num_tokens']}")
+                expected = 1 + sum(
+                    1 for j in range(1, i + 1)
+                    if needs[j] > max(needs[:j]) or layers[j].max_num_tokens > max(x.max_num_tokens for x in layers[:j]))
+                if len(builds) != expected:
+                    f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected} (one, plus "
+                          f"one per layer whose need or budget exceeded every earlier one); needs {needs[:i + 1]}")
+        if stage in seen_stage and seen_stage[stage][1] != builds:
+            f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
+                  f"{seen_stage[stage][1]}")
+        seen_stage.setdefault(stage, (rank, builds))
+        if not v.builds[stage]:
+            v.builds[stage] = builds
+    f.close()
+
+
+def _reduce(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
+    f = _Findings(v, "reduce")
+    tp = sc.layout.tp
+    for rank, events in sorted(logs.items()):
+        tp_group = sc.layout.group_of("tp", rank)
+        current, reduces = None, 0
+        for e in events:
+            if e["ev"] == "forward":
+                current, reduces = e, 0
+                if not e["reduced"]:
+                    f.add(f"rank {rank} pass {e['pass_']} layer {e['layer']}: output_is_reduced() is False, "
+                          f"but the {sc.path} combine already sums every expert rank's contribution")
+            elif e["ev"] == "coll" and current and e["op"] == "all_reduce" and tuple(e["group"]) == tp_group:
+                reduces += 1
+            elif e["ev"] == "forward_end" and current:
+                expected = 0 if current["reduced"] else 1
+                if reduces != expected and not (tp == 1 and reduces == 0):
+                    f.add(f"rank {rank} pass {e['pass_']} layer {e['layer']}: {reduces} TP all_reduce call(s) "
+                          f"with output_is_reduced() = {current['reduced']} (expected {expected})")
+                current = None
+    f.close()
+
+
+def _probe(sc: Scenario, logs, v: Verdict) -> None:
+    if sc.path != "one_sided":
+        return
+    f = _Findings(v, "probe")
+    takes = sc.combine_takes_output()
+    for rank, events in sorted(logs.items()):
+        for e in events:
+            if e["ev"] == "combine" and e["output"] != takes:
+                f.add(f"rank {rank}: combine {'got' if e['output'] else 'did not get'} output= although the "
+                      f"combine ({sc.combine_signature} signature, FlashInfer {sc.profile}) "
+                      f"{'takes' if takes else 'does not take'} it by keyword")
+                break
+    f.close()
+
+
+def _output(sc: Scenario, results: list[dict], v: Verdict) -> None:
+    f = _Findings(v, "output")
+    refs: dict[tuple, torch.Tensor] = {}
+    per_layer: dict[str, float] = {}
+    for rank, res in enumerate(results):
+        coords = sc.layout.coords(rank)
+        stage = coords.pp_rank
+        for (p, i), out in sorted(res["outputs"].items()):
+            key = (p, stage, i, coords.dp_rank)
+            if key not in refs:
+                refs[key] = reference_output(sc, *key)
+            ref = refs[key]
+            fmt = sc.stages[stage][i].fmt
+            label = f"s{stage} l{i} p{p}"
+            if out.shape != ref.shape:
+                f.add(f"rank {rank} pass {p} layer {i} ({fmt}): output shape {tuple(out.shape)}, "
+                      f"reference {tuple(ref.shape)}")
+                continue
+            if not ref.numel():
+                continue
+            scale = TOLERANCE[fmt] * max(1.0, ref.abs().max().item())
+            err = (out.float() - ref).abs().max().item() / scale
+            err = float("inf") if err != err else err
+            per_layer[label] = max(per_layer.get(label, 0.0), err)
+            v.worst = max(v.worst, err)
+            if err > 1.0:
+                factor = (out.float() * ref).sum().item() / max((ref * ref).sum().item(), 1e-30)
+                f.add(f"rank {rank} pass {p} layer {i} ({fmt}): max |output - reference| is {err:.3g} x the "
+                      f"tolerance; output ~ {factor:.3g} x the reference")
+    v.layer_errors = sorted(per_layer.items())
+    f.close()
+
+
+def _expert_load(sc: Scenario, results: list[dict], v: Verdict) -> None:
+    f = _Findings(v, "expert-load")
+    for rank, res in enumerate(results):
+        coords = sc.layout.coords(rank)
+        for (p, i), got in sorted(res["lanes"].items()):
+            want = expected_expert_rows(sc, p, coords.pp_rank, i, coords.ep_rank)
+            if got != want:
+                extra, missing = got - want, want - got
+                f.add(f"rank {rank} pass {p} layer {i}: the experts computed {sum(got.values())} lanes, "
+                      f"{sum(want.values())} were routed to them ({sum(extra.values())} extra, e.g. experts "
+                      f"{sorted({e for e, _ in extra})[:4]}; {sum(missing.values())} missing, e.g. experts "
+                      f"{sorted({e for e, _ in missing})[:4]})")
+    f.close()

@@ -1,0 +1,178 @@
+"""The rank program of a scenario: build the integration's layers, run the forward passes,
+and record what ``impl`` did.
+
+Legend: T tokens of this DP rank, K top_k, H hidden, N rows this EP rank received.
+The record is an event log (:mod:`testbed.scenario.audit`) the parent reads even after a
+hang or a crash, plus the returned outputs and the lanes the experts computed. The fake's
+``MoeAlltoAll`` is subclassed here to log each construction (its token budget and workspace
+size) and whether each combine got ``output=``; the combine signature the probe sees is the
+scenario's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from impl.backend import resolve_backend
+from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
+from impl.forward_context import forward_context
+from impl.moe_layer import PrepareResult, moe_forward
+from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
+from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
+from testbed.scenario import audit, mutants
+from testbed.scenario.model import Scenario
+from testbed.scenario.moe import forward_pass_token_counts
+from testbed.scenario.reference import (
+    ACT_DTYPE,
+    NVFP4_GLOBAL_AMAX,
+    dequantize,
+    expert_weight,
+    lane_keys,
+    layer_inputs,
+    owned_experts,
+)
+
+
+def quant_config(fmt: str) -> QuantConfig:
+    """The layer's quantization as vLLM would configure it (nvfp4: the calibrated global scale)."""
+    if fmt == "bf16":
+        return QuantConfig()
+    if fmt == "nvfp4":
+        return QuantConfig("nvfp4", a1_gscale=torch.tensor(448.0 * 6.0 / NVFP4_GLOBAL_AMAX))
+    if fmt == "mxfp8":
+        return QuantConfig("mxfp8")
+    return QuantConfig(FP8_DTYPE, block_shape=(FP8_BLOCK, FP8_BLOCK))
+
+
+class ScenarioExperts:
+    """The fused-experts kernel of one EP rank for one layer: per received row, the
+    router-weighted sum of this rank's experts over the row's lanes, in bf16. It reads the
+    activations as the format defines them and records every lane it computed."""
+
+    def __init__(self, sc: Scenario, stage: int, layer_idx: int, ep_rank: int):
+        self.sc, self.stage, self.layer_idx = sc, stage, layer_idx
+        self.fmt = sc.stages[stage][layer_idx].fmt
+        self.own = owned_experts(sc, ep_rank)
+        self.lanes: Counter = Counter()
+
+    def __call__(self, prep: PrepareResult) -> torch.Tensor:
+        ids_NK, w_NK = prep.topk_ids, prep.topk_weights
+        N, H = ids_NK.size(0), self.sc.hidden
+        out_NH = torch.zeros(N, H)
+        self.lanes.update(lane_keys(ids_NK, w_NK, self.own))
+        rows = ((ids_NK >= self.own.start) & (ids_NK < self.own.stop)).any(1).nonzero().flatten()
+        if rows.numel():
+            scale = None if prep.a1q_scale is None else prep.a1q_scale[rows]
+            x_nH = dequantize(self.fmt, prep.a1q[rows], scale, H)
+            for e in self.own:
+                n, lane = (ids_NK[rows] == e).nonzero(as_tuple=True)
+                if n.numel():
+                    y = x_nH[n] @ expert_weight(self.sc.seed, self.stage, self.layer_idx, e, H)
+                    out_NH.index_add_(0, rows[n], w_NK[rows[n], lane, None].float() * y)
+        return out_NH.to(ACT_DTYPE)
+
+
+def _recording_moe_alltoall(base: type, log: audit.EventLog) -> type:
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        self._testbed_build = _recording_moe_alltoall.builds = _recording_moe_alltoall.builds + 1
+        log.write(ev="build", index=self._testbed_build, max_num_tokens=self.max_num_tokens,
+                  workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
+
+    def _combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs):
+        output = kwargs.get("output", args[3] if len(args) > 3 else None)
+        log.write(ev="combine", build=self._testbed_build, output=output is not None)
+        return base._combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs)
+
+    return type("MoeAlltoAll", (base,), {"__init__": __init__, "_combine": _combine})
+
+
+_recording_moe_alltoall.builds = 0
+
+
+# The combine signatures no release has (model.COMBINE_SIGNATURES), over the release's data path.
+def _combine_kw_only(self, payload, runtime_max_tokens_per_rank, *, output=None):
+    return self._combine(payload, runtime_max_tokens_per_rank, output=output)
+
+
+def _combine_kwargs_only(self, payload, runtime_max_tokens_per_rank, **kwargs):
+    return self._combine(payload, runtime_max_tokens_per_rank, **kwargs)
+
+
+def _combine_positional_only(self, output=None, /, payload=None, runtime_max_tokens_per_rank=None):
+    return self._combine(payload, runtime_max_tokens_per_rank, output=output)
+
+
+def _combine_opaque(self, payload, runtime_max_tokens_per_rank, output=None):
+    return self._combine(payload, runtime_max_tokens_per_rank, output=output)
+
+
+_combine_opaque.__signature__ = "not a Signature"  # inspect.signature raises, as for a C function
+CUSTOM_COMBINES = {"kw-only": _combine_kw_only, "kwargs-only": _combine_kwargs_only,
+                   "positional-only": _combine_positional_only, "opaque": _combine_opaque}
+
+
+def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
+    from fakes.flashinfer.comm import moe_a2a_kernels
+    from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
+
+    api = resolve_backend("fake", profile=sc.profile)
+    moe_a2a_kernels.SlotOrder.mode = sc.slot_order
+    moe_a2a_kernels.SlotOrder.seed = sc.seed
+    base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
+        fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
+    _recording_moe_alltoall.builds = 0
+    fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log)
+
+    def restore():
+        del fake_mod.MoeAlltoAll  # back to the module's per-profile lookup
+        moe_a2a_kernels.SlotOrder.mode = "shuffled"
+
+    ctx.add_cleanup(restore)
+    return api
+
+
+def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) -> dict:
+    """Rank program: this rank's stage's layers on one manager, then every forward pass.
+
+    Returns ``{"outputs": {(pass, layer): [T, H] bf16}, "lanes": {(pass, layer): Counter}}``;
+    everything else is in the event log ``{log_dir}/rank{r}.jsonl``.
+    """
+    log = audit.EventLog(f"{log_dir}/rank{ctx.rank}.jsonl")
+    ctx.add_cleanup(log.close)
+    if mutant:
+        ctx.add_cleanup(mutants.apply(mutant))
+    ctx.add_cleanup(audit.install(log, ctx.world_size))
+    api = _install_fake(ctx, sc, log)
+    stage, ep_group = ctx.coords.pp_rank, ctx.groups["ep"]
+    ep_rank, dp_rank = dist.get_rank(ep_group), ctx.coords.dp_rank
+    layers = sc.stages[stage]
+    if sc.path == "one_sided":
+        manager = OneSidedManager(api, ep_group)
+        pfs = []
+        for i, layer in enumerate(layers):
+            pfs.append(OneSidedPrepareFinalize(
+                manager, max_num_tokens=layer.max_num_tokens, top_k=sc.top_k, num_experts=sc.experts,
+                hidden_size=sc.hidden, layout=dispatch_layout(sc.hidden, quant_config(layer.fmt), ACT_DTYPE)))
+            log.write(ev="layer", layer=i)
+    else:
+        manager = TwoSidedManager(api, ep_group)
+        pfs = [TwoSidedPrepareFinalize(manager) for _ in layers]
+    outputs, lanes = {}, {}
+    for p in range(len(sc.passes)):
+        for i, (layer, pf) in enumerate(zip(layers, pfs)):
+            x_TH, ids_TK, w_TK = layer_inputs(sc, p, stage, i, dp_rank)
+            experts = ScenarioExperts(sc, stage, i, ep_rank)
+            counts = forward_pass_token_counts(ep_group, dp_rank, x_TH.size(0))
+            log.write(ev="forward", pass_=p, layer=i, reduced=bool(pf.output_is_reduced()))
+            with forward_context(counts):
+                out = moe_forward(pf, x_TH, w_TK, ids_TK, experts, quant_config(layer.fmt),
+                                  num_experts=sc.experts, tp_group=ctx.groups["tp"])
+            log.write(ev="forward_end", pass_=p, layer=i)
+            outputs[(p, i)] = out
+            lanes[(p, i)] = experts.lanes
+    return {"outputs": outputs, "lanes": lanes}
