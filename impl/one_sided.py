@@ -55,6 +55,7 @@ class OneSidedManager(EPGroupManager):
         super().__init__(api, cpu_group, gpus_per_node)
         self.moe_alltoall: Any = None
         self.workspace_size = 0
+        self.payload_size = 0  # the largest dispatch + combine regions of any layer
         self.max_num_tokens = 0
         self.top_k = 0
         self.num_experts = 0
@@ -70,6 +71,11 @@ class OneSidedManager(EPGroupManager):
             combine_bytes_per_token(hidden_size),
         )
 
+    def aux_size_for(self, max_num_tokens: int) -> int:
+        """The auxiliary region in front of the payloads (counters, flags, top-k indices):
+        FlashInfer sizes it by the ``MoeAlltoAll``'s ``max_num_tokens``, not by a layer's."""
+        return self.api.workspace_size_per_rank(self.world_size, max_num_tokens, 0, 0)
+
     def initialize(self, max_num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
                    x_bytes_per_token: int, x_sf_bytes_per_token: int) -> None:
         """Make the workspace cover this layer; rebuild only when it does not already.
@@ -82,8 +88,15 @@ class OneSidedManager(EPGroupManager):
                   hidden_size=hidden_size, x_bytes_per_token=x_bytes_per_token)
         if x_sf_bytes_per_token < 0:
             raise ValueError(f"x_sf_bytes_per_token must be >= 0, got {x_sf_bytes_per_token}")
-        needed = self.workspace_size_for(max_num_tokens, top_k, hidden_size, x_bytes_per_token,
-                                         x_sf_bytes_per_token)
+        # A larger budget grows the auxiliary region and so moves every layer's payloads:
+        # each layer's need is its payload regions behind the auxiliary region of the
+        # largest budget (sized at its own budget, a smaller layer overflows after a larger
+        # budget arrives).
+        payload = self.workspace_size_for(max_num_tokens, top_k, hidden_size, x_bytes_per_token,
+                                          x_sf_bytes_per_token) - self.aux_size_for(max_num_tokens)
+        self.payload_size = max(self.payload_size, payload)
+        max_tokens = max(self.max_num_tokens, max_num_tokens)
+        needed = self.aux_size_for(max_tokens) + self.payload_size
         if self.initialized:
             assert top_k == self.top_k, (
                 "FlashInfer one-sided MoeAlltoAll does not support heterogeneous top_k across MoE "
@@ -96,7 +109,7 @@ class OneSidedManager(EPGroupManager):
             if needed <= self.workspace_size and max_num_tokens <= self.max_num_tokens:
                 return
         self.workspace_size = max(self.workspace_size, needed)
-        self.max_num_tokens = max(self.max_num_tokens, max_num_tokens)
+        self.max_num_tokens = max_tokens
         self.top_k = top_k
         self.num_experts = num_experts
         self.cleanup()

@@ -1,12 +1,12 @@
 """``a2a-testbed``: the command-line runner.
 
-``run`` is the main job, over a few layouts (or the ones given): ``--job selfcheck`` checks
-the simulated cluster's collectives and groups; ``--job moe`` drives the integration
-(``impl``) through MoE layers on every rank against the dense reference. ``--fault`` injects
-a cluster fault (crash, stall, sigkill, wrong-group barrier) or one of the historical
-integration bugs (double reduce, first-layer workspace, world-scoped rebuild barrier,
-unprobed ``output=``) and reports whether and how the testbed caught it. One line per
-layout, then a JSON summary; exit 1 when anything failed.
+- ``run``: with no scenario flags, the integration matrix (:mod:`testbed.scenario.matrix`);
+  with scenario flags, that one scenario (``Scenario.to_cli()`` prints such a line); with
+  ``--job selfcheck``, the cluster self-check over layouts (``--fault`` injects a cluster
+  fault there and checks it was caught the expected way).
+- ``fuzz``: Hypothesis over the scenario model; each failure printed as its ``run`` line.
+- ``mutants``: the catalogue of mutants of ``impl``, each run until a scenario kills it.
+- ``version``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ import time
 from testbed import __version__
 
 CLUSTER_FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
-MUTANT_FAULTS = ("double-reduce", "first-layer-workspace", "world-barrier-rebuild", "unprobed-output")
-FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
+# A hang must surface as a hang (the watchdog's report) before the fake's own flag wait
+# gives up: mutant runs and faults use short timeouts.
+MUTANT_TIMEOUT_S = 12.0
 
 
 def _parser() -> argparse.ArgumentParser:
+    from testbed.scenario.model import add_arguments
+
     parser = argparse.ArgumentParser(
         prog="a2a-testbed",
         description="Simulation-first testbed for FlashInfer NVLink MoE all-to-all on CPU ranks.",
@@ -31,33 +34,35 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("version", help="print the testbed, torch and Python versions")
     run = sub.add_parser(
-        "run",
-        help="check parallel layouts: the cluster self-check or the MoE integration (optionally injecting a fault)",
+        "run", help="run the integration matrix, one scenario, or the cluster self-check",
         description=(
-            "selfcheck: run every collective the testbed relies on over each layout's world, TP, "
-            "DP, PP and EP groups and check the groups against the layout. moe: build the "
-            "integration's managers and MoE layers on every rank (PP stage 0 gets every format, "
-            "later stages the first) and compare each layer's output with a dense fp32 "
-            "reference. With --fault, inject that fault instead and report whether it was caught."
-        ),
+            "With no scenario flags: the integration matrix (every path, format and profile, "
+            "growth across layers, PP with different rebuild counts, TP 4, 0-token ranks), each "
+            "scenario checked against every invariant. With scenario flags: that scenario. "
+            "--job selfcheck: the cluster's collectives and groups over each --layout."),
     )
-    run.add_argument("--job", choices=("selfcheck", "moe"), default="selfcheck",
-                     help="what to check (default: %(default)s; integration faults imply moe)")
-    run.add_argument("--path", choices=("one_sided", "two_sided"), default="one_sided",
-                     help="moe: FlashInfer all-to-all to drive (default: %(default)s)")
-    run.add_argument("--profile", default="0.7.2",
-                     help="moe: FlashInfer release the fake imitates (default: %(default)s)")
-    run.add_argument("--formats", default="nvfp4,bf16", metavar="F[,F...]",
-                     help=f"moe: activation format of each layer, from {', '.join(FORMATS)} "
-                          "(default: %(default)s)")
-    run.add_argument(
-        "--layout", action="append", metavar="W,TP,DP,PP",
-        help="a layout such as 8,2,2,2 or w8tp2dp2pp2 (repeatable; default: %(default)s)",
-    )
-    run.add_argument("--fault", choices=CLUSTER_FAULTS + MUTANT_FAULTS,
-                     help="inject this fault: a cluster fault (on rank 0 / PP stage 0) or an integration bug")
-    run.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                     help="per-scenario watchdog timeout in seconds (default: %(default)s)")
+    run.add_argument("--job", choices=("integration", "selfcheck"), default="integration",
+                     help="what to check (default: %(default)s)")
+    run.add_argument("--layout", action="append", metavar="W,TP,DP,PP",
+                     help="the scenario's layout (e.g. 8,2,2,2 or w8tp2dp2pp2); for selfcheck repeatable "
+                          "(default: 2,1,2,1 4,2,2,1 4,1,2,2 8,2,2,2)")
+    add_arguments(run)
+    run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
+    run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
+    run.add_argument("--timeout", type=float, default=None, metavar="S",
+                     help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60)")
+    run.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
+    run.add_argument("--html", metavar="PATH", help="write one self-contained HTML page")
+    fz = sub.add_parser("fuzz", help="Hypothesis over the scenario model; failures printed as run lines")
+    fz.add_argument("--examples", type=int, default=50, metavar="N", help="scenarios to draw (default 50)")
+    fz.add_argument("--seed", type=int, default=None, metavar="S",
+                    help="random draw from this seed (default: derandomized, the same every time)")
+    fz.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-scenario timeout")
+    mu = sub.add_parser("mutants", help="run the catalogue of impl mutants; each must be killed")
+    mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
+    mu.add_argument("--list", action="store_true", help="list the mutants and exit")
+    mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
+    mu.add_argument("--json", metavar="PATH", help="write the table as JSON")
     return parser
 
 
@@ -69,85 +74,198 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
-    if args.command == "run":
-        return _run(args, parser)
+    if args.command in ("run", "fuzz", "mutants"):
+        try:
+            return {"run": _run, "fuzz": _fuzz, "mutants": _mutants}[args.command](args)
+        except UsageError as e:
+            print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
+            return 2
     parser.print_help()
     return 2
 
 
-def _run(args, parser) -> int:
-    from testbed.cluster.layout import DEFAULT_LAYOUTS, ParallelLayout
+class UsageError(ValueError):
+    """Bad flags: one line naming the flag and the rule, exit 2."""
 
-    texts = args.layout or list(DEFAULT_LAYOUTS)
-    try:
-        layouts = [ParallelLayout.parse(t) for t in texts]
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.timeout <= 0:
-        parser.error(f"--timeout must be > 0, got {args.timeout}")
-    formats = tuple(f for f in args.formats.split(",") if f)
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        parser.error(f"--formats takes a comma-separated list from {', '.join(FORMATS)}; got {args.formats!r}")
-    job = "moe" if args.fault in MUTANT_FAULTS else args.job
-    if job == "moe" and args.fault in CLUSTER_FAULTS:
-        parser.error(f"--fault {args.fault} is a cluster fault: use it with --job selfcheck")
-    from fakes.flashinfer.profiles import PROFILES
 
-    if args.profile not in PROFILES:
-        parser.error(f"--profile must be one of {', '.join(PROFILES)}; got {args.profile!r}")
-    from testbed.cluster.pool import RankPool  # torch is imported only once the input is good
-    from testbed.scenario.moecheck import check_moe
-    from testbed.cluster.selfcheck import check_layouts
+def _positive(flag: str, value) -> None:
+    if value is not None and not value > 0:
+        raise UsageError(f"{flag}: must be > 0, got {value}")
+
+
+def _run(args) -> int:
+    from testbed.scenario.model import ScenarioInputError, from_args, scenario_given
+
+    _positive("--timeout", args.timeout)
+    if args.job == "selfcheck":
+        if scenario_given(args) or args.mutant or args.json or args.html:
+            raise UsageError("--job selfcheck takes only --layout, --fault and --timeout")
+        return _selfcheck(args)
+    if args.fault:
+        raise UsageError(f"--fault {args.fault} is a cluster fault: use it with --job selfcheck")
+    if args.mutant:
+        from testbed.scenario import mutants
+
+        try:
+            mutants.get(args.mutant)
+        except ValueError as e:
+            raise UsageError(f"--mutant: {e}") from None
+    if scenario_given(args) or args.layout:
+        if args.layout and len(args.layout) > 1:
+            raise UsageError("--layout: a scenario has one layout (repeat it only with --job selfcheck)")
+        try:
+            scenarios = [from_args(args, args.layout[0] if args.layout else None)]
+        except ScenarioInputError as e:
+            raise UsageError(str(e)) from None
+    else:
+        from testbed.scenario.matrix import MATRIX
+
+        scenarios = list(MATRIX)
+    return _judge(scenarios, args)
+
+
+def _judge(scenarios, args) -> int:
+    from testbed.cluster.pool import RankPool
+    from testbed.scenario import report, runner
 
     started = time.monotonic()
+    progress = report.Progress()
+    verdicts = []
     with RankPool() as pool:
-        if job == "moe":
-            rows = [check_moe(pool, layout, kind=args.path, profile=args.profile, formats=formats,
-                              fault=args.fault, timeout_s=args.timeout) for layout in layouts]
-        elif args.fault:
-            rows = [_run_fault(pool, args.fault, layout, args.timeout) for layout in layouts]
+        for i, sc in enumerate(scenarios, 1):
+            progress.show(f"[{i}/{len(scenarios)}] {sc.short()}")
+            v = runner.run(pool, sc, mutant=args.mutant, timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
+            progress.clear()
+            print(report.verdict_line(i, len(scenarios), v), flush=True)
+            if not v.passed:
+                print(report.failure_text(v), flush=True)
+            verdicts.append(v)
+    seconds = time.monotonic() - started
+    if args.json:
+        report.dump_json(args.json, report.as_json(verdicts, seconds))
+    if args.html:
+        report.write_html(args.html, verdicts)
+    failed = sum(not v.passed for v in verdicts)
+    print(f"{len(verdicts) - failed} passed, {failed} failed in {seconds:.1f} s")
+    return 1 if failed else 0
+
+
+def _fuzz(args) -> int:
+    from testbed.cluster.pool import RankPool
+    from testbed.scenario import report, runner
+    from testbed.scenario.fuzz import ScenarioFailed, fuzz
+
+    _positive("--examples", args.examples)
+    _positive("--timeout", args.timeout)
+    progress = report.Progress()
+    started = time.monotonic()
+    count = 0
+    with RankPool() as pool:
+        def check(sc):
+            nonlocal count
+            count += 1
+            progress.show(f"[{count}] {sc.short()}")
+            return runner.run(pool, sc, timeout_s=args.timeout)
+
+        try:
+            fuzz(check, examples=args.examples, seed=args.seed)
+        except ScenarioFailed as e:
+            progress.clear()
+            print(f"FAIL (shrunk) {e.verdict.scenario.short()}")
+            print(report.failure_text(e.verdict))
+            print(f"fuzz: a failing scenario after {count} runs in {time.monotonic() - started:.1f} s")
+            return 1
+    progress.clear()
+    print(f"fuzz: {count} scenarios passed every invariant in {time.monotonic() - started:.1f} s "
+          f"({'seed ' + str(args.seed) if args.seed is not None else 'derandomized'})")
+    return 0
+
+
+def _mutants(args) -> int:
+    from testbed.scenario import mutants
+
+    if args.list:
+        for m in mutants.CATALOGUE:
+            print(f"{m.name:32s} {m.description}")
+        return 0
+    names = args.only or [m.name for m in mutants.CATALOGUE]
+    for name in names:
+        if name not in mutants.BY_NAME:
+            raise UsageError(f"--only: unknown mutant {name!r} (a2a-testbed mutants --list)")
+    _positive("--timeout", args.timeout)
+    from testbed.cluster.pool import RankPool
+    from testbed.scenario import report, runner
+    from testbed.scenario.matrix import MATRIX
+
+    started = time.monotonic()
+    progress = report.Progress()
+    hunts = []
+    print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
+    with RankPool() as pool:
+        for i, name in enumerate(names, 1):
+            progress.show(f"[{i}/{len(names)}] {name}")
+            h = runner.hunt(pool, name, MATRIX, timeout_s=args.timeout)
+            progress.clear()
+            print(f"{name:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
+            hunts.append(h)
+    killed = sum(h.killed for h in hunts)
+    if args.json:
+        report.dump_json(args.json, {"killed": killed, "total": len(hunts),
+                                     "seconds": round(time.monotonic() - started, 3),
+                                     "mutants": [h.__dict__ for h in hunts]})
+    print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s")
+    return 0 if killed == len(hunts) else 1
+
+
+def _selfcheck(args) -> int:
+    from testbed.cluster.layout import DEFAULT_LAYOUTS, ParallelLayout
+    from testbed.cluster.pool import RankPool
+    from testbed.cluster.selfcheck import check_layouts
+
+    try:
+        layouts = [ParallelLayout.parse(t) for t in args.layout or DEFAULT_LAYOUTS]
+    except ValueError as e:
+        raise UsageError(f"--layout: {e}") from None
+    timeout = args.timeout or 60.0
+    started = time.monotonic()
+    with RankPool() as pool:
+        if args.fault:
+            rows = [_run_fault(pool, args.fault, layout, timeout) for layout in layouts]
         else:
-            rows = [
-                {"layout": c.layout, "ok": c.ok, "seconds": round(c.seconds, 3), "detail": c.detail}
-                for c in check_layouts(pool, layouts, timeout_s=args.timeout)
-            ]
+            rows = [{"layout": c.layout, "ok": c.ok, "seconds": round(c.seconds, 3), "detail": c.detail}
+                    for c in check_layouts(pool, layouts, timeout_s=timeout)]
     for row in rows:
-        status = "PASS" if row["ok"] else "FAIL"
-        print(f"{status} {row['layout']:<14} {row['seconds']:7.2f} s  {row['detail']}")
-    summary = {
-        "job": job,
-        "fault": args.fault,
-        "layouts": [row["layout"] for row in rows],
-        "passed": sum(row["ok"] for row in rows),
-        "failed": sum(not row["ok"] for row in rows),
-        "seconds": round(time.monotonic() - started, 3),
-    }
+        print(f"{'PASS' if row['ok'] else 'FAIL'} {row['layout']:<14} {row['seconds']:7.2f} s  {row['detail']}")
+    summary = {"job": "selfcheck", "fault": args.fault, "layouts": [row["layout"] for row in rows],
+               "passed": sum(row["ok"] for row in rows), "failed": sum(not row["ok"] for row in rows),
+               "seconds": round(time.monotonic() - started, 3)}
     print(json.dumps(summary))
     return 0 if summary["failed"] == 0 else 1
 
 
 def _run_fault(pool, fault: str, layout, timeout_s: float) -> dict:
-    """Run one injected fault; ``ok`` means the watchdog caught it and said why."""
+    """Inject one cluster fault; ``ok`` only when the watchdog reported the expected failure."""
     from testbed.cluster import faults
     from testbed.cluster.pool import ScenarioError
 
+    row = {"layout": str(layout), "ok": False, "seconds": 0.0}
     if fault == "wrong-group-barrier":
         if layout.pp < 2:
-            return {"layout": str(layout), "ok": False, "seconds": 0.0,
-                    "detail": "wrong-group-barrier needs a layout with pp >= 2"}
+            return row | {"detail": "wrong-group-barrier needs a layout with pp >= 2"}
         fn, fn_args = faults.rebuild_barriers, ((2,) + (1,) * (layout.pp - 1), "world")
     else:
-        fn, fn_args = {"crash": faults.crash, "stall": faults.stall,
-                       "sigkill": faults.sigkill}[fault], ((0,),)
+        fn, fn_args = {"crash": faults.crash, "stall": faults.stall, "sigkill": faults.sigkill}[fault], ((0,),)
     started = time.monotonic()
     try:
         pool.run(fn, layout, fn_args, timeout_s=timeout_s, name=f"fault-{fault}")
     except ScenarioError as exc:
-        return {"layout": str(layout), "ok": True, "seconds": time.monotonic() - started,
-                "detail": f"caught: {type(exc).__name__}\n{exc}"}
-    return {"layout": str(layout), "ok": False, "seconds": time.monotonic() - started,
-            "detail": f"fault {fault} was injected but every rank finished"}
+        row["seconds"] = time.monotonic() - started
+        problem = faults.unexpected(fault, layout, exc)
+        if problem:
+            return row | {"detail": f"caught the wrong failure ({problem}):\n{type(exc).__name__}: {exc}"}
+        return row | {"ok": True, "detail": f"caught as expected: {type(exc).__name__}\n{exc}"}
+    return row | {"seconds": time.monotonic() - started,
+                  "detail": f"fault {fault} was injected but every rank finished"}
 
 
 if __name__ == "__main__":

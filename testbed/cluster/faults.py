@@ -65,3 +65,29 @@ def rebuild_barriers(ctx, rebuilds_per_stage: tuple[int, ...], scope: str = "ep"
     for _ in range(rebuilds_per_stage[ctx.coords.pp_rank]):
         dist.barrier(group=ctx.groups[scope])
     return rebuilds_per_stage[ctx.coords.pp_rank]
+
+
+def unexpected(fault: str, layout, error) -> str | None:
+    """None when ``error`` (a :class:`ScenarioError`) is the failure ``fault`` must cause,
+    else what is wrong with it: a fault is caught only when it fails the way it should."""
+    reports = error.reports
+    if fault in ("crash", "sigkill"):
+        status, text = ("raised", "InjectedFault") if fault == "crash" else ("died", "SIGKILL")
+        rep = reports.get(0)
+        if rep is None or rep.status != status or text not in rep.summary:
+            return f"rank 0 should have {status} ({text}); it is {rep.status if rep else 'missing'}"
+        return None
+    stuck = error.ranks("stuck")
+    if fault == "stall":
+        if type(error).__name__ != "ScenarioTimeoutError" or 0 not in stuck:
+            return f"rank 0 should be stuck at the timeout; stuck: {stuck}"
+        if "stall_forever" not in reports[0].detail:
+            return "rank 0's stack does not show stall_forever"
+        return None
+    stage0 = [r for r in range(layout.world_size) if layout.coords(r).pp_rank == 0]
+    if type(error).__name__ != "ScenarioTimeoutError" or stuck != stage0:
+        return f"the stage-0 ranks {stage0} should be the stuck ones; stuck: {stuck}"
+    bad = [r for r in stuck if "rebuild_barriers" not in reports[r].detail or "barrier" not in reports[r].detail]
+    if bad:
+        return f"rank(s) {bad} are not stuck in rebuild_barriers' barrier"
+    return None

@@ -160,8 +160,9 @@ def _workspace(sc: Scenario, logs, v: Verdict) -> None:
     for rank, events in sorted(logs.items()):
         stage = _stage(sc, rank)
         layers = sc.stages[stage]
-        needs = [moe_a2a_get_workspace_size_per_rank(ep, ly.max_num_tokens, dispatch_bytes(ly, sc), 2 * sc.hidden)
-                 for ly in layers]
+        payloads = [_size(ep, ly.max_num_tokens, dispatch_bytes(ly, sc), 2 * sc.hidden) - _size(ep, ly.max_num_tokens)
+                    for ly in layers]
+        expected_builds = _expected_builds(ep, layers, payloads)
         builds, live = [], None
         for e in events:
             if e["ev"] == "build":
@@ -181,18 +182,16 @@ def _workspace(sc: Scenario, logs, v: Verdict) -> None:
                     f.add(f"rank {rank}: layer {i} built without any MoeAlltoAll")
                     continue
                 for j in range(i + 1):
-                    ly = layers[j]
-                    if live["workspace_size"] < needs[j] or live["max_num_tokens"] < ly.max_num_tokens:
+                    ly, need = layers[j], _size(ep, live["max_num_tokens"]) + payloads[j]
+                    if live["workspace_size"] < need or live["max_num_tokens"] < ly.max_num_tokens:
                         f.add(f"rank {rank}: after layer {i} the MoeAlltoAll does not cover layer {j} ({ly}): "
-                              f"it needs {needs[j]} bytes and max_num_tokens {ly.max_num_tokens}, the live one "
-                              f"(build {live['index']}) has {live['workspace_size']} bytes and max_num_tokens "
-                              f"{live['max_num_tokens']}")
-                expected = 1 + sum(
-                    1 for j in range(1, i + 1)
-                    if needs[j] > max(needs[:j]) or layers[j].max_num_tokens > max(x.max_num_tokens for x in layers[:j]))
-                if len(builds) != expected:
-                    f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected} (one, plus "
-                          f"one per layer whose need or budget exceeded every earlier one); needs {needs[:i + 1]}")
+                              f"behind the auxiliary region of max_num_tokens {live['max_num_tokens']} it needs "
+                              f"{need} bytes and max_num_tokens >= {ly.max_num_tokens}; the live one (build "
+                              f"{live['index']}) has {live['workspace_size']} bytes")
+                if len(builds) != expected_builds[i]:
+                    f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected_builds[i]} "
+                          f"(one, plus one per layer whose need exceeded the size so far or whose budget "
+                          f"exceeded every earlier one)")
         if stage in seen_stage and seen_stage[stage][1] != builds:
             f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
                   f"{seen_stage[stage][1]}")
@@ -200,6 +199,24 @@ def _workspace(sc: Scenario, logs, v: Verdict) -> None:
         if not v.builds[stage]:
             v.builds[stage] = builds
     f.close()
+
+
+def _size(ep: int, max_num_tokens: int, dispatch: int = 0, combine: int = 0) -> int:
+    return moe_a2a_get_workspace_size_per_rank(ep, max_num_tokens, dispatch, combine)
+
+
+def _expected_builds(ep: int, layers, payloads: list[int]) -> list[int]:
+    """Builds after each layer under grow-only sizing: a rebuild exactly when the budget or
+    the need (the largest payload regions behind the auxiliary region of the largest
+    budget) exceeds what the live all-to-all has."""
+    builds, size, budget, payload, out = 0, 0, 0, 0, []
+    for ly, p in zip(layers, payloads):
+        payload, new_budget = max(payload, p), max(budget, ly.max_num_tokens)
+        need = _size(ep, new_budget) + payload
+        if builds == 0 or need > size or new_budget > budget:
+            builds, size, budget = builds + 1, max(size, need), new_budget
+        out.append(builds)
+    return out
 
 
 def _reduce(sc: Scenario, logs, v: Verdict, complete: bool) -> None:

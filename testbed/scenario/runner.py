@@ -7,11 +7,12 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 from fakes.arena import PREFIX_ROOT, SHM_DIR
 from testbed.cluster.pool import RankPool, ScenarioError
-from testbed.scenario import invariants
+from testbed.scenario import invariants, mutants
 from testbed.scenario.audit import read_log
 from testbed.scenario.invariants import Failure, Verdict
 from testbed.scenario.model import Scenario
@@ -53,3 +54,36 @@ def _leaks(pool: RankPool) -> str:
     if strays:
         found.append(f"child processes left running: {strays}")
     return "; ".join(found)
+
+
+@dataclass(frozen=True)
+class Hunt:
+    """How a mutant fared: killed (by which invariant, in which scenario) or not."""
+
+    mutant: str
+    killed: bool
+    by: str  # "workspace @ 2" or why not
+    seconds: float
+    evidence: str = ""
+
+
+def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
+    """Run ``scenarios`` against mutant ``name`` until one fails the way the mutant says it
+    must (:attr:`Mutant.expect`); failures of any other kind do not count."""
+    m = mutants.get(name)
+    started = time.monotonic()
+    try:
+        mutants.apply(name)()  # a mutant that no longer matches impl is broken, not killed
+    except mutants.MutantError as e:
+        return Hunt(name, False, f"broken: {e}", 0.0)
+    other = []
+    for index, sc in enumerate(scenarios, 1):
+        v = run(pool, sc, mutant=name, timeout_s=timeout_s)
+        for invariant, piece in m.expect:
+            for f in v.failed(invariant):
+                if piece in f.evidence:
+                    return Hunt(name, True, f"{invariant} @ {index}", time.monotonic() - started,
+                                f.evidence.splitlines()[0][:300])
+        other += [f"{f.invariant} @ {index}" for f in v.failures]
+    why = "survived" + (f" (only unexpected failures: {', '.join(other[:4])})" if other else "")
+    return Hunt(name, False, why, time.monotonic() - started)

@@ -1,0 +1,91 @@
+"""Hypothesis strategies over the scenario model, and the fuzz loop of ``a2a-testbed fuzz``.
+
+Layouts up to 8 ranks (TP 1/2/4, PP 1/2/4, PP with TP > 1), both paths, every profile,
+mixed formats and budgets per layer, uneven and 0-token passes (also all-zero ones), counts
+that grow past earlier ones, top_k from the kernels' set, every routing pattern, combine
+signature and slot order. Scenarios the kernels cannot run are never drawn: each choice is
+made from what the earlier ones allow (and :meth:`Scenario.validate` still checks them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from hypothesis import HealthCheck, given, seed as hyp_seed, settings, strategies as st
+
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.model import (
+    COMBINE_SIGNATURES,
+    FORMATS,
+    PROFILES,
+    ROUTINGS,
+    SLOT_ORDERS,
+    SUPPORTED_TOP_K,
+    Layer,
+    Scenario,
+    ScenarioInputError,
+)
+
+LAYOUTS = tuple(ParallelLayout(tp * dp * pp, tp, dp, pp)
+                for tp in (1, 2, 4) for pp in (1, 2, 4) for dp in (1, 2, 4) if 2 <= tp * dp * pp <= 8)
+MAX_BUDGET = 24
+
+
+@st.composite
+def scenarios(draw) -> Scenario:
+    layout = draw(st.sampled_from(LAYOUTS))
+    ep = layout.ep_size
+    path = draw(st.sampled_from(("one_sided", "two_sided") if ep >= 2 else ("one_sided",)))
+    profile = draw(st.sampled_from(PROFILES))
+    divisible = path == "two_sided" or profile in ("0.6.8", "0.6.14")
+    unit = math.lcm(4, ep) if path == "two_sided" else ep
+    experts = draw(st.sampled_from([n for n in range(max(ep, 2), 33) if n % (unit if divisible else 1) == 0]))
+    formats = draw(st.lists(st.sampled_from(FORMATS), min_size=1, max_size=3))
+    hidden = 512 if path == "two_sided" and {"mxfp8", "fp8_block"} & set(formats) else \
+        256 if path == "two_sided" and "nvfp4" in formats else \
+        draw(st.sampled_from((128, 256) if "fp8_block" in formats else (64, 128, 256)))
+    stages = []
+    for _ in range(layout.pp):
+        n = draw(st.integers(1, 3))
+        stages.append(tuple(Layer(draw(st.sampled_from(formats)), draw(st.integers(1, MAX_BUDGET)))
+                            for _ in range(n)))
+    biggest = max(ly.max_num_tokens for stage in stages for ly in stage)
+    counts = st.lists(st.integers(0, biggest), min_size=layout.dp, max_size=layout.dp).map(tuple)
+    passes = tuple(draw(st.lists(counts, min_size=1, max_size=3)))
+    routing = draw(st.sampled_from(ROUTINGS))
+    top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K
+                                  if k <= experts or routing in ("hotspot", "one-expert")]))
+    signature = draw(st.sampled_from(COMBINE_SIGNATURES)) if path == "one_sided" else "release"
+    try:
+        return Scenario.make(layout=layout, stages=tuple(stages), passes=passes, path=path, profile=profile,
+                             experts=experts, top_k=top_k, hidden=hidden, routing=routing,
+                             combine_signature=signature, slot_order=draw(st.sampled_from(SLOT_ORDERS)),
+                             seed=draw(st.integers(0, 2 ** 16)), label="fuzz")
+    except ScenarioInputError as e:  # the strategy drew something it should not have
+        raise AssertionError(f"the scenario strategy drew an invalid scenario: {e}") from e
+
+
+class ScenarioFailed(AssertionError):
+    def __init__(self, verdict):
+        self.verdict = verdict
+        super().__init__(f"{verdict.scenario.to_cli()}\n"
+                         + "\n".join(f"[{f.invariant}] {f.evidence[:300]}" for f in verdict.failures))
+
+
+def fuzz(check: Callable[[Scenario], object], *, examples: int, seed: int | None = None) -> None:
+    """Run ``check(scenario)`` (which returns a :class:`Verdict`) on ``examples`` drawn
+    scenarios; a failing one is shrunk and raised as :class:`ScenarioFailed`. With ``seed``
+    None the draw is derandomized (the same scenarios every time)."""
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=seed is None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(scenarios())
+    def prop(sc: Scenario) -> None:
+        verdict = check(sc)
+        if not verdict.passed:
+            raise ScenarioFailed(verdict)
+
+    if seed is not None:
+        prop = hyp_seed(seed)(prop)
+    prop()

@@ -1,0 +1,43 @@
+"""The integration matrix: what ``a2a-testbed run`` checks with no arguments.
+
+Every path, format and profile; layers whose needs grow, stay equal, and whose token budget
+grows while their bytes shrink; PP 2 with stages that rebuild a different number of times
+(also with TP > 1); TP 4; 0-token ranks and an all-zero pass; passes that grow and shrink;
+every routing pattern and combine signature.
+"""
+
+from __future__ import annotations
+
+from testbed.scenario.model import Scenario, parse_stages
+from testbed.cluster.layout import ParallelLayout
+
+
+def _s(layout: str, stages: str, tokens: str, **kw) -> Scenario:
+    return Scenario.make(layout=ParallelLayout.parse(layout), stages=parse_stages(stages),
+                         passes=tuple(tuple(int(n) for n in p.split(",")) for p in tokens.split()), **kw)
+
+
+MATRIX: tuple[Scenario, ...] = (
+    _s("2,1,2,1", "nvfp4:16,bf16:16", "0,5 3,4", label="growth nvfp4 -> bf16"),
+    _s("4,2,2,1", "bf16:16,nvfp4:24,nvfp4:24", "5,0 20,3 2,1", routing="spread",
+       label="budget grows while bytes shrink; an equal layer; passes grow then shrink"),
+    _s("4,1,2,2", "nvfp4:8,bf16:8,mxfp8:8;bf16:8", "0,3 6,2", profile="0.6.16",
+       label="PP 2: stages rebuild 2 and 0 times"),
+    _s("8,2,2,2", "fp8_block:8,bf16:16;nvfp4:16,nvfp4:8", "4,0 0,0 7,8", seed=3,
+       label="PP 2 with TP 2; an all-zero pass"),
+    _s("4,4,1,1", "nvfp4:12,bf16:12", "9 0", routing="hotspot", label="TP 4, hotspot"),
+    _s("4,1,4,1", "bf16:8,nvfp4:16", "0,3,5,8 2,2,0,1", profile="0.6.8", routing="local",
+       label="FlashInfer 0.6.8: no output=, combine then copy"),
+    _s("4,2,2,1", "mxfp8:8,fp8_block:8", "3,5 8,1", profile="0.6.14", routing="one-expert", seed=5,
+       label="0.6.14, every lane on one expert"),
+    _s("2,1,2,1", "bf16:8", "3,5 1,0", combine_signature="opaque", label="combine without a signature"),
+    _s("2,2,1,1", "nvfp4:8,bf16:8", "6 2", combine_signature="kwargs-only", label="combine(**kwargs)"),
+    _s("4,1,4,1", "nvfp4:8", "1,2,3,4", experts=10, combine_signature="positional-only",
+       slot_order="deterministic", label="10 experts on 4 ranks; positional-only output"),
+    _s("2,1,2,1", "bf16:4,bf16:8", "4,2", profile="0.6.8", combine_signature="kw-only", top_k=1,
+       label="kw-only output= on an old release; top_k 1"),
+    _s("4,2,2,1", "nvfp4:8,bf16:8", "0,5 3,3", path="two_sided", hidden=512, label="two-sided, TP 2"),
+    _s("4,1,2,2", "mxfp8:8;fp8_block:8", "2,0 0,0 4,4", path="two_sided", hidden=512, top_k=4,
+       label="two-sided PP 2, an all-zero pass"),
+    _s("8,4,1,2", "nvfp4:8,bf16:8;bf16:16", "5 0 8", top_k=4, experts=16, label="PP 2 with TP 4"),
+)
