@@ -51,9 +51,9 @@ CATALOGUE: tuple[Mutant, ...] = (
        f"{MGR}.initialize", "needed = self.aux_size_for(max_tokens) + self.payload_size",
        "needed = self.aux_size_for(max_num_tokens) + self.payload_size",
        ("workspace", "does not cover"), ("completes", "workspace insufficient")),
-    _m("rebuild-ignores-token-budget", "the rebuild decision compares bytes but not the token budget",
-       f"{MGR}.initialize", "if needed <= self.workspace_size and max_num_tokens <= self.max_num_tokens:",
-       "if needed <= self.workspace_size:", ("workspace", "max_num_tokens")),
+    _m("token-budget-of-first-layer", "the token budget stays the first layer's",
+       f"{MGR}.initialize", "max_tokens = max(self.max_num_tokens, max_num_tokens)",
+       "max_tokens = self.max_num_tokens or max_num_tokens", ("workspace", "max_num_tokens")),
     _m("max-tokens-latest-layer", "the token budget is set to the latest layer's instead of the largest",
        f"{MGR}.initialize", "max_tokens = max(self.max_num_tokens, max_num_tokens)",
        "max_tokens = max_num_tokens", ("workspace", "")),
@@ -195,9 +195,10 @@ def apply(name: str) -> Callable[[], None]:
     exec(compile("\n" * (first - 1) + mutated, inspect.getsourcefile(original), "exec"),
          module.__dict__, namespace)
     replacement = namespace[attr]
-    # Rebind every reference impl modules hold (``from impl.x import f`` copies the name).
-    holders = [owner] + ([] if owner_path else [mod for key, mod in list(sys.modules.items())
-                                               if key.startswith("impl.") and getattr(mod, attr, None) is original])
+    # Rebind every module's reference (``from impl.x import f`` copies the name), as an
+    # edit of the file would reach every importer.
+    holders = [owner] + ([] if owner_path else [mod for mod in list(sys.modules.values())
+                                               if mod is not owner and getattr(mod, attr, None) is original])
     for holder in holders:
         setattr(holder, attr, replacement)
 
