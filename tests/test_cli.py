@@ -29,7 +29,7 @@ def test_cli_version():
 
 
 def test_cli_run_selfcheck_prints_what_it_ran():
-    done = _cli("run", "--layout", "2,1,2,1", "--layout", "w4tp1dp2pp2")
+    done = _cli("run", "--job", "selfcheck", "--layout", "2,1,2,1", "--layout", "w4tp1dp2pp2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS w2tp1dp2pp1" in done.stdout and "PASS w4tp1dp2pp2" in done.stdout
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -37,36 +37,47 @@ def test_cli_run_selfcheck_prints_what_it_ran():
     assert (summary["passed"], summary["failed"]) == (2, 0)
 
 
-def test_cli_run_wrong_group_barrier_fault_is_caught():
-    done = _cli("run", "--layout", "4,1,2,2", "--fault", "wrong-group-barrier", "--timeout", "4")
+def test_cli_run_wrong_group_barrier_fault_is_caught_as_expected():
+    done = _cli("run", "--job", "selfcheck", "--layout", "4,1,2,2", "--fault", "wrong-group-barrier",
+                "--timeout", "4")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "ScenarioTimeoutError" in done.stdout and "deadlock or hang" in done.stdout
+    assert "caught as expected: ScenarioTimeoutError" in done.stdout and "deadlock or hang" in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1])["fault"] == "wrong-group-barrier"
 
 
-def test_cli_run_rejects_bad_layout():
-    done = _cli("run", "--layout", "6,4,1,1")
+@pytest.mark.parametrize("argv, message", [
+    (("--job", "selfcheck", "--layout", "6,4,1,1"), "--layout: ParallelLayout: world_size 6 is not divisible by tp 4"),
+    (("--layout", "6,4,1,1"), "--layout: ParallelLayout: world_size 6 is not divisible by tp 4"),
+    (("--top-k", "12"), "--top-k: the MoE kernels support top_k in 1..8, got 12"),
+    (("--hidden", "100", "--stages", "nvfp4:8"), "--hidden: nvfp4 needs hidden divisible by 16"),
+    (("--stages", "nvfp4:8;bf16:8"), "--stages: has 2 stage(s)"),
+    (("--fault", "crash"), "--fault crash is a cluster fault"),
+    (("--mutant", "nope"), "--mutant: unknown mutant 'nope'"),
+])
+def test_cli_run_rejects_bad_input_in_one_line(argv, message):
+    done = _cli("run", *argv)
     assert done.returncode == 2
-    assert "world_size 6 is not divisible by tp 4" in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"a2a-testbed run: error: {message}"), line
 
 
-def test_cli_run_moe_job_checks_the_integration():
-    done = _cli("run", "--job", "moe", "--layout", "4,2,2,1", "--path", "two_sided", "--formats", "bf16,mxfp8")
+def test_cli_run_scenario_writes_json_and_html(tmp_path):
+    line = ("--layout 4,2,2,1 --stages nvfp4:8,bf16:12 --tokens 0,5 --tokens 3,3 --routing spread "
+            "--profile 0.6.14").split()
+    done = _cli("run", *line, "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "PASS w4tp2dp2pp1" in done.stdout and "two_sided (FlashInfer 0.7.2), layers bf16/mxfp8" in done.stdout
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["job"] == "moe" and summary["passed"] == 1
+    assert done.stdout.strip().splitlines()[-1].startswith("1 passed, 0 failed")
+    data = json.loads((tmp_path / "r.json").read_text())
+    (sc,) = data["scenarios"]
+    assert sc["passed"] and sc["cli"].startswith("a2a-testbed run --layout 4,2,2,1 --path one_sided --profile 0.6.14")
+    assert [len(stage) for stage in sc["builds"]] == [2]
+    page = (tmp_path / "r.html").read_text()
+    assert "1 passed, 0 failed" in page and "<svg" in page and "workspace bytes per build" in page
 
 
-def test_cli_run_integration_fault_is_caught_or_reported_unnoticed():
-    done = _cli("run", "--fault", "double-reduce", "--layout", "4,2,2,1", "--layout", "2,1,2,1")
-    assert done.returncode == 1, done.stdout + done.stderr  # TP = 1 cannot show a double reduce
-    assert "PASS w4tp2dp2pp1" in done.stdout and "caught: wrong output" in done.stdout
-    assert "FAIL w2tp1dp2pp1" in done.stdout and "went unnoticed (needs tp >= 2)" in done.stdout
-
-
-def test_cli_run_rejects_bad_moe_options():
-    done = _cli("run", "--job", "moe", "--formats", "bf16,int4")
-    assert done.returncode == 2 and "--formats takes a comma-separated list" in done.stderr
-    done = _cli("run", "--job", "moe", "--fault", "crash")
-    assert done.returncode == 2 and "is a cluster fault" in done.stderr
+def test_cli_run_against_a_mutant_fails_with_the_evidence():
+    done = _cli("run", "--layout", "4,2,2,1", "--stages", "bf16:8", "--tokens", "2,3",
+                "--mutant", "double-reduce-one-sided")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "[reduce]" in done.stdout and "output ~ 2 x the reference" in done.stdout
+    assert "reproduce: a2a-testbed run --layout 4,2,2,1" in done.stdout

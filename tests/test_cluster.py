@@ -216,3 +216,12 @@ def test_cluster_parent_death_leaves_no_ranks_or_segments(how):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_fault_counts_only_as_the_expected_failure(cluster):
+    layout = ParallelLayout(2, dp=2)
+    with pytest.raises(RankFailedError) as crashed:
+        cluster.run(faults.crash, layout, ((0,),), timeout_s=20)
+    assert faults.unexpected("crash", layout, crashed.value) is None
+    assert "should be stuck" in faults.unexpected("stall", layout, crashed.value)
+    assert "should have died" in faults.unexpected("sigkill", layout, crashed.value)

@@ -1,0 +1,97 @@
+"""The invariants on hand-made event logs: each failure names itself and its evidence."""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes.flashinfer.comm import moe_a2a_kernels
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario import invariants
+from testbed.scenario.model import Layer, Scenario
+
+SC = Scenario.make(layout=ParallelLayout(4, 1, 2, 2), stages=((Layer("bf16", 8),), (Layer("bf16", 8),)),
+                   passes=((1, 1),))
+
+
+def _coll(op, group, site="impl/one_sided.py:1 in f"):
+    return {"ev": "coll", "op": op, "group": list(group), "site": site}
+
+
+def _check(logs):
+    return invariants.check(SC, logs, None, None)
+
+
+def test_invariant_collectives_names_wrong_group_and_call_site():
+    logs = {r: [] for r in range(4)}
+    for r in (0, 2):  # stage 0 is ranks 0 and 2; its EP group is (0, 2)
+        logs[r] = [_coll("barrier", range(4), "impl/one_sided.py:120 in _barrier_after_build")]
+    (f,) = _check(logs).failed("collectives")
+    assert "barrier on group [0,1,2,3] from impl/one_sided.py:120 in _barrier_after_build" in f.evidence
+    assert "EP group [0,2]" in f.evidence
+    assert "collective #1 differs" in f.evidence and "rank 1: nothing more" in f.evidence
+
+
+def test_invariant_collectives_sequence_mismatch_within_group():
+    logs = {0: [_coll("barrier", (0, 2))], 2: [_coll("all_gather_object", (0, 2))], 1: [], 3: []}
+    (f,) = _check(logs).failed("collectives")
+    assert "group [0,2]: the ranks' collective #1 differs" in f.evidence
+
+
+def test_invariant_rebuild_must_be_followed_by_ep_barrier():
+    build = {"ev": "build", "index": 1, "max_num_tokens": 8, "workspace_size": 1 << 20, "top_k": 2,
+             "num_experts": 8}
+    logs = {0: [build, {"ev": "layer", "layer": 0}], 1: [], 2: [], 3: []}
+    (f,) = _check(logs).failed("collectives")
+    assert "not followed by a barrier on the EP group [0,2]" in f.evidence
+    logs[0].insert(1, _coll("barrier", (0, 2)))
+    logs[2] = [_coll("barrier", (0, 2))]
+    assert not _check(logs).failed("collectives")
+
+
+def test_invariant_workspace_reports_cover_shrink_and_builds():
+    small = {"ev": "build", "index": 1, "max_num_tokens": 4, "workspace_size": 100, "top_k": 2, "num_experts": 8}
+    logs = {0: [small, _coll("barrier", (0, 2)), {"ev": "layer", "layer": 0}], 1: [], 2: [], 3: []}
+    (f,) = _check(logs).failed("workspace")
+    assert "does not cover layer 0 (bf16:8)" in f.evidence
+    assert "rank 2 built [] but rank 0 of the same EP group built [(4, 100)]" in f.evidence
+
+
+@pytest.mark.parametrize("budgets, bytes_, expected", [
+    ([8, 8, 8], [100, 100, 100], [1, 1, 1]),
+    ([8, 16, 4], [100, 10, 100], [1, 2, 2]),  # a larger budget rebuilds even with fewer bytes
+    ([8, 8], [100, 400], [1, 2]),
+])
+def test_invariant_expected_builds_count_strict_increases(budgets, bytes_, expected):
+    layers = [Layer("bf16", b) for b in budgets]
+    payloads = [b * n * 2 for b, n in zip(budgets, bytes_)]
+    assert invariants._expected_builds(2, layers, payloads) == expected
+
+
+def test_invariant_reduce_and_probe():
+    logs = {r: [] for r in range(4)}
+    logs[0] = [{"ev": "forward", "pass_": 0, "layer": 0, "reduced": False},
+               {"ev": "forward_end", "pass_": 0, "layer": 0},
+               {"ev": "combine", "build": 1, "output": False}]
+    v = _check(logs)
+    (r,) = v.failed("reduce")
+    assert "output_is_reduced() is False" in r.evidence
+    (p,) = v.failed("probe")  # 0.7.2's combine takes output=
+    assert "did not get output=" in p.evidence
+
+
+def test_slot_order_is_reproducible_and_differs_per_target():
+    k = moe_a2a_kernels
+    mode, seed = k.SlotOrder.mode, k.SlotOrder.seed
+    try:
+        k.SlotOrder.mode, k.SlotOrder.seed = "shuffled", 11
+        first = [k.slot_permutation(16, 0, t, 1) for t in range(4)]
+        assert all(p.sort().values.tolist() == list(range(16)) for p in first)
+        assert [p.tolist() for p in first] == [k.slot_permutation(16, 0, t, 1).tolist() for t in range(4)]
+        assert len({tuple(p.tolist()) for p in first}) == 4  # each target its own order
+        assert k.slot_permutation(16, 0, 0, 2).tolist() != first[0].tolist()  # and each round
+        k.SlotOrder.seed = 12
+        assert k.slot_permutation(16, 0, 0, 1).tolist() != first[0].tolist()
+        k.SlotOrder.mode = "deterministic"
+        assert k.slot_permutation(16, 0, 0, 1).tolist() == list(range(16))
+    finally:
+        k.SlotOrder.mode, k.SlotOrder.seed = mode, seed

@@ -1,0 +1,79 @@
+"""Mutants of impl: the catalogue applies cleanly, a kill counts only as the expected failure,
+and one mutant end to end through the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import impl.one_sided
+from testbed.scenario import mutants, runner
+from testbed.scenario.matrix import MATRIX
+
+SCRIPT = Path(sys.executable).parent / "a2a-testbed"
+
+
+@pytest.mark.parametrize("m", mutants.CATALOGUE, ids=lambda m: m.name)
+def test_mutant_applies_and_undoes_exactly(m):
+    module_name, _, path = m.target.partition(":")
+    before = {name: getattr(mod, name, None) for name, mod in [(path.split(".")[-1], sys.modules[module_name])]}
+    undo = mutants.apply(m.name)
+    try:
+        assert m.expect and all(inv in ("completes", "output", "expert-load", "workspace", "collectives",
+                                        "reduce", "probe") for inv, _ in m.expect)
+    finally:
+        undo()
+    assert {name: getattr(sys.modules[module_name], name, None) for name in before} == before
+
+
+def test_mutant_catalogue_is_large_and_named_uniquely():
+    assert len(mutants.CATALOGUE) >= 25
+    assert len(mutants.BY_NAME) == len(mutants.CATALOGUE)
+
+
+def test_mutant_changes_behaviour_in_this_process():
+    """The patched function really runs (and the original comes back)."""
+    undo = mutants.apply("combine-bytes-8bit")
+    try:
+        assert impl.one_sided.combine_bytes_per_token(64) == 64
+    finally:
+        undo()
+    assert impl.one_sided.combine_bytes_per_token(64) == 128
+
+
+def test_mutant_that_no_longer_matches_is_broken_not_killed(cluster, monkeypatch):
+    stale = dataclasses.replace(mutants.get("double-reduce-one-sided"), old="return Maybe")
+    monkeypatch.setitem(mutants.BY_NAME, stale.name, stale)
+    hunt = runner.hunt(cluster, stale.name, MATRIX[:1], timeout_s=20)
+    assert not hunt.killed and hunt.by.startswith("broken") and "occurs 0 times" in hunt.by
+
+
+def test_mutant_killed_only_by_the_expected_failure(cluster, monkeypatch):
+    """A double reduce fails output and reduce; a catalogue entry that expected the probe
+    to catch it must not count as killed (a misspelt expectation reads as a survivor)."""
+    real = mutants.get("double-reduce-one-sided")
+    hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
+    assert hunt.killed and hunt.by == "reduce @ 1", hunt
+    wrong = dataclasses.replace(real, expect=(("probe", "output="),))
+    monkeypatch.setitem(mutants.BY_NAME, real.name, wrong)
+    hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
+    assert not hunt.killed and "only unexpected failures" in hunt.by and "reduce @ 1" in hunt.by
+
+
+def test_mutants_cli_world_barrier_end_to_end(tmp_path):
+    """Historical bug 3 through `a2a-testbed mutants`: the deadlock is reported by the
+    collective audit (a barrier on the world group from _barrier_after_build)."""
+    out = tmp_path / "m.json"
+    done = subprocess.run([str(SCRIPT), "mutants", "--only", "world-barrier-rebuild", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("killed 1 of 1")
+    data = json.loads(out.read_text())
+    (hunt,) = data["mutants"]
+    assert hunt["killed"] and hunt["by"].startswith("collectives @")
+    assert "barrier on group" in hunt["evidence"] and "_barrier_after_build" in hunt["evidence"]

@@ -1,0 +1,95 @@
+"""The scenario model, its command line, the integration matrix and the fuzzer."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+import pytest
+from hypothesis import given, settings
+
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario import runner
+from testbed.scenario.fuzz import fuzz, scenarios
+from testbed.scenario.matrix import MATRIX
+from testbed.scenario.model import Layer, Scenario, ScenarioInputError, add_arguments, from_args
+from testbed.scenario.report import failure_text
+
+
+def _parse(line: str) -> Scenario:
+    argv = shlex.split(line)
+    assert argv[:2] == ["a2a-testbed", "run"]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layout", action="append")
+    add_arguments(parser)
+    args = parser.parse_args(argv[2:])
+    return from_args(args, args.layout[0])
+
+
+@settings(max_examples=60)
+@given(scenarios())
+def test_scenario_to_cli_round_trips(sc):
+    assert _parse(sc.to_cli()) == sc
+
+
+@pytest.mark.parametrize("sc", MATRIX, ids=lambda s: s.label)
+def test_scenario_matrix_entries_round_trip(sc):
+    assert _parse(sc.to_cli()) == sc
+
+
+BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), passes=((1, 2),))
+
+
+@pytest.mark.parametrize("change, flag, rule", [
+    (dict(top_k=9), "--top-k", "support top_k in 1..8"),
+    (dict(hidden=200), "--hidden", "nvfp4 needs hidden divisible by 16"),
+    (dict(path="two_sided", hidden=128), "--hidden", "16-byte units"),
+    (dict(experts=3), "--experts", "num_experts >= ep_size"),
+    (dict(profile="0.6.8", experts=6), "--experts", "divisible by ep_size"),
+    (dict(passes=((1, 2, 3),)), "--tokens", "one count per DP rank"),
+    (dict(passes=((1, 99),)), "--tokens", "exceed every layer's budget"),
+    (dict(stages=((Layer("nvfp4", 8),), (Layer("bf16", 8),))), "--stages", "pp=1"),
+    (dict(stages=((Layer("int4", 8),),)), "--stages", "must be one of"),
+    (dict(path="two_sided", combine_signature="opaque"), "--combine-signature", "one_sided only"),
+    (dict(routing="zipf"), "--routing", "must be one of"),
+])
+def test_scenario_rejects_bad_combination_naming_flag_and_rule(change, flag, rule):
+    with pytest.raises(ScenarioInputError) as e:
+        Scenario.make(**(BASE | change))
+    assert e.value.flag == flag and rule in str(e.value)
+
+
+@pytest.mark.parametrize("index", range(len(MATRIX)), ids=lambda i: f"{i + 1}-{MATRIX[i].label[:30]}")
+def test_scenario_matrix_passes_every_invariant(cluster, index):
+    verdict = runner.run(cluster, MATRIX[index])
+    assert verdict.passed, failure_text(verdict)
+    assert verdict.worst <= 1.0
+
+
+def test_scenario_matrix_covers_the_dimensions():
+    """What the matrix promises (DESIGN: every path, format, profile; PP 2 with TP > 1; TP 4;
+    0-token ranks and passes; stages that rebuild a different number of times)."""
+    formats = {ly.fmt for sc in MATRIX for st in sc.stages for ly in st}
+    assert formats == {"bf16", "nvfp4", "mxfp8", "fp8_block"}
+    assert {sc.path for sc in MATRIX} == {"one_sided", "two_sided"}
+    assert {sc.profile for sc in MATRIX} == {"0.6.8", "0.6.14", "0.6.16", "0.7.2"}
+    assert {sc.combine_signature for sc in MATRIX} >= {"release", "kw-only", "kwargs-only", "positional-only",
+                                                       "opaque"}
+    assert {sc.routing for sc in MATRIX} == {"random", "spread", "local", "hotspot", "one-expert"}
+    assert any(sc.layout.pp > 1 and sc.layout.tp > 1 for sc in MATRIX)
+    assert any(sc.layout.tp == 4 for sc in MATRIX)
+    assert any(0 in p for sc in MATRIX for p in sc.passes)
+    assert any(max(p) == 0 for sc in MATRIX for p in sc.passes)
+    assert len({len({ly.max_num_tokens for ly in st}) > 1 for sc in MATRIX for st in sc.stages}) == 2
+    assert len(MATRIX) >= 12
+
+
+def test_scenario_fuzz_bounded_derandomized(cluster):
+    seen = []
+
+    def check(sc):
+        seen.append(sc)
+        return runner.run(cluster, sc)
+
+    fuzz(check, examples=6)
+    assert len(seen) == 6
