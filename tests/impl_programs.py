@@ -16,7 +16,7 @@ from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
 from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from testbed.scenario.moe import ACT_DTYPE, Experts, MoECase, forward_layer, rank_inputs
+from testbed.scenario.moe import ACT_DTYPE, MoECase, case_experts, forward_layer, rank_inputs
 from testbed.scenario import mutants
 
 
@@ -71,7 +71,7 @@ def finalize_ops(ctx, case: MoECase, profile: str) -> dict:
     mgr, pf = _one_layer(ctx, case, profile)
     prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
     ep = ctx.groups["ep"]
-    fused = Experts(case, dist.get_world_size(ep), dist.get_rank(ep))(prep)
+    fused = case_experts(case, dist.get_world_size(ep), dist.get_rank(ep))(prep)
     output = torch.empty(x_TH.shape, dtype=ACT_DTYPE)
     storage = output.untyped_storage().data_ptr()
     with ImplOps() as recorder:
@@ -185,7 +185,7 @@ def back_to_back_rounds(ctx, layers: tuple[MoECase, ...]) -> list[torch.Tensor]:
     for case, pf in zip(layers, pfs):
         x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
         with forward_context(case.tokens_per_dp):
-            outs.append(moe_forward(pf, x_TH, w_TK, ids_TK, Experts(case, dist.get_world_size(ep),
+            outs.append(moe_forward(pf, x_TH, w_TK, ids_TK, case_experts(case, dist.get_world_size(ep),
                                                                         dist.get_rank(ep)),
                                     case.quant_config(), num_experts=case.num_experts))
     return outs

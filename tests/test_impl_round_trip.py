@@ -13,8 +13,6 @@ from testbed.scenario.moe import FORMATS, MoECase, reference_output, run_layers
 
 # (kind, profile): the two-sided path does not depend on the one-sided signature history.
 PATHS = [("one_sided", "0.6.8"), ("one_sided", "0.7.2"), ("two_sided", "0.7.2")]
-# Quantization error against the unquantized reference, relative to the output's max.
-FORMAT_TOL = {"bf16": 2e-2, "nvfp4": 0.2, "mxfp8": 0.06, "fp8_block": 0.06}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -31,9 +29,6 @@ def test_impl_round_trip_per_format(cluster, kind, profile, world, fmt):
         out = res.outputs[0]
         assert out.shape == (tokens[res.dp_rank], 512) and out.dtype == torch.bfloat16
         assert_matches_reference(case, res.dp_rank, out)
-        raw = reference_output(case, res.dp_rank, quantized=False)
-        scale = max(1.0, raw.abs().max().item()) if raw.numel() else 1.0
-        torch.testing.assert_close(out.float(), raw, rtol=0, atol=FORMAT_TOL[fmt] * scale)
 
 
 @pytest.mark.parametrize("kind", ["one_sided", "two_sided"])

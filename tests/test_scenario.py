@@ -93,3 +93,12 @@ def test_scenario_fuzz_bounded_derandomized(cluster):
 
     fuzz(check, examples=6)
     assert len(seen) == 6
+
+
+def test_scenario_fuzz_find_empty_top1_payload_with_odd_strides(cluster):
+    """Found by `a2a-testbed fuzz`: top_k 1 ids of a pass without tokens have strides (1, 0);
+    torch calls them contiguous, so the kernel takes them, and the fake must too."""
+    line = ("a2a-testbed run --layout 2,1,2,1 --path one_sided --profile 0.6.8 --experts 2 --top-k 1 "
+            "--hidden 64 --stages bf16:1 --tokens 0,0 --routing local --seed 0")
+    verdict = runner.run(cluster, _parse(line))
+    assert verdict.passed, failure_text(verdict)

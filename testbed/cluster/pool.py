@@ -40,6 +40,7 @@ ABORT_GRACE_S = 3.0
 STACK_TIMEOUT_S = 2.0
 TEARDOWN_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 180.0
+MONITOR_PERIOD_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,11 @@ class RankFailedError(ScenarioError):
 
 class ScenarioTimeoutError(ScenarioError):
     """No rank failed, but some did not finish within the timeout: a deadlock or a hang."""
+
+
+class CollectiveMismatchError(ScenarioError):
+    """The scenario's monitor saw a collective mismatch that can only end in a hang (or in
+    calls paired wrongly); the ranks were stopped before the timeout."""
 
 
 class ScenarioSetupError(TypeError):
@@ -218,6 +224,7 @@ class RankPool:
         pg_timeout_s: float | None = None,
         name: str | None = None,
         seed: int = 0,
+        monitor: Callable[[set[int]], str | None] | None = None,
     ) -> list[Any]:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank of ``layout``.
 
@@ -238,6 +245,10 @@ class RankPool:
             watchdog, which shows stacks, fires before gloo does.
         seed : int
             Passed to every rank as ``ctx.seed``.
+        monitor : callable, optional
+            Called about every ``MONITOR_PERIOD_S`` with the ranks that have returned; a
+            string it returns stops the scenario at once (stacks taken, ranks killed) as a
+            :class:`CollectiveMismatchError` with that text.
 
         Returns
         -------
@@ -252,6 +263,8 @@ class RankPool:
             A rank raised or its process died.
         ScenarioTimeoutError
             Some rank did not finish within ``timeout_s`` and none failed.
+        CollectiveMismatchError
+            ``monitor`` reported a mismatch.
         """
         if not isinstance(layout, ParallelLayout):
             raise TypeError(f"layout must be a ParallelLayout, got {type(layout).__name__}")
@@ -264,10 +277,10 @@ class RankPool:
                 raise RuntimeError("RankPool is closed")
             return self._run(
                 name, payload, layout, timeout_s, abort_grace_s,
-                pg_timeout_s if pg_timeout_s is not None else timeout_s + 30.0, seed,
+                pg_timeout_s if pg_timeout_s is not None else timeout_s + 30.0, seed, monitor,
             )
 
-    def _run(self, name, payload, layout, timeout_s, abort_grace_s, pg_timeout_s, seed):
+    def _run(self, name, payload, layout, timeout_s, abort_grace_s, pg_timeout_s, seed, monitor):
         workers = self._ensure_workers(layout.world_size)
         prefix = scenario_prefix(os.getpid(), uuid.uuid4().hex[:12])
         store_path = os.path.join(self._dump_dir, prefix + "store")
@@ -282,7 +295,7 @@ class RankPool:
                         sys_path=tuple(sys.path),
                     )
                 )
-            reports = self._watch(in_flight, started, timeout_s, abort_grace_s)
+            reports, mismatch = self._watch(in_flight, started, timeout_s, abort_grace_s, monitor)
             reports.update(self._teardown(in_flight, reports))
             in_flight = {}
         finally:
@@ -294,18 +307,24 @@ class RankPool:
                 os.unlink(store_path)
             unlink_prefix(prefix)
         self.scenarios_run += 1
-        return self._result(name, layout, time.monotonic() - started, timeout_s, reports)
+        return self._result(name, layout, time.monotonic() - started, timeout_s, reports, mismatch)
 
-    def _watch(self, in_flight, started, timeout_s, abort_grace_s) -> dict[int, RankReport]:
+    def _watch(self, in_flight, started, timeout_s, abort_grace_s, monitor):
         reports: dict[int, RankReport] = {}
         waiting = dict(in_flight)
         deadline = started + timeout_s
         failed_at = None
+        mismatch = None
         while waiting:
             limit = deadline if failed_at is None else min(deadline, failed_at + abort_grace_s)
             remaining = limit - time.monotonic()
             if remaining <= 0:
                 break
+            if monitor is not None and failed_at is None:
+                mismatch = monitor({r for r, rep in reports.items() if rep.status == "ok"})
+                if mismatch:
+                    break
+                remaining = min(remaining, MONITOR_PERIOD_S)
             by_handle = {}
             for rank, w in waiting.items():
                 by_handle[w.cmd] = rank
@@ -327,7 +346,7 @@ class RankPool:
             w.kill()
             self._discard(w)
             reports[rank] = RankReport(rank, w.process.pid, status, f"process {w.process.pid} killed", stack)
-        return reports
+        return reports, mismatch
 
     def _reply(self, rank: int, w: _Worker, started: float) -> RankReport | None:
         if w.cmd.poll():
@@ -382,11 +401,17 @@ class RankPool:
                 )
         return problems
 
-    def _result(self, name, layout, elapsed, timeout_s, reports) -> list[Any]:
+    def _result(self, name, layout, elapsed, timeout_s, reports, mismatch) -> list[Any]:
         statuses = {rep.status for rep in reports.values()}
         if statuses == {"ok"}:
             return [pickle.loads(reports[r].detail) for r in range(layout.world_size)]
         where = f"scenario {name!r} on {layout}"
+        if mismatch:
+            raise CollectiveMismatchError(
+                f"{where} stopped after {elapsed:.1f} s, before the timeout: {mismatch}; rank(s) "
+                f"{sorted(r for r, rep in reports.items() if rep.status == 'stuck')} were still waiting",
+                reports,
+            )
         failures = [rep for rep in reports.values() if rep.status in ("raised", "died")]
         if failures:
             # The parent sees a death only after the peers' "connection reset" errors that it

@@ -50,7 +50,56 @@ def read_log(path: str) -> list[dict]:
         text = Path(path).read_text()
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+    events = []
+    for line in text.splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # the line a rank is writing right now
+            pass
+    return events
+
+
+def calls_per_group(logs: dict[int, list[dict]]) -> dict[tuple[int, ...], dict[int, list[dict]]]:
+    """``{group ranks: {rank: its collectives on that group, in order}}``."""
+    per_group: dict[tuple[int, ...], dict[int, list[dict]]] = {}
+    for rank, events in sorted(logs.items()):
+        for e in events:
+            if e["ev"] == "coll":
+                per_group.setdefault(tuple(e["group"]), {}).setdefault(rank, []).append(e)
+    return per_group
+
+
+def divergence(group: tuple[int, ...], by_rank: dict[int, list[dict]], finished=None) -> str | None:
+    """Where the ranks of ``group`` stop issuing the same collectives, or None.
+
+    With ``finished`` (the ranks that have returned) only a mismatch that is already certain
+    counts: two ranks' n-th calls differ, or a rank waits in a call a finished peer never made.
+    """
+    seqs = {r: by_rank.get(r, []) for r in group}
+    n = 0
+    while True:
+        ops = {r: s[n]["op"] for r, s in seqs.items() if n < len(s)}
+        if not ops:
+            return None
+        done = [r for r in group if n >= len(seqs[r])]
+        certain = len(set(ops.values())) > 1 or (finished is not None and any(r in finished for r in done))
+        if (finished is None and (done or len(set(ops.values())) > 1)) or (finished is not None and certain):
+            break
+        n += 1
+    parts = [f"rank {r}: " + (f"{seqs[r][n]['op']} from {seqs[r][n]['site']}" if n < len(seqs[r])
+                              else "nothing more" + (" (returned)" if finished and r in finished else ""))
+             for r in group]
+    return (f"group [{','.join(map(str, group))}]: the ranks' collective #{n + 1} differs ("
+            + "; ".join(parts) + "): a mismatch that deadlocks or pairs the wrong calls")
+
+
+def certain_mismatch(logs: dict[int, list[dict]], finished: set[int]) -> str | None:
+    """The first collective mismatch among the ranks' logs so far that can no longer resolve."""
+    for group, by_rank in sorted(calls_per_group(logs).items()):
+        found = divergence(group, by_rank, finished)
+        if found:
+            return found
+    return None
 
 
 def impl_call_site() -> str | None:

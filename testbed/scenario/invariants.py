@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
+from testbed.scenario import audit
 from testbed.scenario.model import Scenario
 from testbed.scenario.reference import (
     TOLERANCE,
@@ -102,23 +103,19 @@ def _group_text(ranks) -> str:
 def _collectives(sc: Scenario, logs, v: Verdict) -> None:
     f = _Findings(v, "collectives")
     lay = sc.layout
-    per_group: dict[tuple[int, ...], dict[int, list[dict]]] = {}
     for rank, events in sorted(logs.items()):
         ep, tp = lay.group_of("ep", rank), lay.group_of("tp", rank)
         for e in events:
-            if e["ev"] != "coll":
-                continue
-            group = tuple(e["group"])
-            per_group.setdefault(group, {}).setdefault(rank, []).append(e)
-            if group != ep and not (e["op"] == "all_reduce" and group == tp):
-                f.add(f"rank {rank}: {e['op']} on group {_group_text(group)} from {e['site']}; impl may use "
-                      f"only its EP group {_group_text(ep)} (and its TP group {_group_text(tp)} for the reduce)")
+            if e["ev"] == "coll" and tuple(e["group"]) != ep and not (e["op"] == "all_reduce"
+                                                                      and tuple(e["group"]) == tp):
+                f.add(f"rank {rank}: {e['op']} on group {_group_text(e['group'])} from {e['site']}; impl may "
+                      f"use only its EP group {_group_text(ep)} (and its TP group {_group_text(tp)} for the reduce)")
         if sc.path == "one_sided":
             _rebuild_barriers(rank, events, ep, f)
-    for group, by_rank in sorted(per_group.items()):
-        seqs = {r: [e["op"] for e in by_rank.get(r, [])] for r in group}
-        if len({tuple(s) for s in seqs.values()}) > 1:
-            f.add(_first_divergence(group, seqs, by_rank))
+    for group, by_rank in sorted(audit.calls_per_group(logs).items()):
+        found = audit.divergence(group, by_rank)
+        if found:
+            f.add(found)
     f.close()
 
 
@@ -135,19 +132,6 @@ def _rebuild_barriers(rank: int, events: list[dict], ep: tuple[int, ...], f: _Fi
                   f"{pending['max_num_tokens']}, {pending['workspace_size']} bytes) was not followed by a "
                   f"barrier on the EP group {_group_text(ep)} before the layer was used")
             pending = None
-
-
-def _first_divergence(group, seqs, by_rank) -> str:
-    n = 0
-    while len({tuple(s[n:n + 1]) for s in seqs.values()}) == 1:
-        n += 1
-    parts = []
-    for r in group:
-        events = by_rank.get(r, [])
-        parts.append(f"rank {r}: " + (f"{events[n]['op']} from {events[n]['site']}" if n < len(events)
-                                      else "nothing more"))
-    return (f"group {_group_text(group)}: the ranks' collective #{n + 1} differs ("
-            + "; ".join(parts) + "): a mismatch that deadlocks or pairs the wrong calls")
 
 
 def _workspace(sc: Scenario, logs, v: Verdict) -> None:

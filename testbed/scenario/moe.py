@@ -1,13 +1,16 @@
-"""Dense reference MoE, the per-rank expert stand-in, and rank programs that drive ``impl``.
+"""One-layer MoE cases (``MoECase``) and the rank programs that drive ``impl`` through them
+(``run_layers``, ``forward_layer``), for the unit-level tests and ``gpu_tests``; the
+scenario model (:mod:`testbed.scenario.model`) drives whole deployments.
 
-Legend: T tokens of a DP rank, K top_k, H hidden, E experts, N rows an EP rank received.
+Legend: T tokens of a DP rank, K top_k, H hidden, E experts.
 Every rank rebuilds every DP rank's tokens and every expert's weights from the case's seed,
-so the reference needs no communication. Expert e is the linear map ``x @ W_e``.
+so the reference needs no communication. Inputs are exactly representable in the case's
+format (:func:`testbed.scenario.reference.representable`), so the reference is the dense
+fp32 MoE of the inputs as given and never quantizes. Expert e is the linear map ``x @ W_e``.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -17,15 +20,26 @@ import torch.distributed as dist
 from impl.backend import resolve_backend
 from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
 from impl.forward_context import forward_context
-from impl.moe_layer import PrepareResult, moe_forward
-from impl.quant import dequantize_input, nvfp4_global_scale, quantize_input
+from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
 from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
 from testbed.scenario import mutants
-from testbed.scenario.reference import local_experts
+from testbed.scenario.experts import Experts
+from testbed.scenario.reference import ACT_DTYPE, NVFP4_GLOBAL_SCALE, local_experts, representable
 
 FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
-ACT_DTYPE = torch.bfloat16
+
+
+def quant_config(fmt: str, mx_alignment: int = 0) -> QuantConfig:
+    """A layer's activation quantization as vLLM configures it (nvfp4: the calibrated global
+    scale of the testbed's inputs)."""
+    if fmt == "bf16":
+        return QuantConfig()
+    if fmt == "nvfp4":
+        return QuantConfig("nvfp4", a1_gscale=torch.tensor(NVFP4_GLOBAL_SCALE))
+    if fmt == "mxfp8":
+        return QuantConfig("mxfp8", mx_alignment=mx_alignment)
+    return QuantConfig(FP8_DTYPE, block_shape=(FP8_BLOCK, FP8_BLOCK))
 
 
 @dataclass(frozen=True)
@@ -50,30 +64,17 @@ class MoECase:
         return self.max_num_tokens or max(max(self.tokens_per_dp), 1)
 
     def quant_config(self) -> QuantConfig:
-        if self.fmt == "bf16":
-            return QuantConfig()
-        if self.fmt == "nvfp4":
-            return QuantConfig("nvfp4", a1_gscale=nvfp4_global_scale(_input_amax(self)))
-        if self.fmt == "mxfp8":
-            return QuantConfig("mxfp8", mx_alignment=self.mx_alignment)
-        return QuantConfig(FP8_DTYPE, block_shape=(FP8_BLOCK, FP8_BLOCK))
+        return quant_config(self.fmt, self.mx_alignment)
 
 
 def rank_inputs(case: MoECase, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x_TH bf16, topk_ids_TK int32 distinct, topk_weights_TK fp32)`` of ``dp_rank``."""
     g = torch.Generator().manual_seed(case.seed * 7919 + dp_rank)
     T, K, E, H = case.tokens_per_dp[dp_rank], case.top_k, case.num_experts, case.hidden
-    x_TH = (torch.randn(T, H, generator=g) * 2).to(ACT_DTYPE)
+    x_TH = representable(case.fmt, T, H, g)
     ids_TK = torch.argsort(torch.rand(T, E, generator=g), dim=1)[:, :K].to(torch.int32)
     w_TK = torch.softmax(torch.randn(T, K, generator=g), dim=1)
     return x_TH, ids_TK, w_TK
-
-
-@functools.lru_cache(maxsize=64)
-def _input_amax(case: MoECase) -> float:
-    """max |x| over every DP rank's tokens: the calibrated amax of the nvfp4 global scale."""
-    return max((rank_inputs(case, d)[0].float().abs().max().item()
-                for d, n in enumerate(case.tokens_per_dp) if n), default=1.0)
 
 
 def expert_weight(case: MoECase, expert: int) -> torch.Tensor:
@@ -81,14 +82,9 @@ def expert_weight(case: MoECase, expert: int) -> torch.Tensor:
     return torch.randn(case.hidden, case.hidden, generator=g) / case.hidden ** 0.5
 
 
-def reference_output(case: MoECase, dp_rank: int, *, quantized: bool = True) -> torch.Tensor:
-    """Dense fp32, one token and lane at a time: ``sum_k w[t,k] * (x[t] @ W_ids[t,k])``, with
-    ``x`` as the experts see it after quantization (``quantized``) or as the router saw it."""
+def reference_output(case: MoECase, dp_rank: int) -> torch.Tensor:
+    """Dense fp32 ``[T, H]``: ``sum_k w[t,k] * (x[t] @ W_ids[t,k])``, one token and lane at a time."""
     x_TH, ids_TK, w_TK = rank_inputs(case, dp_rank)
-    xin_TH = x_TH.float()
-    if quantized and case.fmt != "bf16" and x_TH.size(0):
-        qc = case.quant_config()
-        xin_TH = dequantize_input(*quantize_input(x_TH, qc), qc, case.hidden)
     out_TH = torch.zeros(x_TH.shape, dtype=torch.float32)
     weights = {}
     for t in range(x_TH.size(0)):
@@ -96,35 +92,14 @@ def reference_output(case: MoECase, dp_rank: int, *, quantized: bool = True) -> 
             e = int(ids_TK[t, k])
             if e not in weights:
                 weights[e] = expert_weight(case, e)
-            out_TH[t] += w_TK[t, k] * (xin_TH[t] @ weights[e])
+            out_TH[t] += w_TK[t, k] * (x_TH[t].float() @ weights[e])
     return out_TH
 
 
-class Experts:
-    """The fused-experts kernel of one EP rank: per received row, the router-weighted sum of
-    this rank's experts over the row's lanes, in the activation dtype."""
-
-    def __init__(self, case: MoECase, ep_size: int, ep_rank: int):
-        self.case = case
-        self.quant_config = case.quant_config()
-        self.local = local_experts(case.num_experts, ep_size, ep_rank)
-
-    def __call__(self, prep: PrepareResult) -> torch.Tensor:
-        N, H = prep.topk_ids.size(0), self.case.hidden
-        device = prep.topk_ids.device
-        out_NH = torch.zeros(N, H, device=device)
-        rows_with_local = (prep.topk_ids >= self.local.start) & (prep.topk_ids < self.local.stop)
-        rows = rows_with_local.any(1).nonzero().flatten()
-        if rows.numel():
-            # Only rows that hold a local expert are read: the rest are stale or padding.
-            scale = None if prep.a1q_scale is None else prep.a1q_scale[rows]
-            x_nH = dequantize_input(prep.a1q[rows], scale, self.quant_config, H)
-            for e in self.local:
-                n, lane = (prep.topk_ids[rows] == e).nonzero(as_tuple=True)
-                if n.numel():
-                    y = x_nH[n] @ expert_weight(self.case, e).to(device)
-                    out_NH.index_add_(0, rows[n], prep.topk_weights[rows[n], lane, None].float() * y)
-        return out_NH.to(ACT_DTYPE)
+def case_experts(case: MoECase, ep_size: int, ep_rank: int) -> Experts:
+    """The experts of EP rank ``ep_rank`` for ``case``."""
+    return Experts(case.fmt, case.hidden, local_experts(case.num_experts, ep_size, ep_rank),
+                   lambda e: expert_weight(case, e))
 
 
 def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, num_tokens: int) -> list[int]:
@@ -207,7 +182,7 @@ def forward_layer(ctx, pf, case: MoECase, device: torch.device = torch.device("c
     ``moe_forward`` with this EP rank's experts. Returns ``[T, H]`` on ``device``."""
     ep_group = ctx.groups["ep"]
     x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, ctx.coords.dp_rank))
-    experts = Experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
+    experts = case_experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
     with forward_context(forward_pass_token_counts(ep_group, ctx.coords.dp_rank, x_TH.size(0))):
         return moe_forward(pf, x_TH, w_TK, ids_TK, experts, case.quant_config(), num_experts=case.num_experts,
                            tp_group=ctx.groups["tp"])

@@ -11,69 +11,23 @@ scenario's.
 
 from __future__ import annotations
 
-from collections import Counter
+import functools
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from impl.backend import resolve_backend
-from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
+from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
-from impl.moe_layer import PrepareResult, moe_forward
+from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
 from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
 from testbed.scenario import audit, mutants
 from testbed.scenario.model import Scenario
-from testbed.scenario.moe import forward_pass_token_counts
-from testbed.scenario.reference import (
-    ACT_DTYPE,
-    NVFP4_GLOBAL_AMAX,
-    dequantize,
-    expert_weight,
-    lane_keys,
-    layer_inputs,
-    owned_experts,
-)
-
-
-def quant_config(fmt: str) -> QuantConfig:
-    """The layer's quantization as vLLM would configure it (nvfp4: the calibrated global scale)."""
-    if fmt == "bf16":
-        return QuantConfig()
-    if fmt == "nvfp4":
-        return QuantConfig("nvfp4", a1_gscale=torch.tensor(448.0 * 6.0 / NVFP4_GLOBAL_AMAX))
-    if fmt == "mxfp8":
-        return QuantConfig("mxfp8")
-    return QuantConfig(FP8_DTYPE, block_shape=(FP8_BLOCK, FP8_BLOCK))
-
-
-class ScenarioExperts:
-    """The fused-experts kernel of one EP rank for one layer: per received row, the
-    router-weighted sum of this rank's experts over the row's lanes, in bf16. It reads the
-    activations as the format defines them and records every lane it computed."""
-
-    def __init__(self, sc: Scenario, stage: int, layer_idx: int, ep_rank: int):
-        self.sc, self.stage, self.layer_idx = sc, stage, layer_idx
-        self.fmt = sc.stages[stage][layer_idx].fmt
-        self.own = owned_experts(sc, ep_rank)
-        self.lanes: Counter = Counter()
-
-    def __call__(self, prep: PrepareResult) -> torch.Tensor:
-        ids_NK, w_NK = prep.topk_ids, prep.topk_weights
-        N, H = ids_NK.size(0), self.sc.hidden
-        out_NH = torch.zeros(N, H)
-        self.lanes.update(lane_keys(ids_NK, w_NK, self.own))
-        rows = ((ids_NK >= self.own.start) & (ids_NK < self.own.stop)).any(1).nonzero().flatten()
-        if rows.numel():
-            scale = None if prep.a1q_scale is None else prep.a1q_scale[rows]
-            x_nH = dequantize(self.fmt, prep.a1q[rows], scale, H)
-            for e in self.own:
-                n, lane = (ids_NK[rows] == e).nonzero(as_tuple=True)
-                if n.numel():
-                    y = x_nH[n] @ expert_weight(self.sc.seed, self.stage, self.layer_idx, e, H)
-                    out_NH.index_add_(0, rows[n], w_NK[rows[n], lane, None].float() * y)
-        return out_NH.to(ACT_DTYPE)
+from testbed.scenario.experts import Experts
+from testbed.scenario.moe import forward_pass_token_counts, quant_config
+from testbed.scenario.reference import ACT_DTYPE, expert_weight, layer_inputs, owned_experts
 
 
 def _recording_moe_alltoall(base: type, log: audit.EventLog) -> type:
@@ -166,7 +120,8 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     for p in range(len(sc.passes)):
         for i, (layer, pf) in enumerate(zip(layers, pfs)):
             x_TH, ids_TK, w_TK = layer_inputs(sc, p, stage, i, dp_rank)
-            experts = ScenarioExperts(sc, stage, i, ep_rank)
+            experts = Experts(layer.fmt, sc.hidden, owned_experts(sc, ep_rank),
+                              functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden))
             counts = forward_pass_token_counts(ep_group, dp_rank, x_TH.size(0))
             log.write(ev="forward", pass_=p, layer=i, reduced=bool(pf.output_is_reduced()))
             with forward_context(counts):

@@ -24,6 +24,7 @@ E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _E4M3_ALL = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(E4M3).float()
 E4M3_GRID = _E4M3_ALL[torch.isfinite(_E4M3_ALL) & (_E4M3_ALL >= 0)].unique()  # 0 .. 448
 NVFP4_GLOBAL_AMAX = 6.0  # the calibrated amax: no input exceeds the e2m1 maximum
+NVFP4_GLOBAL_SCALE = 448.0 * 6.0 / NVFP4_GLOBAL_AMAX  # vLLM's a1_gscale for that amax
 # format -> (values grid, scale block, grid maximum, block exponents): a block's values are
 # grid * 2^j with its maximum present, so every quantizer's scale is exact.
 _FORMAT_GRID = {
@@ -77,8 +78,8 @@ def routing(sc: Scenario, T: int, dp_rank: int, g: torch.Generator) -> torch.Ten
     elif sc.routing == "local":  # the experts of the EP rank that sends the token, then the next
         own = local_experts(E, sc.ep_size, dp_rank * sc.layout.tp)
         ids = (own.start + torch.randint(len(own), (T, 1), generator=g) + lanes) % E
-    elif sc.routing == "hotspot":  # every token on the same K experts
-        ids = lanes.expand(T, K)
+    elif sc.routing == "hotspot":  # every token on the same K experts (repeating if K > E)
+        ids = (lanes % E).expand(T, K)
     else:  # one-expert: every lane of every token on one expert (duplicate ids per token)
         ids = torch.full((T, K), sc.seed % E)
     return ids.to(torch.int32).contiguous()
@@ -145,13 +146,13 @@ def dequantize(fmt: str, x_q: torch.Tensor, x_sf, hidden: int) -> torch.Tensor:
     kernel's view; ``impl.quant`` is what produced them and is under test)."""
     if fmt == "bf16":
         return x_q.float()
-    N = x_q.size(0)
+    N, device = x_q.size(0), x_q.device
     if fmt == "nvfp4":
         b = x_q.view(torch.uint8).long()
         codes = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(N, hidden)
-        vals = E2M1_GRID[codes & 7] * (1 - 2 * ((codes >> 3) & 1)).float()
+        vals = E2M1_GRID.to(device)[codes & 7] * (1 - 2 * ((codes >> 3) & 1)).float()
         scale = x_sf.view(E4M3).float().repeat_interleave(16, dim=1)
-        return vals * scale / (448.0 * 6.0 / NVFP4_GLOBAL_AMAX)
+        return vals * scale / NVFP4_GLOBAL_SCALE
     if fmt == "mxfp8":
         exp = x_sf.view(torch.uint8)[:, : hidden // 32].float() - 127
         return x_q.view(E4M3).float() * torch.exp2(exp).repeat_interleave(32, dim=1)

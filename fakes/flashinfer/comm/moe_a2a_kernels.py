@@ -275,7 +275,10 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     _i32(workspace, me, offsets[TOPK_SEND_INDICES], T * top_k)[:] = send_TK.flatten()
     _i32(workspace, me, offsets[SEND_COUNTERS], ep_size)[:] = counts_R.to(torch.int32)
 
-    bytes_TB = [p.view(torch.uint8).reshape(T, p.size(1) * p.element_size()) for p in payloads]
+    # is_contiguous() ignores the strides of size-1 and empty dims (the kernel only needs the
+    # row-major bytes); view() does not: read each payload through its row-major strides.
+    bytes_TB = [p.as_strided(p.shape, (p.size(1), 1)).view(torch.uint8).reshape(T, p.size(1) * p.element_size())
+                for p in payloads]
     local_offsets = []
     off = offsets[PAYLOAD_DATA]
     for size in sizes:
