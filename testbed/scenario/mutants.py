@@ -143,7 +143,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("skip-empty-rank", "a rank without tokens skips the all-to-all (its peers wait for it)",
        "impl.moe_layer:moe_forward", "    prepared = prepare_finalize.prepare(",
        "    if x_TH.size(0) == 0:\n        return torch.zeros_like(x_TH)\n    prepared = prepare_finalize.prepare(",
-       ("completes", "timed out"), ("completes", "CompletionTimeout")),
+       ("collectives", "moe_a2a_dispatch"), ("completes", "CollectiveMismatchError")),
     _m("two-sided-rtm-local", "the two-sided prepare sizes its exchange from the local count",
        "impl.two_sided:TwoSidedPrepareFinalize.prepare", "M = runtime_max_tokens_per_rank(a1.size(0))",
        "M = max(a1.size(0), 1)", ("output", ""), ("completes", "")),

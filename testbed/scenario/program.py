@@ -30,19 +30,26 @@ from testbed.scenario.moe import forward_pass_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE, expert_weight, layer_inputs, owned_experts
 
 
-def _recording_moe_alltoall(base: type, log: audit.EventLog) -> type:
+def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int, ...]) -> type:
+    """``base`` logging its constructions and, as collectives of the EP group (which they
+    are: every rank waits for every peer's flags), its dispatches and combines."""
     def __init__(self, *args, **kwargs):
         base.__init__(self, *args, **kwargs)
         self._testbed_build = _recording_moe_alltoall.builds = _recording_moe_alltoall.builds + 1
         log.write(ev="build", index=self._testbed_build, max_num_tokens=self.max_num_tokens,
                   workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
 
+    def _dispatch(self, *args, **kwargs):
+        log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
+        return base._dispatch(self, *args, **kwargs)
+
     def _combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs):
         output = kwargs.get("output", args[3] if len(args) > 3 else None)
         log.write(ev="combine", build=self._testbed_build, output=output is not None)
+        log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.impl_call_site())
         return base._combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs)
 
-    return type("MoeAlltoAll", (base,), {"__init__": __init__, "_combine": _combine})
+    return type("MoeAlltoAll", (base,), {"__init__": __init__, "_dispatch": _dispatch, "_combine": _combine})
 
 
 _recording_moe_alltoall.builds = 0
@@ -80,7 +87,7 @@ def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
     base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
         fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
     _recording_moe_alltoall.builds = 0
-    fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log)
+    fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log, ctx.group_ranks["ep"])
 
     def restore():
         del fake_mod.MoeAlltoAll  # back to the module's per-profile lookup
@@ -122,6 +129,10 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
             x_TH, ids_TK, w_TK = layer_inputs(sc, p, stage, i, dp_rank)
             experts = Experts(layer.fmt, sc.hidden, owned_experts(sc, ep_rank),
                               functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden))
+            # The testbed's own collective is logged too: a rank that skipped an all-to-all
+            # is then out of step with its peers at once, not at the timeout.
+            log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
+                      site="testbed: the start of a forward")
             counts = forward_pass_token_counts(ep_group, dp_rank, x_TH.size(0))
             log.write(ev="forward", pass_=p, layer=i, reduced=bool(pf.output_is_reduced()))
             with forward_context(counts):
