@@ -71,7 +71,7 @@ def test_invariant_reduce_and_probe():
     logs = {r: [] for r in range(4)}
     logs[0] = [{"ev": "forward", "pass_": 0, "layer": 0, "reduced": False},
                {"ev": "forward_end", "pass_": 0, "layer": 0},
-               {"ev": "combine", "build": 1, "output": False}]
+               {"ev": "combine", "build": 1, "output": False, "rtm": 1}]
     v = _check(logs)
     (r,) = v.failed("reduce")
     assert "output_is_reduced() is False" in r.evidence

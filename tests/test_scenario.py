@@ -52,6 +52,7 @@ BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), p
     (dict(stages=((Layer("int4", 8),),)), "--stages", "must be one of"),
     (dict(path="two_sided", combine_signature="opaque"), "--combine-signature", "one_sided only"),
     (dict(routing="zipf"), "--routing", "must be one of"),
+    (dict(router_weight_on_input=True), "--router-weight-on-input", "only defined for top_k == 1"),
 ])
 def test_scenario_rejects_bad_combination_naming_flag_and_rule(change, flag, rule):
     with pytest.raises(ScenarioInputError) as e:
@@ -78,6 +79,7 @@ def test_scenario_matrix_covers_the_dimensions():
     assert {sc.routing for sc in MATRIX} == {"random", "spread", "local", "hotspot", "one-expert"}
     assert any(sc.layout.pp > 1 and sc.layout.tp > 1 for sc in MATRIX)
     assert any(sc.layout.tp == 4 for sc in MATRIX)
+    assert {sc.path for sc in MATRIX if sc.router_weight_on_input} == {"one_sided", "two_sided"}
     assert any(0 in p for sc in MATRIX for p in sc.passes)
     assert any(max(p) == 0 for sc in MATRIX for p in sc.passes)
     assert len({len({ly.max_num_tokens for ly in st}) > 1 for sc in MATRIX for st in sc.stages}) == 2

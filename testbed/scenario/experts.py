@@ -27,10 +27,13 @@ class Experts:
         The experts this EP rank owns.
     weight : callable
         ``weight(e) -> [H, H] fp32``: expert ``e`` is the linear map ``x @ W_e``.
+    weighted : bool
+        Apply the router weights (False when prepare already scaled the activations by them).
     """
 
-    def __init__(self, fmt: str, hidden: int, own: range, weight: Callable[[int], torch.Tensor]):
-        self.fmt, self.hidden, self.own, self.weight = fmt, hidden, own, weight
+    def __init__(self, fmt: str, hidden: int, own: range, weight: Callable[[int], torch.Tensor],
+                 weighted: bool = True):
+        self.fmt, self.hidden, self.own, self.weight, self.weighted = fmt, hidden, own, weight, weighted
         self.lanes: Counter = Counter()
 
     def __call__(self, prep) -> torch.Tensor:
@@ -48,5 +51,6 @@ class Experts:
                 n, lane = (ids_NK[rows] == e).nonzero(as_tuple=True)
                 if n.numel():
                     y = x_nH[n] @ self.weight(e).to(device)
-                    out_NH.index_add_(0, rows[n], w_NK[rows[n], lane, None].float() * y)
+                    w = w_NK[rows[n], lane, None].float() if self.weighted else 1.0
+                    out_NH.index_add_(0, rows[n], w * y)
         return out_NH.to(ACT_DTYPE)

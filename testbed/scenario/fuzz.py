@@ -61,7 +61,8 @@ def scenarios(draw) -> Scenario:
         return Scenario.make(layout=layout, stages=tuple(stages), passes=passes, path=path, profile=profile,
                              experts=experts, top_k=top_k, hidden=hidden, routing=routing,
                              combine_signature=signature, slot_order=draw(st.sampled_from(SLOT_ORDERS)),
-                             seed=draw(st.integers(0, 2 ** 16)), label="fuzz")
+                             seed=draw(st.integers(0, 2 ** 16)),
+                             router_weight_on_input=top_k == 1 and draw(st.booleans()), label="fuzz")
     except ScenarioInputError as e:  # the strategy drew something it should not have
         raise AssertionError(f"the scenario strategy drew an invalid scenario: {e}") from e
 

@@ -13,6 +13,8 @@
 - ``reduce``: ``output_is_reduced()`` is True (both combines reduce) and the TP all-reduce
   runs exactly when it is False.
 - ``probe``: combine receives ``output=`` exactly when the exposed combine takes it.
+- ``runtime-max-tokens``: each one-sided round dispatches and combines with the max over the
+  DP ranks of the layer's token counts (at least 1), the same on every rank.
 - ``no-leaks`` (checked by the runner): no process or shared-memory segment left behind.
 """
 
@@ -33,7 +35,8 @@ from testbed.scenario.reference import (
     reference_output,
 )
 
-INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "probe", "no-leaks")
+INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "probe",
+              "runtime-max-tokens", "no-leaks")
 MAX_EVIDENCE = 6  # findings kept per invariant
 
 
@@ -86,6 +89,7 @@ def check(sc: Scenario, logs: dict[int, list[dict]], results: Optional[list[dict
     _workspace(sc, logs, v)
     _reduce(sc, logs, v, complete=results is not None)
     _probe(sc, logs, v)
+    _runtime_max_tokens(sc, logs, v)
     if results is not None:
         _output(sc, results, v)
         _expert_load(sc, results, v)
@@ -238,6 +242,24 @@ def _probe(sc: Scenario, logs, v: Verdict) -> None:
                       f"combine ({sc.combine_signature} signature, FlashInfer {sc.profile}) "
                       f"{'takes' if takes else 'does not take'} it by keyword")
                 break
+    f.close()
+
+
+def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
+    if sc.path != "one_sided":
+        return
+    f = _Findings(v, "runtime-max-tokens")
+    for rank, events in sorted(logs.items()):
+        stage = _stage(sc, rank)
+        want = None
+        for e in events:
+            if e["ev"] == "forward":
+                layer = sc.stages[stage][e["layer"]]
+                want = max(1, max(sc.tokens(e["pass_"], layer, d) for d in range(sc.layout.dp)))
+                where = f"rank {rank} pass {e['pass_']} layer {e['layer']}"
+            elif e["ev"] in ("dispatch", "combine") and want is not None and e["rtm"] != want:
+                f.add(f"{where}: {e['ev']} with runtime_max_tokens_per_rank {e['rtm']}; the DP ranks' largest "
+                      f"token count is {want} (every EP rank must pass the same value)")
     f.close()
 
 

@@ -40,4 +40,8 @@ MATRIX: tuple[Scenario, ...] = (
     _s("4,1,2,2", "mxfp8:8;fp8_block:8", "2,0 0,0 4,4", path="two_sided", hidden=512, top_k=4,
        label="two-sided PP 2, an all-zero pass"),
     _s("8,4,1,2", "nvfp4:8,bf16:8;bf16:16", "5 0 8", top_k=4, experts=16, label="PP 2 with TP 4"),
+    _s("4,2,2,1", "nvfp4:8,fp8_block:8", "3,0 5,6", top_k=1, router_weight_on_input=True,
+       label="router weight on input (top_k 1)"),
+    _s("4,1,4,1", "mxfp8:8,bf16:8", "2,0,1,3", path="two_sided", hidden=512, top_k=1,
+       router_weight_on_input=True, routing="spread", label="two-sided, router weight on input"),
 )

@@ -77,6 +77,7 @@ class Scenario:
     combine_signature: str = "release"
     slot_order: str = "shuffled"
     seed: int = 0
+    router_weight_on_input: bool = False  # vLLM's apply_router_weight_on_input (top_k 1 only)
     label: str = field(default="", compare=False)
 
     @classmethod
@@ -116,6 +117,9 @@ class Scenario:
         if self.top_k not in SUPPORTED_TOP_K:
             raise ScenarioInputError("--top-k", f"the MoE kernels support top_k in 1..{SUPPORTED_TOP_K[-1]}, "
                                      f"got {self.top_k}")
+        if self.router_weight_on_input and self.top_k != 1:
+            raise ScenarioInputError("--router-weight-on-input", f"is only defined for top_k == 1, got "
+                                     f"--top-k {self.top_k}")
         if self.routing in ("random", "spread", "local") and self.top_k > self.experts:
             raise ScenarioInputError("--top-k", f"routing {self.routing!r} picks {self.top_k} distinct experts "
                                      f"per token but there are only {self.experts}")
@@ -187,6 +191,8 @@ class Scenario:
             parts += ["--tokens", ",".join(map(str, counts))]
         parts += ["--routing", self.routing, "--combine-signature", self.combine_signature,
                   "--slot-order", self.slot_order, "--seed", str(self.seed)]
+        if self.router_weight_on_input:
+            parts.append("--router-weight-on-input")
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -194,6 +200,7 @@ class Scenario:
         stages = ";".join(",".join(map(str, st)) for st in self.stages)
         tokens = " ".join(",".join(map(str, c)) for c in self.passes)
         sig = "" if self.combine_signature == "release" else f" combine={self.combine_signature}"
+        sig += " weight-on-input" if self.router_weight_on_input else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
 
@@ -216,10 +223,10 @@ def _choice(flag: str, value, choices) -> None:
 
 # -- the command line ---------------------------------------------------------------------
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
-                  "combine_signature", "slot_order", "seed")
+                  "combine_signature", "slot_order", "seed", "router_weight_on_input")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
-            "slot_order": "shuffled", "seed": 0}
+            "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -241,6 +248,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                     f"{', '.join(COMBINE_SIGNATURES)} (default release)")
     parser.add_argument("--slot-order", help=f"dispatch slot order: {', '.join(SLOT_ORDERS)} (default shuffled)")
     parser.add_argument("--seed", type=int, help="seed of inputs, weights and slot order (default 0)")
+    parser.add_argument("--router-weight-on-input", action="store_true", default=None,
+                        help="prepare scales the activations by the router weight (top_k 1 only)")
 
 
 def scenario_given(args: argparse.Namespace) -> bool:

@@ -39,13 +39,16 @@ def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int
         log.write(ev="build", index=self._testbed_build, max_num_tokens=self.max_num_tokens,
                   workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
 
-    def _dispatch(self, *args, **kwargs):
+    def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *args, **kwargs):
         log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
-        return base._dispatch(self, *args, **kwargs)
+        log.write(ev="dispatch", rtm=runtime_max_tokens_per_rank, tokens=token_selected_experts.size(0))
+        return base._dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
+                              *args, **kwargs)
 
     def _combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs):
         output = kwargs.get("output", args[3] if len(args) > 3 else None)
-        log.write(ev="combine", build=self._testbed_build, output=output is not None)
+        log.write(ev="combine", build=self._testbed_build, output=output is not None,
+                  rtm=runtime_max_tokens_per_rank)
         log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.impl_call_site())
         return base._combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs)
 
@@ -128,7 +131,8 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
         for i, (layer, pf) in enumerate(zip(layers, pfs)):
             x_TH, ids_TK, w_TK = layer_inputs(sc, p, stage, i, dp_rank)
             experts = Experts(layer.fmt, sc.hidden, owned_experts(sc, ep_rank),
-                              functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden))
+                              functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden),
+                              weighted=not sc.router_weight_on_input)
             # The testbed's own collective is logged too: a rank that skipped an all-to-all
             # is then out of step with its peers at once, not at the timeout.
             log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
@@ -137,7 +141,8 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
             log.write(ev="forward", pass_=p, layer=i, reduced=bool(pf.output_is_reduced()))
             with forward_context(counts):
                 out = moe_forward(pf, x_TH, w_TK, ids_TK, experts, quant_config(layer.fmt),
-                                  num_experts=sc.experts, tp_group=ctx.groups["tp"])
+                                  num_experts=sc.experts, tp_group=ctx.groups["tp"],
+                                  apply_router_weight_on_input=sc.router_weight_on_input)
             log.write(ev="forward_end", pass_=p, layer=i)
             outputs[(p, i)] = out
             lanes[(p, i)] = experts.lanes

@@ -51,7 +51,10 @@ def layer_inputs(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, dp_ran
     g = torch.Generator().manual_seed(_seed(sc.seed, pass_idx, stage, layer_idx, dp_rank))
     x_TH = representable(layer.fmt, T, H, g)
     ids_TK = routing(sc, T, dp_rank, g)
-    w_TK = torch.softmax(torch.randn(T, K, generator=g), dim=1)
+    if sc.router_weight_on_input:  # a gate, not a softmax; powers of two keep w * x exact
+        w_TK = torch.exp2(-torch.randint(0, 3, (T, K), generator=g).float())
+    else:
+        w_TK = torch.softmax(torch.randn(T, K, generator=g), dim=1)
     return x_TH, ids_TK, w_TK
 
 
