@@ -28,3 +28,9 @@ def test_bench_a2a_prints_json_line():
     for key in ("fake_gbps", "gloo_gbps", "memcpy_gbps", "fake_vs_gloo", "fake_vs_memcpy", "memcpy_all_ranks_gbps"):
         assert result[key] > 0, key
     assert result["fake_vs_gloo"] == pytest.approx(result["fake_gbps"] / result["gloo_gbps"], rel=0.02)
+
+
+def test_bench_scenarios_prints_json_line():
+    result = _bench("scenarios", "--matrix", "2", "--fuzz-examples", "2")
+    assert result["bench"] == "scenarios" and result["matrix_passed"] == result["matrix_scenarios"] == 2
+    assert result["fuzz_examples"] == 2 and result["matrix_s"] > 0

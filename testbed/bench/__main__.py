@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from testbed.bench import a2a, cluster
+from testbed.bench import a2a, cluster, scenarios
 
-BENCHES = {"cluster": cluster, "a2a": a2a}
+BENCHES = {"cluster": cluster, "a2a": a2a, "scenarios": scenarios}
 
 
 def main(argv: list[str] | None = None) -> int:
