@@ -88,15 +88,6 @@ class OneSidedManager(EPGroupManager):
                   hidden_size=hidden_size, x_bytes_per_token=x_bytes_per_token)
         if x_sf_bytes_per_token < 0:
             raise ValueError(f"x_sf_bytes_per_token must be >= 0, got {x_sf_bytes_per_token}")
-        # A larger budget grows the auxiliary region and so moves every layer's payloads:
-        # each layer's need is its payload regions behind the auxiliary region of the
-        # largest budget (sized at its own budget, a smaller layer overflows after a larger
-        # budget arrives).
-        payload = self.workspace_size_for(max_num_tokens, top_k, hidden_size, x_bytes_per_token,
-                                          x_sf_bytes_per_token) - self.aux_size_for(max_num_tokens)
-        self.payload_size = max(self.payload_size, payload)
-        max_tokens = max(self.max_num_tokens, max_num_tokens)
-        needed = self.aux_size_for(max_tokens) + self.payload_size
         if self.initialized:
             assert top_k == self.top_k, (
                 "FlashInfer one-sided MoeAlltoAll does not support heterogeneous top_k across MoE "
@@ -106,8 +97,17 @@ class OneSidedManager(EPGroupManager):
                 "FlashInfer one-sided MoeAlltoAll does not support heterogeneous num_experts across "
                 f"MoE layers (got {num_experts}, was built with {self.num_experts})"
             )
-            if needed <= self.workspace_size and max_num_tokens <= self.max_num_tokens:
-                return
+        # A larger budget grows the auxiliary region and so moves every layer's payloads:
+        # each layer's need is its payload regions behind the auxiliary region of the
+        # largest budget (sized at its own budget, a smaller layer overflows after a larger
+        # budget arrives).
+        payload = self.workspace_size_for(max_num_tokens, top_k, hidden_size, x_bytes_per_token,
+                                          x_sf_bytes_per_token) - self.aux_size_for(max_num_tokens)
+        self.payload_size = max(self.payload_size, payload)
+        max_tokens = max(self.max_num_tokens, max_num_tokens)
+        needed = self.aux_size_for(max_tokens) + self.payload_size
+        if self.initialized and needed <= self.workspace_size and max_num_tokens <= self.max_num_tokens:
+            return
         self.workspace_size = max(self.workspace_size, needed)
         self.max_num_tokens = max_tokens
         self.top_k = top_k
@@ -196,6 +196,16 @@ class OneSidedPrepareFinalize:
         self.layout = layout
         self.num_dispatchers_ = num_dispatchers or manager.world_size
         self.runtime_max_tokens_per_rank: Optional[int] = None
+        activation = layout.x_bytes_per_token + layout.x_sf_bytes_per_token
+        if activation % ID_BYTES:
+            # FlashInfer packs each payload right behind the previous one and requires every
+            # payload to start aligned to its element size; the int32 ids follow [x, x_sf], so
+            # an odd total fails whenever ep_size * runtime_max_tokens_per_rank is odd.
+            raise ValueError(
+                f"hidden_size={hidden_size}: the one-sided dispatch needs the activation payload "
+                f"(values + scales = {layout.x_bytes_per_token} + {layout.x_sf_bytes_per_token} bytes per "
+                f"token) to be a multiple of {ID_BYTES} bytes, the int32 ids come right after it; "
+                "choose a hidden size that gives one (or pad the scales, e.g. mx_alignment)")
         manager.initialize(max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
                            hidden_size=hidden_size, x_bytes_per_token=layout.x_bytes_per_token,
                            x_sf_bytes_per_token=layout.x_sf_bytes_per_token)

@@ -4,6 +4,7 @@ quantizers, the DeepSeek fp8 activation check, the forward context."""
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 
 import pytest
@@ -238,3 +239,29 @@ def test_runtime_max_tokens_is_max_over_dp_and_at_least_one():
     with pytest.raises(ValueError, match="non-negative counts"):
         with forward_context([1, -1]):
             pass
+
+
+@pytest.mark.parametrize("hidden, qc, sizes", [
+    (64, QuantConfig("mxfp8"), "64 + 2"),
+    (96, QuantConfig("nvfp4", a1_gscale=torch.tensor(448.0)), "48 + 6"),
+    (33, QuantConfig(), "66 + 0"),
+])
+def test_one_sided_layer_rejects_activation_bytes_that_misalign_the_ids(hidden, qc, sizes):
+    """FlashInfer packs [x, x_sf, ids, weights] back to back and requires each payload aligned
+    to its element size: an activation payload that is not a multiple of 4 bytes per token
+    fails in dispatch whenever ep_size * runtime max tokens is odd, so the layer refuses it."""
+    import types
+
+    from impl.one_sided import OneSidedPrepareFinalize
+
+    with pytest.raises(ValueError, match=rf"hidden_size={hidden}: .*= {re.escape(sizes)} bytes per token\) "
+                                          r"to be a multiple of 4 bytes"):
+        OneSidedPrepareFinalize(types.SimpleNamespace(world_size=2), max_num_tokens=4, top_k=2, num_experts=4,
+                                hidden_size=hidden, layout=dispatch_layout(hidden, qc, torch.bfloat16))
+
+
+def test_supports_kw_positional_only_is_not_a_keyword():
+    def combine(output=None, /, payload=None):
+        return output
+
+    assert supports_kw(combine, "payload") and not supports_kw(combine, "output")

@@ -76,3 +76,17 @@ def test_mutants_cli_world_barrier_end_to_end(tmp_path):
     (hunt,) = data["mutants"]
     assert hunt["killed"] and hunt["by"].startswith("collectives @")
     assert "barrier on group" in hunt["evidence"] and "_barrier_after_build" in hunt["evidence"]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("two-sided-rtm-local", "max_token_count_per_rank differs across the EP group"),
+    ("two-sided-combine-top1", "the real kernel does not check and would write outside it"),
+    ("ids-index-off-by-one", "expert_ids must be int32"),
+])
+def test_mutant_stopped_by_the_fakes_named_check(cluster, name, message):
+    """Where the real kernels would corrupt memory, the fake stops the mutant with its own check."""
+    two_sided = next(sc for sc in MATRIX if sc.path == "two_sided")
+    sc = two_sided if name.startswith("two-sided") else MATRIX[0]
+    verdict = runner.run(cluster, sc, mutant=name, timeout_s=20)
+    (failure,) = verdict.failed("completes")
+    assert message in failure.evidence

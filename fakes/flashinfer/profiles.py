@@ -7,8 +7,10 @@ the return forms. Choose it with :func:`set_profile` or ``A2A_FAKE_FLASHINFER_PR
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,16 @@ def set_profile(name: str) -> Profile:
 
 def active() -> Profile:
     return _active
+
+
+@contextlib.contextmanager
+def fake_profile(name: str) -> Iterator[Profile]:
+    """``name`` active inside the block, the previous profile after it."""
+    before = _active.name
+    try:
+        yield set_profile(name)
+    finally:
+        set_profile(before)
 
 
 _active = set_profile(os.environ.get("A2A_FAKE_FLASHINFER_PROFILE", DEFAULT_PROFILE))

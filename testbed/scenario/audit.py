@@ -10,6 +10,7 @@ collectives and events is the order they happened in.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 import impl
 
-IMPL_DIR = str(Path(impl.__file__).resolve().parent) + os.sep
+IMPL_DIR = os.path.realpath(Path(impl.__file__).parent) + os.sep
 COLLECTIVES = (
     "barrier", "monitored_barrier", "all_reduce", "reduce", "broadcast", "all_gather",
     "all_gather_into_tensor", "all_gather_single", "all_gather_object", "broadcast_object_list",
@@ -106,12 +107,17 @@ def impl_call_site() -> str | None:
     """``impl/<file>:<line> in <function>`` of the innermost ``impl`` frame calling, or None."""
     frame = inspect.currentframe()
     while frame is not None:
-        filename = frame.f_code.co_filename
+        filename = _real(frame.f_code.co_filename)
         if filename.startswith(IMPL_DIR):
             rel = "impl/" + filename[len(IMPL_DIR):]
             return f"{rel}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _real(filename: str) -> str:
+    return os.path.realpath(filename)
 
 
 def install(log: EventLog, world_size: int) -> Callable[[], None]:

@@ -25,6 +25,7 @@ from testbed.scenario.model import (
     Layer,
     Scenario,
     ScenarioInputError,
+    hidden_rule,
 )
 
 LAYOUTS = tuple(ParallelLayout(tp * dp * pp, tp, dp, pp)
@@ -42,9 +43,8 @@ def scenarios(draw) -> Scenario:
     unit = math.lcm(4, ep) if path == "two_sided" else ep
     experts = draw(st.sampled_from([n for n in range(max(ep, 2), 33) if n % (unit if divisible else 1) == 0]))
     formats = draw(st.lists(st.sampled_from(FORMATS), min_size=1, max_size=3))
-    hidden = 512 if path == "two_sided" and {"mxfp8", "fp8_block"} & set(formats) else \
-        256 if path == "two_sided" and "nvfp4" in formats else \
-        draw(st.sampled_from((128, 256) if "fp8_block" in formats else (64, 128, 256)))
+    hidden = draw(st.sampled_from([h for h in (64, 96, 128, 256, 512)
+                                   if not any(hidden_rule(f, h, path) for f in formats)]))
     stages = []
     for _ in range(layout.pp):
         n = draw(st.integers(1, 3))

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -27,6 +28,7 @@ import torch
 
 from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
 from testbed.scenario import audit
+from fakes.flashinfer.profiles import fake_profile
 from testbed.scenario.model import Scenario
 from testbed.scenario.reference import (
     TOLERANCE,
@@ -83,10 +85,12 @@ def check(sc: Scenario, logs: dict[int, list[dict]], results: Optional[list[dict
     """Every invariant of ``sc`` on what the ranks logged and returned (``results`` is None
     when the scenario did not complete; ``error`` is then the :class:`ScenarioError`)."""
     v = Verdict(sc)
+    # After a failure the ranks stopped at different points: only what is certain counts.
+    finished = None if error is None else set(error.finished)
     if error is not None:
         v.failures.append(Failure("completes", f"{type(error).__name__}: {error}"))
-    _collectives(sc, logs, v)
-    _workspace(sc, logs, v)
+    _collectives(sc, logs, v, finished)
+    _workspace(sc, logs, v, complete=error is None)
     _reduce(sc, logs, v, complete=results is not None)
     _probe(sc, logs, v)
     _runtime_max_tokens(sc, logs, v)
@@ -104,7 +108,7 @@ def _group_text(ranks) -> str:
     return "[" + ",".join(map(str, ranks)) + "]"
 
 
-def _collectives(sc: Scenario, logs, v: Verdict) -> None:
+def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
     f = _Findings(v, "collectives")
     lay = sc.layout
     for rank, events in sorted(logs.items()):
@@ -117,7 +121,7 @@ def _collectives(sc: Scenario, logs, v: Verdict) -> None:
         if sc.path == "one_sided":
             _rebuild_barriers(rank, events, ep, f)
     for group, by_rank in sorted(audit.calls_per_group(logs).items()):
-        found = audit.divergence(group, by_rank)
+        found = audit.divergence(group, by_rank, finished)
         if found:
             f.add(found)
     f.close()
@@ -138,9 +142,14 @@ def _rebuild_barriers(rank: int, events: list[dict], ep: tuple[int, ...], f: _Fi
             pending = None
 
 
-def _workspace(sc: Scenario, logs, v: Verdict) -> None:
+def _workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     if sc.path != "one_sided":
         return
+    with fake_profile(sc.profile):  # the auxiliary region's size depends on the release's kMaxTopK
+        _workspace_checks(sc, logs, v, complete)
+
+
+def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     f = _Findings(v, "workspace")
     ep = sc.ep_size
     v.builds = [[] for _ in sc.stages]
@@ -180,7 +189,8 @@ def _workspace(sc: Scenario, logs, v: Verdict) -> None:
                     f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected_builds[i]} "
                           f"(one, plus one per layer whose need exceeded the size so far or whose budget "
                           f"exceeded every earlier one)")
-        if stage in seen_stage and seen_stage[stage][1] != builds:
+        if stage in seen_stage and (seen_stage[stage][1] != builds if complete else
+                                    seen_stage[stage][1][:len(builds)] != builds[:len(seen_stage[stage][1])]):
             f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
                   f"{seen_stage[stage][1]}")
         seen_stage.setdefault(stage, (rank, builds))
@@ -251,15 +261,20 @@ def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
     f = _Findings(v, "runtime-max-tokens")
     for rank, events in sorted(logs.items()):
         stage = _stage(sc, rank)
-        want = None
+        want, rounds = None, Counter()
         for e in events:
             if e["ev"] == "forward":
                 layer = sc.stages[stage][e["layer"]]
-                want = max(1, max(sc.tokens(e["pass_"], layer, d) for d in range(sc.layout.dp)))
+                want, rounds = max(1, max(sc.tokens(e["pass_"], layer, d) for d in range(sc.layout.dp))), Counter()
                 where = f"rank {rank} pass {e['pass_']} layer {e['layer']}"
-            elif e["ev"] in ("dispatch", "combine") and want is not None and e["rtm"] != want:
-                f.add(f"{where}: {e['ev']} with runtime_max_tokens_per_rank {e['rtm']}; the DP ranks' largest "
-                      f"token count is {want} (every EP rank must pass the same value)")
+            elif e["ev"] in ("dispatch", "combine") and want is not None:
+                rounds[e["ev"]] += 1
+                if e["rtm"] != want:
+                    f.add(f"{where}: {e['ev']} with runtime_max_tokens_per_rank {e['rtm']}; the DP ranks' largest "
+                          f"token count is {want} (every EP rank must pass the same value)")
+            elif e["ev"] == "forward_end" and rounds != Counter(dispatch=1, combine=1):
+                f.add(f"{where}: {rounds['dispatch']} dispatch(es) and {rounds['combine']} combine(s) in one "
+                      f"forward, expected one of each")
     f.close()
 
 
@@ -270,6 +285,10 @@ def _output(sc: Scenario, results: list[dict], v: Verdict) -> None:
     for rank, res in enumerate(results):
         coords = sc.layout.coords(rank)
         stage = coords.pp_rank
+        expected = {(p, i) for p in range(len(sc.passes)) for i in range(len(sc.stages[stage]))}
+        if set(res["outputs"]) != expected or set(res["lanes"]) != expected:
+            f.add(f"rank {rank} returned outputs for (pass, layer) {sorted(res['outputs'])}, expected "
+                  f"{sorted(expected)}")
         for (p, i), out in sorted(res["outputs"].items()):
             key = (p, stage, i, coords.dp_rank)
             if key not in refs:

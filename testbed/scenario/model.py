@@ -36,6 +36,7 @@ SUPPORTED_TOP_K = tuple(range(1, 9))
 # rows in 16-byte units, so every payload row (values and scales) must fill whole units.
 TWO_SIDED_ROW_UNIT = 16
 BLOCK = {"bf16": 1, "nvfp4": 16, "mxfp8": 32, "fp8_block": 128}
+MAX_EP_RANKS = 64  # kMaxRanks of the one-sided kernels
 
 
 class ScenarioInputError(ValueError):
@@ -123,6 +124,9 @@ class Scenario:
         if self.routing in ("random", "spread", "local") and self.top_k > self.experts:
             raise ScenarioInputError("--top-k", f"routing {self.routing!r} picks {self.top_k} distinct experts "
                                      f"per token but there are only {self.experts}")
+        if self.ep_size > MAX_EP_RANKS:
+            raise ScenarioInputError("--layout", f"FlashInfer supports at most {MAX_EP_RANKS} EP ranks "
+                                     f"(kMaxRanks), the layout has {self.ep_size}")
         if self.experts < self.ep_size:
             raise ScenarioInputError("--experts", f"the dispatch needs num_experts >= ep_size "
                                      f"({self.experts} < {self.ep_size})")
@@ -163,20 +167,13 @@ class Scenario:
             if max(counts) > biggest:
                 raise ScenarioInputError("--tokens", f"{max(counts)} tokens exceed every layer's budget "
                                          f"(largest {biggest})")
-        if not isinstance(self.seed, int) or self.seed < 0:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ScenarioInputError("--seed", f"must be an integer >= 0, got {self.seed!r}")
 
     def _check_hidden(self, fmt: str) -> None:
-        block = BLOCK[fmt]
-        if self.hidden % block:
-            raise ScenarioInputError("--hidden", f"{fmt} needs hidden divisible by {block} (one scale per "
-                                     f"{block} values), got {self.hidden}")
-        if self.path == "two_sided":
-            for what, nbytes in row_bytes(fmt, self.hidden).items():
-                if nbytes % TWO_SIDED_ROW_UNIT:
-                    raise ScenarioInputError("--hidden", f"the two-sided kernels move rows in "
-                                             f"{TWO_SIDED_ROW_UNIT}-byte units; {fmt} {what} of hidden "
-                                             f"{self.hidden} are {nbytes} bytes per token")
+        broken = hidden_rule(fmt, self.hidden, self.path)
+        if broken:
+            raise ScenarioInputError("--hidden", broken)
 
     # -- reproduction --------------------------------------------------------------------
     def to_cli(self) -> str:
@@ -203,6 +200,23 @@ class Scenario:
         sig += " weight-on-input" if self.router_weight_on_input else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
+
+
+def hidden_rule(fmt: str, hidden: int, path: str) -> str | None:
+    """The rule ``hidden`` breaks for ``fmt`` on ``path``, or None."""
+    block = BLOCK[fmt]
+    if hidden % block:
+        return f"{fmt} needs hidden divisible by {block} (one scale per {block} values), got {hidden}"
+    per_token = sum(row_bytes(fmt, hidden).values())
+    if path == "one_sided" and per_token % 4:
+        return (f"the one-sided dispatch needs {fmt} values + scales of a token ({per_token} bytes at hidden "
+                f"{hidden}) to be a multiple of 4: the int32 ids follow them")
+    if path == "two_sided":
+        for what, nbytes in row_bytes(fmt, hidden).items():
+            if nbytes % TWO_SIDED_ROW_UNIT:
+                return (f"the two-sided kernels move rows in {TWO_SIDED_ROW_UNIT}-byte units; {fmt} {what} "
+                        f"of hidden {hidden} are {nbytes} bytes per token")
+    return None
 
 
 def row_bytes(fmt: str, hidden: int) -> dict[str, int]:
@@ -264,20 +278,23 @@ def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
         raise ScenarioInputError("--layout", str(e)) from None
     value = {name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
              for name in SCENARIO_FLAGS if name not in ("stages", "tokens")}
-    stages = parse_stages(args.stages) if args.stages else \
+    stages = parse_stages(args.stages) if args.stages is not None else \
         tuple((Layer("nvfp4", 16), Layer("bf16", 16)) for _ in range(layout.pp))
+    biggest = max((ly.max_num_tokens for st in stages for ly in st), default=1)
     passes = tuple(parse_tokens(t) for t in args.tokens) if args.tokens else \
-        (tuple(0 if d == 0 and layout.dp > 1 else 4 + d for d in range(layout.dp)),)
+        (tuple(0 if d == 0 and layout.dp > 1 else min(4 + d, biggest) for d in range(layout.dp)),)
     return Scenario.make(layout=layout, stages=stages, passes=passes, **value)
 
 
 def parse_stages(text: str) -> tuple[tuple[Layer, ...], ...]:
+    if not text.strip():
+        raise ScenarioInputError("--stages", "give each PP stage's layers as format:max_num_tokens, e.g. nvfp4:16")
     stages = []
     for stage_text in text.split(";"):
         layers = []
         for item in filter(None, stage_text.split(",")):
             fmt, sep, budget = item.partition(":")
-            if not sep or not budget.strip().isdigit():
+            if not sep or not budget.strip().isdecimal():
                 raise ScenarioInputError("--stages", f"each layer is format:max_num_tokens (e.g. nvfp4:64), "
                                          f"got {item!r}")
             layers.append(Layer(fmt.strip(), int(budget)))

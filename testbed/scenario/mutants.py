@@ -58,7 +58,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        f"{MGR}.initialize", "max_tokens = max(self.max_num_tokens, max_num_tokens)",
        "max_tokens = max_num_tokens", ("workspace", "")),
     _m("rebuild-on-equal-need", "a layer whose need equals the current size rebuilds anyway",
-       f"{MGR}.initialize", "if needed <= self.workspace_size and", "if needed < self.workspace_size and",
+       f"{MGR}.initialize", "needed <= self.workspace_size and max_num_tokens", "needed < self.workspace_size and max_num_tokens",
        ("workspace", "builds")),
     _m("combine-bytes-8bit", "the combine region is sized for 1 byte per hidden value",
        f"{OS}:combine_bytes_per_token", "return hidden_size * 2", "return hidden_size",
@@ -93,15 +93,15 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("unprobed-output", "historical bug 4: combine(output=) passed without asking FlashInfer",
        f"{MGR}._build", "self.combine_supports_output = supports_kw(",
        "self.combine_supports_output = True or supports_kw(",
-       ("probe", "output="), ("completes", "output")),
+       ("probe", "output="), ("completes", "unexpected keyword argument 'output'")),
     _m("probe-allows-var-kwargs", "the probe counts **kwargs as accepting output=",
        f"{MGR}._build", "allow_var_kwargs=False)", "allow_var_kwargs=True)", ("probe", "output=")),
     _m("probe-without-fallback", "a combine without an inspectable signature crashes the probe",
        f"{MGR}._build", "except (TypeError, ValueError):", "except ValueError:",
-       ("completes", "TypeError")),
+       ("completes", "in __signature__ attribute")),
     _m("probe-counts-positional-only", "the probe counts a positional-only output as a keyword",
        "impl.compat:supports_kw", "if param is not None and param.kind in _PASSABLE_BY_NAME:",
-       "if param is not None:", ("completes", "positional-only"), ("probe", "output=")),
+       "if param is not None:", ("completes", "positional-only arguments passed as keyword"), ("probe", "output=")),
     _m("never-output-kw", "combine_into never passes output=, even where combine takes it",
        f"{MGR}.combine_into", "if self.combine_supports_output:", "if False:", ("probe", "output=")),
     _m("combine-result-dropped", "without output=, combine's result is not copied into the output",
@@ -126,7 +126,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("completes", "disagrees")),
     _m("fp8-scale-bytes", "the DeepSeek fp8 layout counts 1 byte per fp32 scale",
        "impl.formats:dispatch_layout", "hidden // FP8_BLOCK * torch.float32.itemsize", "hidden // FP8_BLOCK",
-       ("workspace", "does not cover"), ("completes", "disagrees")),
+       ("workspace", "does not cover"), ("completes", "disagrees"), ("completes", "to be a multiple of 4 bytes")),
     _m("nvfp4-nibble-order", "the nvfp4 quantizer packs the first value of a pair in the high nibble",
        "impl.quant:quantize_nvfp4", "packed = codes[:, 0::2] | (codes[:, 1::2] << 4)",
        "packed = (codes[:, 0::2] << 4) | codes[:, 1::2]", ("output", "")),
@@ -137,7 +137,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("rtm-local-count", "the runtime max tokens per rank is the local count, not the DP max",
        "impl.forward_context:runtime_max_tokens_per_rank",
        "return max(max(counts) if counts is not None else local_num_tokens, 1)",
-       "return max(local_num_tokens, 1)", ("runtime-max-tokens", ""), ("output", ""), ("completes", "")),
+       "return max(local_num_tokens, 1)", ("runtime-max-tokens", "")),
     _m("rtm-one-extra", "the runtime max tokens per rank is one more than the DP max",
        "impl.forward_context:runtime_max_tokens_per_rank",
        "return max(max(counts) if counts is not None else local_num_tokens, 1)",
@@ -147,21 +147,21 @@ CATALOGUE: tuple[Mutant, ...] = (
        "impl.forward_context:runtime_max_tokens_per_rank",
        "return max(max(counts) if counts is not None else local_num_tokens, 1)",
        "return max(counts) if counts is not None else local_num_tokens",
-       ("completes", "runtime_max_tokens_per_rank")),
+       ("completes", "runtimeMaxTokensPerRank > 0")),
     _m("skip-empty-rank", "a rank without tokens skips the all-to-all (its peers wait for it)",
        "impl.moe_layer:moe_forward", "    prepared = prepare_finalize.prepare(",
        "    if x_TH.size(0) == 0:\n        return torch.zeros_like(x_TH)\n    prepared = prepare_finalize.prepare(",
        ("collectives", "moe_a2a_dispatch"), ("completes", "CollectiveMismatchError")),
     _m("two-sided-rtm-local", "the two-sided prepare sizes its exchange from the local count",
        "impl.two_sided:TwoSidedPrepareFinalize.prepare", "M = runtime_max_tokens_per_rank(a1.size(0))",
-       "M = max(a1.size(0), 1)", ("output", ""), ("completes", "")),
+       "M = max(a1.size(0), 1)", ("completes", "max_token_count_per_rank differs across the EP group")),
     # -- payload order and the expert-id sentinel --------------------------------------------
     _m("ids-weights-swapped", "ids and weights swapped in the dispatch payload list",
        f"{PF}.prepare", "+ [topk_ids, topk_weights]", "+ [topk_weights, topk_ids]",
-       ("output", ""), ("completes", ""), ("expert-load", "")),
+       ("completes", "expert_ids must be int32")),
     _m("ids-index-off-by-one", "the expert-id payload index points at the weights",
        f"{PF}.prepare", "ids_index = len(payloads) - 2", "ids_index = len(payloads) - 1",
-       ("output", ""), ("completes", ""), ("expert-load", "")),
+       ("completes", "expert_ids must be int32")),
     _m("sentinel-zero", "stale received rows are marked with expert 0 instead of -1",
        f"{PF}.prepare", "invalid_token_expert_id=INVALID_EXPERT_ID", "invalid_token_expert_id=0",
        ("expert-load", "")),
@@ -169,7 +169,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        f"{PF}.prepare", "invalid_token_expert_id=INVALID_EXPERT_ID, ", "", ("expert-load", "")),
     _m("two-sided-combine-top1", "the two-sided combine is told top_k = 1",
        "impl.two_sided:TwoSidedPrepareFinalize.finalize", "top_k=topk_ids.size(1)", "top_k=1",
-       ("output", ""), ("completes", "")),
+       ("completes", "would write outside it")),
 )
 BY_NAME = {m.name: m for m in CATALOGUE}
 
@@ -200,9 +200,12 @@ def apply(name: str) -> Callable[[], None]:
     if owner_path:  # a method: zero-argument super() needs the class cell a class body gives
         mutated = mutated.replace("super()", f"super({owner_path[-1]}, self)")
     namespace: dict = {}
-    exec(compile("\n" * (first - 1) + mutated, inspect.getsourcefile(original), "exec"),
-         module.__dict__, namespace)
-    replacement = namespace[attr]
+    try:
+        exec(compile("\n" * (first - 1) + mutated, inspect.getsourcefile(original), "exec"),
+             module.__dict__, namespace)
+        replacement = namespace[attr]
+    except Exception as e:  # noqa: BLE001 - whatever it is, the mutant is broken, not killed
+        raise MutantError(f"mutant {name}: the changed {m.target} does not compile: {type(e).__name__}: {e}") from e
     # Rebind every module's reference (``from impl.x import f`` copies the name), as an
     # edit of the file would reach every importer.
     holders = [owner] + ([] if owner_path else [mod for mod in list(sys.modules.values())

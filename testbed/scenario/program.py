@@ -80,10 +80,29 @@ CUSTOM_COMBINES = {"kw-only": _combine_kw_only, "kwargs-only": _combine_kwargs_o
                    "positional-only": _combine_positional_only, "opaque": _combine_opaque}
 
 
+def _recording_mnnvl_moe(base: type, log: audit.EventLog, ep_ranks: tuple[int, ...]) -> type:
+    """``MnnvlMoe`` logging its exchanges as collectives of the EP group."""
+    def logged(name):
+        fn = getattr(base, name)
+
+        def call(*args, **kwargs):
+            log.write(ev="coll", op=name, group=list(ep_ranks), site=audit.impl_call_site())
+            return fn(*args, **kwargs)
+
+        return staticmethod(call)
+
+    names = ("mnnvl_moe_alltoallv_prepare_without_allgather", "mnnvl_moe_alltoallv", "mnnvl_moe_alltoallv_combine")
+    return type("MnnvlMoe", (base,), {name: logged(name) for name in names})
+
+
 def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
+    from fakes.flashinfer import profiles
     from fakes.flashinfer.comm import moe_a2a_kernels
+    from fakes.flashinfer.comm import trtllm_alltoall as two_sided_mod
     from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 
+    profile_before, slot_before = profiles.active().name, (moe_a2a_kernels.SlotOrder.mode,
+                                                           moe_a2a_kernels.SlotOrder.seed)
     api = resolve_backend("fake", profile=sc.profile)
     moe_a2a_kernels.SlotOrder.mode = sc.slot_order
     moe_a2a_kernels.SlotOrder.seed = sc.seed
@@ -91,10 +110,14 @@ def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
         fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
     _recording_moe_alltoall.builds = 0
     fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log, ctx.group_ranks["ep"])
+    mnnvl_moe = two_sided_mod.MnnvlMoe
+    two_sided_mod.MnnvlMoe = _recording_mnnvl_moe(mnnvl_moe, log, ctx.group_ranks["ep"])
 
     def restore():
         del fake_mod.MoeAlltoAll  # back to the module's per-profile lookup
-        moe_a2a_kernels.SlotOrder.mode = "shuffled"
+        two_sided_mod.MnnvlMoe = mnnvl_moe
+        moe_a2a_kernels.SlotOrder.mode, moe_a2a_kernels.SlotOrder.seed = slot_before
+        profiles.set_profile(profile_before)
 
     ctx.add_cleanup(restore)
     return api

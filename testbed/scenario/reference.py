@@ -61,13 +61,13 @@ def layer_inputs(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, dp_ran
 def representable(fmt: str, T: int, H: int, g: torch.Generator) -> torch.Tensor:
     """bf16 ``[T, H]`` that ``fmt`` represents exactly (see the module docstring)."""
     grid, block, top, (lo, hi) = _FORMAT_GRID[fmt]
-    nb = H // block
+    nb = -(-H // block)  # bf16 has no blocks: any H, the last one cut short
     mag = grid[torch.randint(len(grid), (T, nb, block), generator=g)]
     peak = torch.randint(block, (T, nb, 1), generator=g)
     mag.scatter_(2, peak, top)
     sign = torch.where(torch.rand(T, nb, block, generator=g) < 0.5, -1.0, 1.0)
     exp = torch.randint(lo, hi + 1, (T, nb, 1), generator=g).float()
-    return (sign * mag * torch.exp2(exp)).reshape(T, H).to(ACT_DTYPE)
+    return (sign * mag * torch.exp2(exp)).reshape(T, nb * block)[:, :H].contiguous().to(ACT_DTYPE)
 
 
 def routing(sc: Scenario, T: int, dp_rank: int, g: torch.Generator) -> torch.Tensor:

@@ -51,12 +51,17 @@ def as_json(verdicts: Sequence[Verdict], seconds: float) -> dict:
         "seconds": round(seconds, 3),
         "scenarios": [{
             "cli": v.scenario.to_cli(), "label": v.scenario.label, "passed": v.passed,
-            "worst_x_tolerance": v.worst, "seconds": round(v.seconds, 3),
+            "worst_x_tolerance": _finite(v.worst), "seconds": round(v.seconds, 3),
             "builds": [[{"max_num_tokens": t, "workspace_bytes": b} for t, b in stage] for stage in v.builds],
-            "layer_errors": dict(v.layer_errors),
+            "layer_errors": {k: _finite(x) for k, x in v.layer_errors},
             "failures": [{"invariant": f.invariant, "evidence": f.evidence} for f in v.failures],
         } for v in verdicts],
     }
+
+
+def _finite(x: float):
+    """JSON has no infinity or NaN: those become the string ``"inf"`` / ``"nan"``."""
+    return x if x == x and abs(x) != float("inf") else str(x)
 
 
 def write_html(path: str, verdicts: Sequence[Verdict], title: str = "a2a-testbed run") -> None:
@@ -91,11 +96,12 @@ def _bars(title: str, items: Sequence[tuple[str, float]], limit: float | None = 
     if not items:
         return ""
     width, bar, gap, height = 360, 14, 4, 0
-    top = max([value for _, value in items] + [limit or 0.0]) or 1.0
+    finite = [value for _, value in items if value == value and value != float("inf")]
+    top = max(finite + [limit or 0.0]) or 1.0
     parts = []
     for k, (name, value) in enumerate(items):
         y = 18 + k * (bar + gap)
-        w = 0 if value != value else min(value / top, 1.0) * (width - 120)
+        w = (width - 120) if value != value or value == float("inf") else min(value / top, 1.0) * (width - 120)
         color = "#c33" if limit is not None and value > limit else "#58a"
         parts.append(f"<text x='0' y='{y + 11}' font-size='11'>{html.escape(name)}</text>"
                      f"<rect x='70' y='{y}' width='{w:.1f}' height='{bar}' fill='{color}'/>"

@@ -79,7 +79,11 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
         outgoing.append((ids, None if scales is None else scales[tok]))
         send_idx.append(tok)
         backward.append(tok * K + first_lane)
-    gathered = comm.allgather((outgoing, experts_statics))
+    gathered = comm.allgather((outgoing, experts_statics, M))
+    counts_M = [g[2] for g in gathered]
+    if len(set(counts_M)) > 1:  # stricter: the kernel would lay out its peers' rows with the wrong stride
+        raise RuntimeError(f"max_token_count_per_rank differs across the EP group: {counts_M} "
+                           "(every rank must pass the same value)")
     incoming = [gathered[src][0][me] for src in range(ep_size)]
     send_counts = torch.tensor([t.numel() for t in send_idx], dtype=torch.int32)
     recv_counts = torch.tensor([ids.size(0) for ids, _ in incoming], dtype=torch.int32)
@@ -131,7 +135,14 @@ def moe_comm(input, send_rank_cumsum, send_indices, output, recv_rank_cumsum, re
         rows = gathered[src][ep_rank].view(output.dtype)
         icheck_eq(rows.size(0), rbounds[src + 1] - rbounds[src], "received rows", "recvRankCumSum range",
                   f"rank {src} sent a different token count than prepare announced")
-        output[recv_indices[rbounds[src]:rbounds[src + 1]].long()] = rows
+        at = recv_indices[rbounds[src]:rbounds[src + 1]].long()
+        # Stricter than the kernel, which writes wherever the index points.
+        if at.numel() and not 0 <= int(at.min()) <= int(at.max()) < output.size(0):
+            raise RuntimeError(
+                f"rows from rank {src} go to indices up to {int(at.max())} of an output of {output.size(0)} "
+                "rows: the real kernel does not check and would write outside it (top_k or token_count "
+                "differs from moe_prepare's)")
+        output[at] = rows
     return output
 
 
