@@ -41,12 +41,28 @@ def backend(request) -> str:
     return name
 
 
+# `a2a-testbed mutants` runs the tests a mutant names with A2A_MUTANT set: the mutant then
+# patches impl in this process and in every rank process, as an edit of impl/ would.
+MUTANT = os.environ.get("A2A_MUTANT")
+if MUTANT:
+    from testbed.scenario import mutants
+
+    mutants.apply(MUTANT)
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """A rank pool shared by every test of this pytest process (one per xdist worker)."""
+    import functools
+
     from testbed.cluster.pool import RankPool
 
-    with RankPool() as pool:
+    initializer = None
+    if MUTANT:
+        from testbed.scenario import mutants
+
+        initializer = functools.partial(mutants.apply, MUTANT)
+    with RankPool(initializer=initializer) as pool:
         yield pool
 
 

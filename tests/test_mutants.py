@@ -90,3 +90,15 @@ def test_mutant_stopped_by_the_fakes_named_check(cluster, name, message):
     verdict = runner.run(cluster, sc, mutant=name, timeout_s=20)
     (failure,) = verdict.failed("completes")
     assert message in failure.evidence
+
+
+def test_mutant_killed_by_the_tests_it_names_and_only_by_them(cluster, monkeypatch):
+    """A refusal no scenario reaches: the named unit test must fail under the mutant (run in a
+    pytest of its own with A2A_MUTANT set); naming a test that does not exercise it survives."""
+    real = mutants.get("stale-context-accepted")
+    hunt = runner.hunt(cluster, real.name, MATRIX, timeout_s=20)
+    assert hunt.killed and hunt.by == "tests" and "test_runtime_max_tokens_is_max_over_dp" in hunt.evidence
+    unrelated = dataclasses.replace(real, tests=("tests/test_impl_units.py::test_supports_kw_positional_only_is_not_a_keyword",))
+    monkeypatch.setitem(mutants.BY_NAME, real.name, unrelated)
+    hunt = runner.hunt(cluster, real.name, MATRIX, timeout_s=20)
+    assert not hunt.killed and hunt.by == "survived"

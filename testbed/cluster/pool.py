@@ -104,13 +104,13 @@ class WorkerStartError(RuntimeError):
 
 
 class _Worker:
-    def __init__(self, ctx, dump_dir: str, index: int) -> None:
+    def __init__(self, ctx, dump_dir: str, index: int, initializer=None) -> None:
         self.dump_path = os.path.join(dump_dir, f"worker-{index}.stack")
         self.cmd, child_cmd = ctx.Pipe()
         self.ctl, child_ctl = ctx.Pipe()
         self.process = ctx.Process(
             target=worker_mod.main,
-            args=(child_cmd, child_ctl, self.dump_path),
+            args=(child_cmd, child_ctl, self.dump_path, initializer),
             name=f"a2atb-rank-worker-{index}",
             daemon=True,
         )
@@ -164,14 +164,19 @@ class RankPool:
     ----------
     start_timeout_s : float
         How long a new worker may take to import torch and report ready.
+    initializer : callable, optional
+        Picklable; every rank process calls it once at start (e.g. to apply a mutant of
+        ``impl`` to the whole run).
 
     Use as a context manager or call :meth:`close`; workers are also killed at interpreter
     exit and exit by themselves when this process dies.
     """
 
-    def __init__(self, start_timeout_s: float = START_TIMEOUT_S) -> None:
+    def __init__(self, start_timeout_s: float = START_TIMEOUT_S,
+                 initializer: Callable[[], Any] | None = None) -> None:
         self._mp = mp.get_context("spawn")
         self._start_timeout_s = start_timeout_s
+        self._initializer = initializer
         self._dump_dir = tempfile.mkdtemp(prefix="a2atb-stacks-")
         self._workers: list[_Worker] = []
         self._spawned = 0
@@ -437,7 +442,7 @@ class RankPool:
             self._discard(w)
         fresh = []
         while len(self._workers) < n:
-            w = _Worker(self._mp, self._dump_dir, self._spawned)
+            w = _Worker(self._mp, self._dump_dir, self._spawned, self._initializer)
             self._spawned += 1
             self._workers.append(w)
             fresh.append(w)

@@ -86,7 +86,7 @@ class _State:
     arena_prefix: str | None = None
 
 
-def main(cmd_conn, ctl_conn, dump_path: str) -> None:
+def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
     """Entry point of a spawned worker process."""
     # Ctrl-C reaches the whole foreground process group; the parent decides what to do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -103,6 +103,8 @@ def main(cmd_conn, ctl_conn, dump_path: str) -> None:
     torch.set_num_threads(1)
     _keep_freed_memory()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if initializer is not None:
+        initializer()
     cmd_conn.send(("ready", os.getpid()))
     while True:
         try:

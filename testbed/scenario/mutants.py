@@ -5,7 +5,9 @@ function in its module (the file name and line numbers stay the real ones, so ca
 stacks still point into ``impl/``). A replacement that does not match exactly once is a
 broken mutant (:class:`MutantError`), never a "killed" one. ``expect`` says how the testbed
 must catch it: the name of an invariant (:mod:`testbed.scenario.invariants`) and a piece of
-its evidence; a scenario failing for another reason does not count.
+its evidence; a scenario failing for another reason does not count. What scenarios cannot
+reach (a refusal of bad input, a checkpoint) names the tests that must fail instead:
+``("tests", name)`` with ``tests`` their pytest ids, run with ``A2A_MUTANT`` set.
 """
 
 from __future__ import annotations
@@ -29,11 +31,19 @@ class Mutant:
     target: str  # "impl.module:Function" or "impl.module:Class.method"
     old: str
     new: str
-    expect: tuple[tuple[str, str], ...]  # (invariant, evidence substring): any one kills it
+    expect: tuple[tuple[str, str], ...]  # (invariant or "tests", evidence substring): any one kills it
+    tests: tuple[str, ...] = ()  # pytest ids, relative to the repository root
+
+    @property
+    def needs_scenarios(self) -> bool:
+        return any(kind != "tests" for kind, _ in self.expect)
 
 
-def _m(name, description, target, old, new, *expect) -> Mutant:
-    return Mutant(name, description, target, old, new, tuple(expect))
+def _m(name, description, target, old, new, *expect, tests=()) -> Mutant:
+    return Mutant(name, description, target, old, new, tuple(expect), tuple(tests))
+
+
+UNITS, ONE_SIDED_TESTS = "tests/test_impl_units.py", "tests/test_impl_one_sided.py"
 
 
 OS, MGR = "impl.one_sided", "impl.one_sided:OneSidedManager"
@@ -167,6 +177,26 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("expert-load", "")),
     _m("no-sanitize", "stale received rows keep the expert ids of an earlier round",
        f"{PF}.prepare", "invalid_token_expert_id=INVALID_EXPERT_ID, ", "", ("expert-load", "")),
+    # -- what scenarios cannot reach: refusals and checkpoints, caught by the tests named ----
+    _m("split-ignores-colors", "the communicator's Split pretends a split over different colors worked",
+       "impl.communicator:_GroupCommunicator.Split", "if len(colors) != 1:", "if len(colors) > len(pairs):",
+       ("tests", "test_communicator_split_refuses_to_split_its_group"),
+       tests=(f"{ONE_SIDED_TESTS}::test_communicator_split_refuses_to_split_its_group",)),
+    _m("stale-context-accepted", "a rank with more tokens than the forward context says is not refused",
+       "impl.forward_context:runtime_max_tokens_per_rank",
+       "if counts is not None and local_num_tokens > max(counts):", "if False:",
+       ("tests", "test_runtime_max_tokens_is_max_over_dp_and_at_least_one"),
+       tests=(f"{UNITS}::test_runtime_max_tokens_is_max_over_dp_and_at_least_one",)),
+    _m("checkpoint-restore-skipped", "checkpoint_restore does not map the workspace again",
+       f"{MGR}.checkpoint_restore",
+       'self._checkpoint_method("checkpoint_restore")(make_communicator(self.api, self.cpu_group))',
+       'self._checkpoint_method("checkpoint_restore")', ("tests", "test_one_sided_checkpoint_prepare_restore"),
+       tests=(f"{ONE_SIDED_TESTS}::test_one_sided_checkpoint_prepare_restore",)),
+    _m("fp8-missing-scales-passes", "DeepSeek fp8 activations without scales reach the kernel",
+       "impl.quant:prepare_deepseek_fp8_x_sf",
+       'raise RuntimeError("TRT-LLM FP8 experts require precomputed activation scales")', "return x_sf",
+       ("tests", "test_prepare_deepseek_fp8_x_sf_transposes_and_checks"),
+       tests=(f"{UNITS}::test_prepare_deepseek_fp8_x_sf_transposes_and_checks",)),
     _m("two-sided-combine-top1", "the two-sided combine is told top_k = 1",
        "impl.two_sided:TwoSidedPrepareFinalize.finalize", "top_k=topk_ids.size(1)", "top_k=1",
        ("completes", "would write outside it")),

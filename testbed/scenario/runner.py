@@ -5,9 +5,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from fakes.arena import PREFIX_ROOT, SHM_DIR
@@ -19,6 +22,7 @@ from testbed.scenario.model import Scenario
 from testbed.scenario.program import run_scenario
 
 DEFAULT_TIMEOUT_S = 30.0
+NAMED_TESTS_TIMEOUT_S = 300.0
 
 
 def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
@@ -83,7 +87,7 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
     except mutants.MutantError as e:
         return Hunt(name, False, f"broken: {e}", 0.0)
     other = []
-    for index, sc in enumerate(scenarios, 1):
+    for index, sc in enumerate(scenarios if m.needs_scenarios else (), 1):
         v = run(pool, sc, mutant=name, timeout_s=timeout_s)
         for invariant, piece in m.expect:
             for f in v.failed(invariant):
@@ -91,5 +95,24 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
                     return Hunt(name, True, f"{invariant} @ {index}", time.monotonic() - started,
                                 f.evidence.splitlines()[0][:300])
         other += [f"{f.invariant} @ {index}" for f in v.failures]
+    if m.tests:
+        failed = _named_tests_failing(m)
+        for kind, piece in m.expect:
+            hit = next((line for line in failed if kind == "tests" and piece in line), None)
+            if hit:
+                return Hunt(name, True, "tests", time.monotonic() - started, hit[:300])
+        other += ["tests"] if failed else []
     why = "survived" + (f" (only unexpected failures: {', '.join(other[:4])})" if other else "")
     return Hunt(name, False, why, time.monotonic() - started)
+
+
+def _named_tests_failing(m) -> list[str]:
+    """The ``FAILED ...`` lines of the tests ``m`` names, run under the mutant."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *m.tests],
+        cwd=root, env=os.environ | {"A2A_MUTANT": m.name}, capture_output=True, text=True,
+        timeout=NAMED_TESTS_TIMEOUT_S)
+    if done.returncode != 1:  # 0: passed; 2-5: errors, interrupted, no tests: not a kill either
+        return []
+    return [line for line in done.stdout.splitlines() if line.startswith("FAILED ")]
