@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from hypothesis import HealthCheck, given, seed as hyp_seed, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hyp_seed
+from hypothesis import strategies as st
 
 from testbed.cluster.layout import ParallelLayout
 from testbed.scenario.model import (

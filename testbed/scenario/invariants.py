@@ -26,9 +26,11 @@ from typing import Optional
 
 import torch
 
-from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
-from testbed.scenario import audit
+from fakes.flashinfer.comm.trtllm_moe_alltoall import (
+    moe_a2a_get_workspace_size_per_rank,
+)
 from fakes.flashinfer.profiles import fake_profile
+from testbed.scenario import audit
 from testbed.scenario.model import Scenario
 from testbed.scenario.reference import (
     TOLERANCE,

@@ -8,8 +8,8 @@ every routing pattern and combine signature.
 
 from __future__ import annotations
 
-from testbed.scenario.model import Scenario, parse_stages
 from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.model import Scenario, parse_stages
 
 
 def _s(layout: str, stages: str, tokens: str, **kw) -> Scenario:

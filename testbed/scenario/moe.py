@@ -25,7 +25,12 @@ from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
 from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
 from testbed.scenario import mutants
 from testbed.scenario.experts import Experts
-from testbed.scenario.reference import ACT_DTYPE, NVFP4_GLOBAL_SCALE, local_experts, representable
+from testbed.scenario.reference import (
+    ACT_DTYPE,
+    NVFP4_GLOBAL_SCALE,
+    local_experts,
+    representable,
+)
 
 FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
 

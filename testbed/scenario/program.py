@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-import torch
 import torch.distributed as dist
 
 from impl.backend import resolve_backend
@@ -24,10 +23,15 @@ from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
 from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
 from testbed.scenario import audit, mutants
-from testbed.scenario.model import Scenario
 from testbed.scenario.experts import Experts
+from testbed.scenario.model import Scenario
 from testbed.scenario.moe import forward_pass_token_counts, quant_config
-from testbed.scenario.reference import ACT_DTYPE, expert_weight, layer_inputs, owned_experts
+from testbed.scenario.reference import (
+    ACT_DTYPE,
+    expert_weight,
+    layer_inputs,
+    owned_experts,
+)
 
 
 def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int, ...]) -> type:
