@@ -24,7 +24,11 @@ def test_mutant_applies_and_undoes_exactly(m):
     before = {name: getattr(mod, name, None) for name, mod in [(path.split(".")[-1], sys.modules[module_name])]}
     undo = mutants.apply(m.name)
     try:
-        assert m.expect and all(inv in invariants.INVARIANTS for inv, _ in m.expect)
+        assert m.expect and all(kind in invariants.INVARIANTS or (kind == "tests" and m.tests)
+                                for kind, _ in m.expect)
+        for test_id in m.tests:  # the tests a mutant names exist
+            path, _, func = test_id.partition("::")
+            assert f"def {func}(" in (Path(__file__).parent.parent / path).read_text(), test_id
     finally:
         undo()
     assert {name: getattr(sys.modules[module_name], name, None) for name in before} == before
