@@ -3,6 +3,7 @@ checks and Hypothesis profiles."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 from pathlib import Path
@@ -53,15 +54,9 @@ if MUTANT:
 @pytest.fixture(scope="session")
 def cluster():
     """A rank pool shared by every test of this pytest process (one per xdist worker)."""
-    import functools
-
     from testbed.cluster.pool import RankPool
 
-    initializer = None
-    if MUTANT:
-        from testbed.scenario import mutants
-
-        initializer = functools.partial(mutants.apply, MUTANT)
+    initializer = functools.partial(mutants.apply, MUTANT) if MUTANT else None
     with RankPool(initializer=initializer) as pool:
         yield pool
 

@@ -21,7 +21,8 @@ SCRIPT = Path(sys.executable).parent / "a2a-testbed"
 @pytest.mark.parametrize("m", mutants.CATALOGUE, ids=lambda m: m.name)
 def test_mutant_applies_and_undoes_exactly(m):
     module_name, _, path = m.target.partition(":")
-    before = {name: getattr(mod, name, None) for name, mod in [(path.split(".")[-1], sys.modules[module_name])]}
+    module, attr = sys.modules[module_name], path.split(".")[-1]
+    before = getattr(module, attr, None)
     undo = mutants.apply(m.name)
     try:
         assert m.expect and all(kind in invariants.INVARIANTS or (kind == "tests" and m.tests)
@@ -31,7 +32,7 @@ def test_mutant_applies_and_undoes_exactly(m):
             assert f"def {func}(" in (Path(__file__).parent.parent / path).read_text(), test_id
     finally:
         undo()
-    assert {name: getattr(sys.modules[module_name], name, None) for name in before} == before
+    assert getattr(module, attr, None) is before
 
 
 def test_mutant_catalogue_is_large_and_named_uniquely():

@@ -13,6 +13,8 @@ import threading
 
 import torch.distributed as dist
 
+from testbed.cluster.pool import ScenarioTimeoutError
+
 
 class InjectedFault(RuntimeError):
     """Raised on purpose by a fault injector."""
@@ -79,13 +81,13 @@ def unexpected(fault: str, layout, error) -> str | None:
         return None
     stuck = error.ranks("stuck")
     if fault == "stall":
-        if type(error).__name__ != "ScenarioTimeoutError" or 0 not in stuck:
+        if not isinstance(error, ScenarioTimeoutError) or 0 not in stuck:
             return f"rank 0 should be stuck at the timeout; stuck: {stuck}"
         if "stall_forever" not in reports[0].detail:
             return "rank 0's stack does not show stall_forever"
         return None
     stage0 = [r for r in range(layout.world_size) if layout.coords(r).pp_rank == 0]
-    if type(error).__name__ != "ScenarioTimeoutError" or stuck != stage0:
+    if not isinstance(error, ScenarioTimeoutError) or stuck != stage0:
         return f"the stage-0 ranks {stage0} should be the stuck ones; stuck: {stuck}"
     bad = [r for r in stuck if "rebuild_barriers" not in reports[r].detail or "barrier" not in reports[r].detail]
     if bad:

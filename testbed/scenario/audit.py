@@ -82,9 +82,9 @@ def divergence(group: tuple[int, ...], by_rank: dict[int, list[dict]], finished=
         ops = {r: s[n]["op"] for r, s in seqs.items() if n < len(s)}
         if not ops:
             return None
-        done = [r for r in group if n >= len(seqs[r])]
-        certain = len(set(ops.values())) > 1 or (finished is not None and any(r in finished for r in done))
-        if (finished is None and (done or len(set(ops.values())) > 1)) or (finished is not None and certain):
+        # A rank out of calls at n is behind for good only once it has returned.
+        behind = [r for r in group if n >= len(seqs[r]) and (finished is None or r in finished)]
+        if behind or len(set(ops.values())) > 1:
             break
         n += 1
     parts = [f"rank {r}: " + (f"{seqs[r][n]['op']} from {seqs[r][n]['site']}" if n < len(seqs[r])

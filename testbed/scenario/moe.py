@@ -11,6 +11,7 @@ fp32 MoE of the inputs as given and never quantizes. Expert e is the linear map 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,6 +29,8 @@ from testbed.scenario.experts import Experts
 from testbed.scenario.reference import (
     ACT_DTYPE,
     NVFP4_GLOBAL_SCALE,
+    dense_moe,
+    expert_weight,
     local_experts,
     representable,
 )
@@ -82,29 +85,20 @@ def rank_inputs(case: MoECase, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor
     return x_TH, ids_TK, w_TK
 
 
-def expert_weight(case: MoECase, expert: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(case.seed * 104729 + 17 * expert + 1)
-    return torch.randn(case.hidden, case.hidden, generator=g) / case.hidden ** 0.5
+def case_weight(case: MoECase, expert: int) -> torch.Tensor:
+    """Expert ``expert`` of ``case``: the linear map ``x @ W``, fp32 ``[H, H]``."""
+    return expert_weight(case.seed, 0, 0, expert, case.hidden)
 
 
 def reference_output(case: MoECase, dp_rank: int) -> torch.Tensor:
-    """Dense fp32 ``[T, H]``: ``sum_k w[t,k] * (x[t] @ W_ids[t,k])``, one token and lane at a time."""
-    x_TH, ids_TK, w_TK = rank_inputs(case, dp_rank)
-    out_TH = torch.zeros(x_TH.shape, dtype=torch.float32)
-    weights = {}
-    for t in range(x_TH.size(0)):
-        for k in range(case.top_k):
-            e = int(ids_TK[t, k])
-            if e not in weights:
-                weights[e] = expert_weight(case, e)
-            out_TH[t] += w_TK[t, k] * (x_TH[t].float() @ weights[e])
-    return out_TH
+    """Dense fp32 ``[T, H]``: ``sum_k w[t,k] * (x[t] @ W_ids[t,k])``."""
+    return dense_moe(*rank_inputs(case, dp_rank), functools.partial(case_weight, case))
 
 
 def case_experts(case: MoECase, ep_size: int, ep_rank: int) -> Experts:
     """The experts of EP rank ``ep_rank`` for ``case``."""
     return Experts(case.fmt, case.hidden, local_experts(case.num_experts, ep_size, ep_rank),
-                   lambda e: expert_weight(case, e))
+                   functools.partial(case_weight, case))
 
 
 def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, num_tokens: int) -> list[int]:

@@ -12,6 +12,7 @@ scenario's.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Optional
 
 import torch.distributed as dist
@@ -30,16 +31,18 @@ from testbed.scenario.reference import (
     ACT_DTYPE,
     expert_weight,
     layer_inputs,
-    owned_experts,
+    local_experts,
 )
 
 
 def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int, ...]) -> type:
     """``base`` logging its constructions and, as collectives of the EP group (which they
     are: every rank waits for every peer's flags), its dispatches and combines."""
+    builds = itertools.count(1)
+
     def __init__(self, *args, **kwargs):
         base.__init__(self, *args, **kwargs)
-        self._testbed_build = _recording_moe_alltoall.builds = _recording_moe_alltoall.builds + 1
+        self._testbed_build = next(builds)
         log.write(ev="build", index=self._testbed_build, max_num_tokens=self.max_num_tokens,
                   workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
 
@@ -57,9 +60,6 @@ def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int
         return base._combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs)
 
     return type("MoeAlltoAll", (base,), {"__init__": __init__, "_dispatch": _dispatch, "_combine": _combine})
-
-
-_recording_moe_alltoall.builds = 0
 
 
 # The combine signatures no release has (model.COMBINE_SIGNATURES), over the release's data path.
@@ -112,7 +112,6 @@ def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
     moe_a2a_kernels.SlotOrder.seed = sc.seed
     base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
         fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
-    _recording_moe_alltoall.builds = 0
     fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log, ctx.group_ranks["ep"])
     mnnvl_moe = two_sided_mod.MnnvlMoe
     two_sided_mod.MnnvlMoe = _recording_mnnvl_moe(mnnvl_moe, log, ctx.group_ranks["ep"])
@@ -157,7 +156,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     for p in range(len(sc.passes)):
         for i, (layer, pf) in enumerate(zip(layers, pfs)):
             x_TH, ids_TK, w_TK = layer_inputs(sc, p, stage, i, dp_rank)
-            experts = Experts(layer.fmt, sc.hidden, owned_experts(sc, ep_rank),
+            experts = Experts(layer.fmt, sc.hidden, local_experts(sc.experts, sc.ep_size, ep_rank),
                               functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden),
                               weighted=not sc.router_weight_on_input)
             # The testbed's own collective is logged too: a rank that skipped an all-to-all

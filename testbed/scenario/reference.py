@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections import Counter
+from typing import Callable
 
 import torch
 
@@ -95,22 +96,28 @@ def expert_weight(seed: int, stage: int, layer_idx: int, expert: int, hidden: in
     return torch.randn(hidden, hidden, generator=g) / hidden ** 0.5
 
 
-def reference_output(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, dp_rank: int) -> torch.Tensor:
-    """Dense fp32 ``[T, H]`` of one DP rank: ``sum_k w[t,k] * x[t] @ W[ids[t,k]]``."""
-    x_TH, ids_TK, w_TK = layer_inputs(sc, pass_idx, stage, layer_idx, dp_rank)
+def dense_moe(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
+              weight: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """The dense fp32 MoE ``[T, H]``: ``sum_k w[t,k] * x[t] @ weight(ids[t,k])``."""
     x = x_TH.float()
     out_TH = torch.zeros(x.shape)
     for e in ids_TK.unique().tolist():
         w_T = (w_TK * (ids_TK == e)).sum(1, keepdim=True)
-        out_TH += w_T * (x @ expert_weight(sc.seed, stage, layer_idx, e, sc.hidden))
+        out_TH += w_T * (x @ weight(e))
     return out_TH
+
+
+def reference_output(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, dp_rank: int) -> torch.Tensor:
+    """Dense fp32 ``[T, H]`` of one DP rank for one layer in one pass."""
+    return dense_moe(*layer_inputs(sc, pass_idx, stage, layer_idx, dp_rank),
+                     lambda e: expert_weight(sc.seed, stage, layer_idx, e, sc.hidden))
 
 
 def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, ep_rank: int) -> Counter:
     """The ``(expert, weight bits)`` lanes EP rank ``ep_rank``'s experts must compute in one
     layer's forward: every lane routed to one of its experts, once per TP rank that sends it
     (the TP ranks of a DP rank dispatch the same tokens)."""
-    own = owned_experts(sc, ep_rank)
+    own = local_experts(sc.experts, sc.ep_size, ep_rank)
     lanes: Counter = Counter()
     for d in range(sc.layout.dp):
         _, ids_TK, w_TK = layer_inputs(sc, pass_idx, stage, layer_idx, d)
@@ -132,11 +139,6 @@ def local_experts(num_experts: int, ep_size: int, ep_rank: int) -> range:
     base, rem = divmod(num_experts, ep_size)
     start = ep_rank * base + min(ep_rank, rem)
     return range(start, start + base + (1 if ep_rank < rem else 0))
-
-
-def owned_experts(sc: Scenario, ep_rank: int) -> range:
-    """The experts EP rank ``ep_rank`` computes."""
-    return local_experts(sc.experts, sc.ep_size, ep_rank)
 
 
 def dispatch_bytes(layer: Layer, sc: Scenario) -> int:
