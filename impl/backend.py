@@ -43,6 +43,11 @@ class FlashInferAPI:
         return str(getattr(self.root, "__version__", "unknown"))
 
     @property
+    def fused_moe(self) -> ModuleType:
+        """``fused_moe`` (the TRT-LLM MoE kernels and weight-layout helpers), imported on use."""
+        return importlib.import_module(f"{self.root.__name__}.fused_moe")
+
+    @property
     def MoeAlltoAll(self) -> type:
         return self.moe_alltoall.MoeAlltoAll
 

@@ -1,19 +1,29 @@
-"""The caller's side of prepare/finalize: what vLLM's fused MoE layer does around them.
+"""The caller's side of prepare/finalize: vLLM's fused MoE layer around them.
 
-The reduce contract lives here: after finalize, the layer all-reduces over TP only when the
-prepare/finalize says its output is not already reduced. Both FlashInfer all-to-alls reduce
-inside combine, so a second all-reduce adds the same sum once per TP rank (historical bug 1:
-the double reduce of seed 002).
+Legend: T tokens of this rank, C its sequence-parallel chunk, K top_k, H hidden, N rows the
+experts receive.
+
+The reduce contract lives here: the layer all-reduces over TP only when the prepare/finalize
+says its output is not already reduced. Both FlashInfer all-to-alls reduce inside combine,
+so a second all-reduce adds the same sum once per TP rank (historical bug 1: the double
+reduce of seed 002). Under sequence-parallel MoE each TP rank routes only its chunk of the
+tokens and the chunks are all-gathered over TP at the end (seed 003). A layer returns a
+:class:`impl.moe_output.MoEOutput` from :meth:`MoELayer.forward` (``reduce_results=False``)
+and the finalized tensor from calling it (seed 004).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
 
-from impl.formats import QuantConfig
+from impl.formats import ActivationFormat, QuantConfig, activation_format
+from impl.forward_context import sequence_parallel_sizes, sp_chunk
+from impl.moe_output import MoEOutput, UnfinalizedMoEOutput, finalize_moe_output
+from impl.parallel import ParallelConfig, check_supported
 
 
 class PrepareResult(NamedTuple):
@@ -36,41 +46,155 @@ class PrepareFinalize(Protocol):
 
     def output_is_reduced(self) -> bool: ...
 
+    def supports_deferred_finalize(self) -> bool: ...
+
+
+class ExpertsKernel(Protocol):
+    def __call__(self, prepared: PrepareResult, *, defer: bool = False,
+                 output: Optional[torch.Tensor] = None) -> Union[torch.Tensor, UnfinalizedMoEOutput]:
+        """Per received row, the router-weighted sum of this rank's experts over the row's
+        lanes (``[N, H]`` in the activation dtype, written into ``output`` when given), or
+        with ``defer`` the :class:`UnfinalizedMoEOutput` before that sum."""
+
+    def supports_deferred_finalize(self) -> bool: ...
+
 
 def scale_input_by_router_weight(a1_TH: torch.Tensor, topk_weights_TK: torch.Tensor,
-                                 topk_ids_TK: torch.Tensor) -> None:
-    """Scale the activations by their router weight in place (only defined for top_k == 1)."""
+                                 topk_ids_TK: torch.Tensor) -> torch.Tensor:
+    """The activations times their router weight (only defined for top_k == 1); the caller's
+    tensor is left alone (the shared experts read it too)."""
     if topk_ids_TK.size(1) != 1:
         raise ValueError("apply_router_weight_on_input is only implemented for top_k == 1; "
                          f"got top_k={topk_ids_TK.size(1)}")
-    a1_TH.mul_(topk_weights_TK.to(a1_TH.dtype))
+    return a1_TH * topk_weights_TK.to(a1_TH.dtype)
 
 
-def moe_forward(prepare_finalize: PrepareFinalize, x_TH: torch.Tensor, topk_weights_TK: torch.Tensor,
-                topk_ids_TK: torch.Tensor, experts: Callable[[PrepareResult], torch.Tensor],
-                quant_config: QuantConfig, *, num_experts: int, tp_group: Optional[dist.ProcessGroup] = None,
-                apply_router_weight_on_input: bool = False) -> torch.Tensor:
-    """One MoE layer on this rank: prepare -> experts -> finalize -> TP all-reduce if needed.
+# ActivationFormat -> the support table's column.
+_FORMAT_COLUMN = {ActivationFormat.UNQUANTIZED: "bf16", ActivationFormat.NVFP4: "nvfp4",
+                  ActivationFormat.MXFP8: "mxfp8", ActivationFormat.FP8_BLOCK: "fp8_block"}
+EXPERT_OUTPUTS = ("separate", "workspace")
+
+
+@dataclass(frozen=True)
+class MoELayerConfig:
+    """One MoE layer's model facts (vLLM's ``FusedMoEConfig`` fields the layer reads).
+
+    ``expert_output``: ``"separate"`` (the experts write their own tensor) or
+    ``"workspace"`` (straight into the one-sided combine region, no staging copy).
+    """
+
+    num_experts: int
+    top_k: int
+    hidden: int
+    quant_config: QuantConfig
+    activation_dtype: torch.dtype = torch.bfloat16
+    routed_scaling_factor: float = 1.0
+    apply_router_weight_on_input: bool = False
+    expert_output: str = "separate"
+
+
+class MoELayer:
+    """prepare -> experts -> finalize, plus shared experts, deferral and sequence parallel.
 
     Parameters
     ----------
-    experts : callable
-        ``experts(prepared) -> [N, H]``: per received row, the router-weighted sum of this rank's
-        local experts (the fused experts kernel), in the activation dtype.
+    config : MoELayerConfig
+    parallel : ParallelConfig
+        Decides sequence parallel (:attr:`ParallelConfig.use_sequence_parallel_moe`) and
+        deferral (:attr:`ParallelConfig.use_deferred_moe_finalize`); the combination is
+        checked against :data:`impl.parallel.SUPPORT` here.
+    prepare_finalize : PrepareFinalize
+        From :func:`impl.factory.make_prepare_finalize` for ``parallel``'s backend.
+    experts : ExpertsKernel
     tp_group : ProcessGroup, optional
-        This rank's TP group; its all-reduce runs only when ``output_is_reduced()`` is False.
-
-    Returns
-    -------
-    torch.Tensor
-        ``[T, H]`` in ``x_TH``'s dtype.
+        This rank's TP group: the final all-reduce and the sequence-parallel all-gather.
+    shared_experts : callable, optional
+        ``shared_experts(x_TH) -> [T, H]`` in the activation dtype; a TP-partial sum exactly
+        when :attr:`shared_experts_partial` (the rank shards them like the routed experts).
     """
-    prepared = prepare_finalize.prepare(x_TH, topk_weights_TK, topk_ids_TK, num_experts, None,
-                                        apply_router_weight_on_input, quant_config)
-    fused_out = experts(prepared)
-    output = torch.empty(x_TH.shape, dtype=x_TH.dtype, device=x_TH.device)
-    prepare_finalize.finalize(output, fused_out, topk_weights_TK, topk_ids_TK,
-                              apply_router_weight_on_input, None)
-    if tp_group is not None and dist.get_world_size(tp_group) > 1 and not prepare_finalize.output_is_reduced():
-        dist.all_reduce(output, group=tp_group)
-    return output
+
+    def __init__(self, config: MoELayerConfig, parallel: ParallelConfig, prepare_finalize: PrepareFinalize,
+                 experts: ExpertsKernel, *, tp_group: Optional[dist.ProcessGroup] = None,
+                 shared_experts: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        if config.expert_output not in EXPERT_OUTPUTS:
+            raise ValueError(f"expert_output must be one of {EXPERT_OUTPUTS}, got {config.expert_output!r}")
+        fmt = _FORMAT_COLUMN[activation_format(config.quant_config, config.activation_dtype)]
+        check_supported(parallel.all2all_backend, fmt, sequence_parallel=parallel.use_sequence_parallel_moe,
+                        deferred_finalize=parallel.defer_moe_finalize,
+                        workspace_output=config.expert_output == "workspace")
+        self.config, self.parallel, self.prepare_finalize, self.experts = config, parallel, prepare_finalize, experts
+        self.tp_group, self.shared_experts = tp_group, shared_experts
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.parallel.use_sequence_parallel_moe
+
+    @property
+    def reduce_pending(self) -> bool:
+        """Whether the parts of this layer's :class:`MoEOutput` are TP-partial sums: the
+        prepare/finalize does not reduce, and no sequence-parallel reduce-scatter over the
+        whole EP group did it either."""
+        return not self.prepare_finalize.output_is_reduced() and not self.sequence_parallel
+
+    @property
+    def shared_experts_partial(self) -> bool:
+        return self.reduce_pending
+
+    def _tp(self) -> tuple[int, int]:
+        if self.tp_group is None:
+            return 0, 1
+        return dist.get_rank(self.tp_group), dist.get_world_size(self.tp_group)
+
+    def forward(self, x_TH: torch.Tensor, topk_weights_TK: torch.Tensor, topk_ids_TK: torch.Tensor) -> MoEOutput:
+        """This rank's tokens through the experts, the reduce left open (``reduce_results=False``).
+
+        Returns
+        -------
+        MoEOutput
+            ``routed`` is an :class:`UnfinalizedMoEOutput` only when deferral is on
+            (:attr:`ParallelConfig.use_deferred_moe_finalize`), this rank has tokens and both
+            the prepare/finalize and the experts can defer.
+        """
+        cfg, pf = self.config, self.prepare_finalize
+        T = x_TH.size(0)
+        shared = self.shared_experts(x_TH) if self.shared_experts is not None else None
+        defer = (self.parallel.use_deferred_moe_finalize and T > 0 and pf.supports_deferred_finalize()
+                 and self.experts.supports_deferred_finalize())
+        prepared = pf.prepare(x_TH, topk_weights_TK, topk_ids_TK, cfg.num_experts, None,
+                              cfg.apply_router_weight_on_input, cfg.quant_config)
+        buffer = pf.expert_output_buffer(cfg.activation_dtype) if cfg.expert_output == "workspace" else None
+        fused = self.experts(prepared, defer=defer, output=buffer)
+        if isinstance(fused, UnfinalizedMoEOutput):
+            if not defer:
+                raise RuntimeError("the experts returned an UnfinalizedMoEOutput although this forward does not "
+                                   "defer finalize")
+            return MoEOutput(fused, shared, cfg.routed_scaling_factor)
+        routed = torch.empty(x_TH.shape, dtype=cfg.activation_dtype, device=x_TH.device)
+        pf.finalize(routed, fused, topk_weights_TK, topk_ids_TK, cfg.apply_router_weight_on_input, None)
+        return MoEOutput(routed, shared, cfg.routed_scaling_factor)
+
+    def __call__(self, x_TH: torch.Tensor, topk_weights_TK: torch.Tensor, topk_ids_TK: torch.Tensor) -> torch.Tensor:
+        """The finalized ``[T, H]`` (activation dtype) of this DP rank's tokens: under sequence
+        parallel this TP rank's chunk goes through :meth:`forward` and the chunks are
+        all-gathered over TP; then :func:`finalize_moe_output` (the one consumer)."""
+        tp_rank, tp_size = self._tp()
+        T = x_TH.size(0)
+        if not self.sequence_parallel:
+            return self._finalized(self.forward(x_TH, topk_weights_TK, topk_ids_TK), T)
+        rows = sp_chunk(T, tp_size, tp_rank)
+        chunk = slice(rows.start, rows.stop)
+        with sequence_parallel_sizes(tp_size):
+            out = self.forward(x_TH[chunk], topk_weights_TK[chunk], topk_ids_TK[chunk])
+        y_CH = self._finalized(out, len(rows))
+        C = -(-T // tp_size)
+        padded = y_CH.new_zeros(C, y_CH.size(1))
+        padded[: y_CH.size(0)] = y_CH
+        parts = [torch.empty_like(padded) for _ in range(tp_size)]
+        dist.all_gather(parts, padded, group=self.tp_group)
+        return torch.cat(parts)[:T]
+
+    def _finalized(self, out: MoEOutput, num_tokens: int) -> torch.Tensor:
+        cfg = self.config
+        return finalize_moe_output(out, activation_dtype=cfg.activation_dtype, num_tokens=num_tokens,
+                                   top_k=cfg.top_k, hidden=cfg.hidden, tp_group=self.tp_group,
+                                   reduce=self.reduce_pending)

@@ -140,17 +140,22 @@ class OneSidedManager(EPGroupManager):
         dist.barrier(group=self.cpu_group)
 
     def combine_into(self, payload_RSH: torch.Tensor, runtime_max_tokens_per_rank: int,
-                     output_TH: torch.Tensor) -> None:
+                     output_TH: torch.Tensor, payload_in_workspace: bool = False) -> None:
         """Combine into ``output_TH``: in place when this FlashInfer's combine takes
-        ``output=``, else combine then copy (seed 000)."""
+        ``output=``, else combine then copy (seed 000). ``payload_in_workspace``: the payload
+        is the combine region itself (no staging copy)."""
         if self.moe_alltoall is None:
             raise RuntimeError("combine_into before initialize (or after cleanup)")
+        # Passed only when set: the flag is in every release's signature, but a combine the
+        # probe cannot read may lack it.
+        flags = {"payload_in_workspace": True} if payload_in_workspace else {}
         if self.combine_supports_output:
             self.moe_alltoall.combine(payload=payload_RSH, runtime_max_tokens_per_rank=runtime_max_tokens_per_rank,
-                                      output=output_TH)
+                                      output=output_TH, **flags)
         else:
             output_TH.copy_(self.moe_alltoall.combine(payload=payload_RSH,
-                                                      runtime_max_tokens_per_rank=runtime_max_tokens_per_rank))
+                                                      runtime_max_tokens_per_rank=runtime_max_tokens_per_rank,
+                                                      **flags))
 
     def cleanup(self) -> None:
         """Drop the ``MoeAlltoAll``; the recorded sizes stay, so the next initialize grows
@@ -184,10 +189,19 @@ class OneSidedPrepareFinalize:
 
     The constructor grows the manager to this layer's payload (``layout``, ``top_k``, ...).
     ``num_dispatchers`` is the EP size: every EP rank dispatches its own tokens.
+    ``invalid_expert_id`` marks received lanes without a token: -1 (what vLLM passes) or any
+    id outside ``[0, num_experts)`` (e.g. ``num_experts``, the two-sided path's sentinel).
     """
 
     def __init__(self, manager: OneSidedManager, *, max_num_tokens: int, top_k: int, num_experts: int,
-                 hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None):
+                 hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None,
+                 invalid_expert_id: int = INVALID_EXPERT_ID):
+        if isinstance(invalid_expert_id, bool) or not isinstance(invalid_expert_id, int) \
+                or 0 <= invalid_expert_id < num_experts:
+            raise ValueError(f"invalid_expert_id must be an int outside [0, num_experts={num_experts}), "
+                             f"got {invalid_expert_id!r}")
+        self.invalid_expert_id = invalid_expert_id
+        self._workspace_output: Optional[torch.Tensor] = None
         self.manager = manager
         self.max_num_tokens = max_num_tokens
         self.top_k = top_k
@@ -213,6 +227,9 @@ class OneSidedPrepareFinalize:
     def output_is_reduced(self) -> bool:
         return True
 
+    def supports_deferred_finalize(self) -> bool:
+        return False
+
     def topk_indices_dtype(self) -> Optional[torch.dtype]:
         return torch.int32
 
@@ -223,7 +240,7 @@ class OneSidedPrepareFinalize:
                 expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,
                 quant_config: QuantConfig, defer_input_quant: bool = False) -> PrepareResult:
         """Quantize and dispatch ``[x, (x_sf), ids, weights]``; return what this rank received,
-        flattened to ``[R * S, ...]`` (rows past a source's count carry expert id -1).
+        flattened to ``[R * S, ...]`` (rows past a source's count carry ``invalid_expert_id``).
 
         ``expert_map`` is unused: ids travel global and the experts select their own.
         """
@@ -238,7 +255,7 @@ class OneSidedPrepareFinalize:
             raise ValueError(f"topk_weights must be fp32 {tuple(topk_ids.shape)} (the workspace is sized "
                              f"for 4-byte weights), got {topk_weights.dtype} {tuple(topk_weights.shape)}")
         if apply_router_weight_on_input:
-            scale_input_by_router_weight(a1, topk_weights, topk_ids)
+            a1 = scale_input_by_router_weight(a1, topk_weights, topk_ids)
         S = runtime_max_tokens_per_rank(a1.size(0))
         if S > self.manager.max_num_tokens:
             raise ValueError(f"runtime max tokens per rank {S} exceeds the workspace's max_num_tokens "
@@ -250,7 +267,7 @@ class OneSidedPrepareFinalize:
         ids_index = len(payloads) - 2
         recv = self.manager.moe_alltoall.dispatch(
             token_selected_experts=topk_ids, input_payloads=payloads, runtime_max_tokens_per_rank=S,
-            invalid_token_expert_id=INVALID_EXPERT_ID, expert_id_payload_index=ids_index,
+            invalid_token_expert_id=self.invalid_expert_id, expert_id_payload_index=ids_index,
         )
         flat = [t.reshape(-1, t.shape[-1]) for t in recv]
         a1q_recv, scale_recv = flat[0], (flat[1] if a1q_scale is not None else None)
@@ -266,9 +283,23 @@ class OneSidedPrepareFinalize:
                 f"{self.layout.x_sf_bytes_per_token} (dispatch_layout disagrees with the quantizer)"
             )
 
+    def expert_output_buffer(self, dtype: torch.dtype) -> torch.Tensor:
+        """``[R * S, H]`` view of this round's combine region for the experts to write into
+        (no staging copy; :meth:`finalize` then combines with ``payload_in_workspace``)."""
+        S = self.runtime_max_tokens_per_rank
+        if S is None:
+            raise RuntimeError("expert_output_buffer called before prepare")
+        if dtype not in COMBINE_DTYPES:
+            raise ValueError(f"dtype must be one of {COMBINE_DTYPES} (the combine region is sized for 16-bit "
+                             f"rows), got {dtype}")
+        buf_RSH = self.manager.moe_alltoall.get_combine_payload_tensor_in_workspace(S, self.hidden_size, dtype)
+        self._workspace_output = buf_RSH
+        return buf_RSH.view(-1, self.hidden_size)
+
     def finalize(self, output: torch.Tensor, fused_expert_output: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, apply_router_weight_on_input: bool, weight_and_reduce_impl: Any) -> None:
-        """Combine the experts' ``[R * S, H]`` rows (already router-weighted) into ``output``."""
+        """Combine the experts' ``[R * S, H]`` rows (already router-weighted) into ``output``;
+        straight from the workspace when they are the :meth:`expert_output_buffer`."""
         S = self.runtime_max_tokens_per_rank
         if S is None:
             raise RuntimeError("finalize called before prepare")
@@ -279,7 +310,26 @@ class OneSidedPrepareFinalize:
         if fused_expert_output.dim() != 2 or fused_expert_output.size(0) != R * S:
             raise ValueError(f"fused_expert_output must be [ep_size * runtime_max_tokens_per_rank, hidden] = "
                              f"[{R * S}, {H}] (one row per received row), got {tuple(fused_expert_output.shape)}")
-        payload_RSH = fused_expert_output.view(R, S, H)
-        self.manager.combine_into(payload_RSH, S, output)
+        in_workspace = self._workspace_output
+        self._workspace_output = None
+        if in_workspace is not None:
+            _check_workspace_resident(fused_expert_output, in_workspace)
+            payload_RSH = in_workspace
+        else:
+            payload_RSH = fused_expert_output.view(R, S, H)
+        self.manager.combine_into(payload_RSH, S, output, payload_in_workspace=in_workspace is not None)
         self.runtime_max_tokens_per_rank = None
 
+
+def _check_workspace_resident(out_NH: torch.Tensor, buf_RSH: torch.Tensor) -> None:
+    """The experts were handed the combine region: what they return must be that region."""
+    want = (buf_RSH.size(0) * buf_RSH.size(1), buf_RSH.size(2))
+    for ok, rule in ((out_NH.device == buf_RSH.device, f"on {buf_RSH.device}, got {out_NH.device}"),
+                     (out_NH.dtype == buf_RSH.dtype, f"of dtype {buf_RSH.dtype}, got {out_NH.dtype}"),
+                     (tuple(out_NH.shape) == want, f"of shape {list(want)}, got {list(out_NH.shape)}"),
+                     (out_NH.is_contiguous(), f"contiguous, got strides {out_NH.stride()}"),
+                     (out_NH.data_ptr() == buf_RSH.data_ptr(),
+                      "the combine region itself (the experts wrote elsewhere: that would need a staging copy)")):
+        if not ok:
+            raise ValueError("fused_expert_output: the experts were handed the workspace's combine region "
+                             f"(expert_output_buffer), so their output must be {rule}")

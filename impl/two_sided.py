@@ -69,6 +69,9 @@ class TwoSidedPrepareFinalize:
     def output_is_reduced(self) -> bool:
         return True
 
+    def supports_deferred_finalize(self) -> bool:
+        return False
+
     def topk_indices_dtype(self) -> Optional[torch.dtype]:
         return None
 
@@ -86,7 +89,7 @@ class TwoSidedPrepareFinalize:
         if topk_weights.shape != topk_ids.shape:
             raise ValueError(f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} differ")
         if apply_router_weight_on_input:
-            scale_input_by_router_weight(a1, topk_weights, topk_ids)
+            a1 = scale_input_by_router_weight(a1, topk_weights, topk_ids)
         M = runtime_max_tokens_per_rank(a1.size(0))
         top_k = topk_ids.size(1)
         weights_dtype = topk_weights.dtype

@@ -14,9 +14,8 @@ from impl.backend import resolve_backend
 from impl.communicator import make_communicator
 from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
-from impl.moe_layer import moe_forward
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from testbed.scenario.moe import ACT_DTYPE, MoECase, case_experts, forward_layer, rank_inputs
+from testbed.scenario.moe import ACT_DTYPE, MoECase, case_experts, case_layer, forward_layer, rank_inputs
 from testbed.scenario import mutants
 
 
@@ -185,9 +184,7 @@ def back_to_back_rounds(ctx, layers: tuple[MoECase, ...]) -> list[torch.Tensor]:
     for case, pf in zip(layers, pfs):
         x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)
         with forward_context(case.tokens_per_dp):
-            outs.append(moe_forward(pf, x_TH, w_TK, ids_TK, case_experts(case, dist.get_world_size(ep),
-                                                                        dist.get_rank(ep)),
-                                    case.quant_config(), num_experts=case.num_experts))
+            outs.append(case_layer(ctx, pf, case)(x_TH, w_TK, ids_TK))
     return outs
 
 

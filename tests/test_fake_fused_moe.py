@@ -213,7 +213,7 @@ def test_fused_moe_rejects_bad_inputs():
         _bf16_routed((ids, w), x, g1, g2, weight_layout=0)
     with pytest.raises(RuntimeError, match="hidden_states must be bfloat16"):
         _bf16_routed((ids, w), x.float(), g1, g2)
-    with pytest.raises(RuntimeError, match=r"expert ids must be in \[0, 8\) or -1"):
-        _bf16_routed((ids + 8, w), x, g1, g2)
+    with pytest.raises(RuntimeError, match=r"expert ids must be in \[0, 8\), -1 or 8"):
+        _bf16_routed((ids + 9, w), x, g1, g2)
     with pytest.raises(RuntimeError, match="topk_ids must be int32"):
         _bf16_routed((ids.long(), w), x, g1, g2)

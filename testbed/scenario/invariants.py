@@ -7,14 +7,21 @@
 - ``workspace``: after each layer is built the live ``MoeAlltoAll`` covers every layer built
   so far at its own budget; sizes never shrink; builds = strict increases of the need; the
   same on every rank of the EP group.
-- ``collectives``: ``impl`` uses the EP group (set-up, barriers) and the TP group (the reduce)
-  only; the ranks of a group issue the same sequence; every rebuild is followed by a barrier
-  on the EP group.
-- ``reduce``: ``output_is_reduced()`` is True (both combines reduce) and the TP all-reduce
-  runs exactly when it is False.
+- ``collectives``: ``impl`` uses the EP group (set-up, barriers, all-to-all rounds), the TP
+  group for the reduce (and under sequence parallel the all-gather), and on the
+  all-gather/reduce-scatter path the DP group; the ranks of a group issue the same
+  sequence; every rebuild is followed by a barrier on the EP group.
+- ``reduce``: ``output_is_reduced()`` is True for the FlashInfer all-to-alls (their combines
+  reduce) and False for all-gather/reduce-scatter and expert parallel off; the TP all-reduce
+  runs exactly when the layer's parts are TP-partial (not reduced, no sequence parallel).
+- ``finalize``: the experts are asked to defer finalize exactly where vLLM's guard allows
+  (expert parallel off, TP > 1, this rank has tokens, a kernel that can), once per forward.
+- ``expert-output``: with ``--expert-output workspace`` the experts get the combine region
+  and every combine runs with ``payload_in_workspace``; otherwise neither.
 - ``probe``: combine receives ``output=`` exactly when the exposed combine takes it.
 - ``runtime-max-tokens``: each one-sided round dispatches and combines with the max over the
-  DP ranks of the layer's token counts (at least 1), the same on every rank.
+  dispatching ranks of the layer's token counts (at least 1; under sequence parallel a DP
+  rank's count is split over its TP ranks), the same on every rank.
 - ``no-leaks`` (checked by the runner): no process or shared-memory segment left behind.
 """
 
@@ -39,8 +46,9 @@ from testbed.scenario.reference import (
     reference_output,
 )
 
-INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "probe",
-              "runtime-max-tokens", "no-leaks")
+INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "finalize",
+              "expert-output", "probe", "runtime-max-tokens", "no-leaks")
+FLASHINFER_PATHS = ("one_sided", "two_sided")
 MAX_EVIDENCE = 6  # findings kept per invariant
 
 
@@ -94,6 +102,8 @@ def check(sc: Scenario, logs: dict[int, list[dict]], results: Optional[list[dict
     _collectives(sc, logs, v, finished)
     _workspace(sc, logs, v, complete=error is None)
     _reduce(sc, logs, v, complete=results is not None)
+    _finalize(sc, logs, v)
+    _expert_output(sc, logs, v)
     _probe(sc, logs, v)
     _runtime_max_tokens(sc, logs, v)
     if results is not None:
@@ -114,12 +124,20 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
     f = _Findings(v, "collectives")
     lay = sc.layout
     for rank, events in sorted(logs.items()):
-        ep, tp = lay.group_of("ep", rank), lay.group_of("tp", rank)
+        ep, tp, dp = lay.group_of("ep", rank), lay.group_of("tp", rank), lay.group_of("dp", rank)
+        allowed = {(ep, None), (tp, "all_reduce")}
+        if sc.sequence_parallel:
+            allowed.add((tp, "all_gather"))
+        if sc.path == "allgather_reducescatter" and not sc.sequence_parallel:
+            allowed |= {(dp, "all_gather"), (dp, "all_reduce")}
         for e in events:
-            if e["ev"] == "coll" and tuple(e["group"]) != ep and not (e["op"] == "all_reduce"
-                                                                      and tuple(e["group"]) == tp):
-                f.add(f"rank {rank}: {e['op']} on group {_group_text(e['group'])} from {e['site']}; impl may "
-                      f"use only its EP group {_group_text(ep)} (and its TP group {_group_text(tp)} for the reduce)")
+            group = tuple(e.get("group", ()))
+            if e["ev"] == "coll" and (group, None) not in allowed and (group, e["op"]) not in allowed:
+                f.add(f"rank {rank}: {e['op']} on group {_group_text(group)} from {e['site']}; impl may use its "
+                      f"EP group {_group_text(ep)}, its TP group {_group_text(tp)} for the reduce"
+                      + (" and the sequence-parallel all-gather" if sc.sequence_parallel else "")
+                      + (f", and its DP group {_group_text(dp)} to gather and reduce-scatter"
+                         if sc.path == "allgather_reducescatter" and not sc.sequence_parallel else ""))
         if sc.path == "one_sided":
             _rebuild_barriers(rank, events, ep, f)
     for group, by_rank in sorted(audit.calls_per_group(logs).items()):
@@ -222,23 +240,63 @@ def _expected_builds(ep: int, layers, payloads: list[int]) -> list[int]:
 def _reduce(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     f = _Findings(v, "reduce")
     tp = sc.layout.tp
+    reduced = sc.path in FLASHINFER_PATHS  # the FlashInfer combines sum every rank's contribution
+    pending = not reduced and not sc.sequence_parallel
     for rank, events in sorted(logs.items()):
         tp_group = sc.layout.group_of("tp", rank)
         current, reduces = None, 0
         for e in events:
             if e["ev"] == "forward":
                 current, reduces = e, 0
-                if not e["reduced"]:
-                    f.add(f"rank {rank} pass {e['pass_']} layer {e['layer']}: output_is_reduced() is False, "
-                          f"but the {sc.path} combine already sums every expert rank's contribution")
+                if e["reduced"] != reduced:
+                    f.add(f"rank {rank} pass {e['pass_']} layer {e['layer']}: output_is_reduced() is {e['reduced']}, "
+                          f"but the {sc.path} path's finalize " + ("already sums every expert rank's contribution"
+                                                                   if reduced else "leaves TP-partial sums"))
             elif e["ev"] == "coll" and current and e["op"] == "all_reduce" and tuple(e["group"]) == tp_group:
                 reduces += 1
             elif e["ev"] == "forward_end" and current:
-                expected = 0 if current["reduced"] else 1
-                if reduces != expected and not (tp == 1 and reduces == 0):
-                    f.add(f"rank {rank} pass {e['pass_']} layer {e['layer']}: {reduces} TP all_reduce call(s) "
-                          f"with output_is_reduced() = {current['reduced']} (expected {expected})")
+                expected = 1 if pending and tp > 1 else 0
+                if reduces != expected:
+                    f.add(f"rank {rank} pass {e['pass_']} layer {e['layer']}: {reduces} TP all_reduce call(s); the "
+                          f"{sc.path} path{' under sequence parallel' if sc.sequence_parallel else ''} needs "
+                          f"{expected} (output_is_reduced() = {current['reduced']})")
                 current = None
+    f.close()
+
+
+def _finalize(sc: Scenario, logs, v: Verdict) -> None:
+    f = _Findings(v, "finalize")
+    for rank, events in sorted(logs.items()):
+        coords = sc.layout.coords(rank)
+        where, calls = None, []
+        for e in events:
+            if e["ev"] == "forward":
+                layer = sc.stages[coords.pp_rank][e["layer"]]
+                tokens = sc.tokens(e["pass_"], layer, coords.dp_rank)
+                want = sc.defers(layer.fmt, tokens)
+                where, calls = f"rank {rank} pass {e['pass_']} layer {e['layer']} ({tokens} tokens)", []
+            elif e["ev"] == "experts" and where:
+                calls.append(e["defer"])
+            elif e["ev"] == "forward_end" and where:
+                if calls != [want]:
+                    f.add(f"{where}: the experts were asked to defer finalize {calls} (one call per forward); "
+                          f"expected [{want}]: deferral needs --defer-finalize, expert parallel off, TP > 1, "
+                          "tokens on the rank and a kernel that can stop after GEMM2")
+                where = None
+    f.close()
+
+
+def _expert_output(sc: Scenario, logs, v: Verdict) -> None:
+    f = _Findings(v, "expert-output")
+    want = sc.expert_output == "workspace"
+    for rank, events in sorted(logs.items()):
+        for e in events:
+            got = e.get("buffer") if e["ev"] == "experts" else e.get("in_workspace") if e["ev"] == "combine" else None
+            if got is not None and got != want:
+                what = "the experts were handed" if e["ev"] == "experts" else "combine ran with"
+                f.add(f"rank {rank}: {what} {'the combine region' if e['ev'] == 'experts' else 'payload_in_workspace'}"
+                      f" = {got} with --expert-output {sc.expert_output}")
+                break
     f.close()
 
 
@@ -267,13 +325,15 @@ def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
         for e in events:
             if e["ev"] == "forward":
                 layer = sc.stages[stage][e["layer"]]
-                want, rounds = max(1, max(sc.tokens(e["pass_"], layer, d) for d in range(sc.layout.dp))), Counter()
+                split = sc.layout.tp if sc.sequence_parallel else 1
+                want = max(1, max(-(-sc.tokens(e["pass_"], layer, d) // split) for d in range(sc.layout.dp)))
+                rounds = Counter()
                 where = f"rank {rank} pass {e['pass_']} layer {e['layer']}"
             elif e["ev"] in ("dispatch", "combine") and want is not None:
                 rounds[e["ev"]] += 1
                 if e["rtm"] != want:
-                    f.add(f"{where}: {e['ev']} with runtime_max_tokens_per_rank {e['rtm']}; the DP ranks' largest "
-                          f"token count is {want} (every EP rank must pass the same value)")
+                    f.add(f"{where}: {e['ev']} with runtime_max_tokens_per_rank {e['rtm']}; the dispatching ranks' "
+                          f"largest token count is {want} (every EP rank must pass the same value)")
             elif e["ev"] == "forward_end" and rounds != Counter(dispatch=1, combine=1):
                 f.add(f"{where}: {rounds['dispatch']} dispatch(es) and {rounds['combine']} combine(s) in one "
                       f"forward, expected one of each")
@@ -322,7 +382,7 @@ def _expert_load(sc: Scenario, results: list[dict], v: Verdict) -> None:
     for rank, res in enumerate(results):
         coords = sc.layout.coords(rank)
         for (p, i), got in sorted(res["lanes"].items()):
-            want = expected_expert_rows(sc, p, coords.pp_rank, i, coords.ep_rank)
+            want = expected_expert_rows(sc, p, coords.pp_rank, i, coords.ep_rank if sc.ep_size > 1 else 0)
             if got != want:
                 extra, missing = got - want, want - got
                 f.add(f"rank {rank} pass {p} layer {i}: the experts computed {sum(got.values())} lanes, "

@@ -18,9 +18,20 @@ import shlex
 from dataclasses import dataclass, field
 
 from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
+from impl import parallel as support
 from testbed.cluster.layout import ParallelLayout
 
-PATHS = ("one_sided", "two_sided")
+# The scenario's path -> the vLLM all2all_backend it drives ("none": expert parallel off,
+# TP-sharded experts). --path also takes the vLLM names and their aliases.
+PATH_BACKEND = {"one_sided": support.ONE_SIDED, "two_sided": support.TWO_SIDED,
+                "allgather_reducescatter": support.AG_RS, "none": support.NO_EP}
+PATHS = tuple(PATH_BACKEND)
+EXPERT_KERNELS = ("reference", "trtllm")
+EXPERT_OUTPUTS = ("separate", "workspace")
+INVALID_EXPERT_IDS = ("-1", "num_experts")
+TRTLLM_FORMATS = ("bf16", "nvfp4", "fp8_block")  # the TRT-LLM kernels the fake implements
+TRTLLM_HIDDEN_BLOCK = 128  # fp8 weight blocks and the nvfp4 scale interleave need it
+INTERMEDIATE_PER_RANK = 128  # each rank's share of a SwiGLU expert's intermediate size
 FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
 ROUTINGS = ("random", "spread", "local", "hotspot", "one-expert")
 # How the fake's combine signature looks to the capability probe: the release's own, or one
@@ -79,6 +90,13 @@ class Scenario:
     slot_order: str = "shuffled"
     seed: int = 0
     router_weight_on_input: bool = False  # vLLM's apply_router_weight_on_input (top_k 1 only)
+    sequence_parallel: bool = False  # split each DP rank's tokens across its TP ranks (seed 003)
+    defer_finalize: bool = False  # defer_moe_finalize: taken only where vLLM's guard allows
+    shared_experts: bool = False
+    routed_scaling: float = 1.0
+    expert_kernel: str = "reference"  # the testbed's linear experts, or the fake's TRT-LLM kernels
+    expert_output: str = "separate"  # "workspace": straight into the one-sided combine region
+    invalid_expert_id: str = "-1"  # the one-sided dispatch's sentinel: -1 or num_experts
     label: str = field(default="", compare=False)
 
     @classmethod
@@ -89,8 +107,35 @@ class Scenario:
 
     # -- derived facts -------------------------------------------------------------------
     @property
+    def backend(self) -> str:
+        return PATH_BACKEND[self.path]
+
+    @property
     def ep_size(self) -> int:
-        return self.layout.ep_size
+        """Ranks the experts are sharded over (1 with expert parallel off)."""
+        return 1 if self.path == "none" else self.layout.ep_size
+
+    @property
+    def moe_tp(self) -> int:
+        """TP size of the experts: the layout's TP with expert parallel off, else 1."""
+        return self.layout.tp if self.path == "none" else 1
+
+    def parallel_config(self) -> "support.ParallelConfig":
+        """vLLM's parallel config of this scenario (decides SP and deferral)."""
+        lay = self.layout
+        return support.ParallelConfig(tp=lay.tp, dp=lay.dp, pp=lay.pp, enable_expert_parallel=self.path != "none",
+                                      all2all_backend=self.backend, sequence_parallel_moe=self.sequence_parallel,
+                                      defer_moe_finalize=self.defer_finalize)
+
+    def defers(self, fmt: str, num_tokens: int) -> bool:
+        """Whether a layer of ``fmt`` must hand back an unfinalized output for a rank with
+        ``num_tokens`` tokens (vLLM's guard, the 0-token rule, and the kernel's ability)."""
+        kernel_can = self.expert_kernel == "reference" or fmt in ("bf16", "nvfp4")
+        return (self.defer_finalize and self.path == "none" and self.layout.tp > 1 and num_tokens > 0
+                and kernel_can)
+
+    def invalid_id(self) -> int:
+        return -1 if self.invalid_expert_id == "-1" else self.experts
 
     def tokens(self, pass_idx: int, layer: Layer, dp_rank: int) -> int:
         """Tokens DP rank ``dp_rank`` hands ``layer`` in pass ``pass_idx``."""
@@ -118,6 +163,10 @@ class Scenario:
         if self.top_k not in SUPPORTED_TOP_K:
             raise ScenarioInputError("--top-k", f"the MoE kernels support top_k in 1..{SUPPORTED_TOP_K[-1]}, "
                                      f"got {self.top_k}")
+        _choice("--expert-kernel", self.expert_kernel, EXPERT_KERNELS)
+        _choice("--expert-output", self.expert_output, EXPERT_OUTPUTS)
+        _choice("--invalid-expert-id", self.invalid_expert_id, INVALID_EXPERT_IDS)
+        self._check_features()
         if self.router_weight_on_input and self.top_k != 1:
             raise ScenarioInputError("--router-weight-on-input", f"is only defined for top_k == 1, got "
                                      f"--top-k {self.top_k}")
@@ -134,14 +183,20 @@ class Scenario:
                 and self.experts % self.ep_size:
             raise ScenarioInputError("--experts", f"FlashInfer {self.profile} needs num_experts divisible by "
                                      f"ep_size ({self.experts} % {self.ep_size} != 0; non-divisible since 0.6.16)")
+        if self.path != "one_sided" and self.combine_signature != "release":
+            raise ScenarioInputError("--combine-signature", "applies to --path one_sided only")
+        if (self.path == "none" or self.shared_experts) and self.hidden % lay.tp:
+            raise ScenarioInputError("--hidden", f"TP-sharded experts split hidden across the {lay.tp} TP ranks; "
+                                     f"{self.hidden} % {lay.tp} != 0")
+        if self.path == "none" and lay.dp > 1:
+            raise ScenarioInputError("--path", "expert parallel off with dp > 1 makes vLLM flatten TP across DP "
+                                     "(a naive all-gather this testbed does not model); use a layout with dp = 1")
         if self.path == "two_sided":
             if self.ep_size < 2:
                 raise ScenarioInputError("--layout", "the two-sided all-to-all needs an EP group of >= 2 ranks")
             if self.experts % 4 or self.experts % self.ep_size:
                 raise ScenarioInputError("--experts", f"the two-sided kernels need num_experts divisible by 4 "
                                          f"and by ep_size {self.ep_size}, got {self.experts}")
-            if self.combine_signature != "release":
-                raise ScenarioInputError("--combine-signature", "applies to --path one_sided only")
         if len(self.stages) != lay.pp:
             raise ScenarioInputError("--stages", f"has {len(self.stages)} stage(s) (';'-separated) but the "
                                      f"layout has pp={lay.pp}")
@@ -170,6 +225,39 @@ class Scenario:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ScenarioInputError("--seed", f"must be an integer >= 0, got {self.seed!r}")
 
+    def _check_features(self) -> None:
+        f = self.routed_scaling
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0 or f == float("inf"):
+            raise ScenarioInputError("--routed-scaling", f"must be a finite number > 0, got {f!r}")
+        if self.sequence_parallel:
+            try:
+                rule = self.parallel_config().sequence_parallel_rule()
+            except ValueError as e:
+                rule = str(e)
+            if rule:
+                raise ScenarioInputError("--sequence-parallel", f"{self.backend}: {rule}")
+        for flag, on, feature in (("--defer-finalize", self.defer_finalize, "deferred_finalize"),
+                                  ("--expert-output", self.expert_output == "workspace", "workspace_output")):
+            rule = support.SUPPORT[self.backend][feature]
+            if on and rule:
+                raise ScenarioInputError(flag, f"{self.backend} does not support {feature}: {rule}")
+        if self.expert_output == "workspace" and self.combine_signature != "release":
+            raise ScenarioInputError("--expert-output", "workspace needs --combine-signature release (the custom "
+                                     "signatures have no payload_in_workspace)")
+        if self.invalid_expert_id != "-1" and self.path != "one_sided":
+            raise ScenarioInputError("--invalid-expert-id", "applies to --path one_sided only (the two-sided "
+                                     "path always writes num_experts)")
+        if self.expert_kernel == "trtllm":
+            fmts = sorted({ly.fmt for st in self.stages for ly in st} - set(TRTLLM_FORMATS))
+            if fmts:
+                raise ScenarioInputError("--expert-kernel", f"the CPU fake implements the TRT-LLM kernels for "
+                                         f"{', '.join(TRTLLM_FORMATS)}; layers of {', '.join(fmts)} need "
+                                         "--expert-kernel reference")
+            if self.hidden % TRTLLM_HIDDEN_BLOCK:
+                raise ScenarioInputError("--hidden", f"--expert-kernel trtllm needs hidden divisible by "
+                                         f"{TRTLLM_HIDDEN_BLOCK} (fp8 weight blocks, nvfp4 scale tiles), "
+                                         f"got {self.hidden}")
+
     def _check_hidden(self, fmt: str) -> None:
         broken = hidden_rule(fmt, self.hidden, self.path)
         if broken:
@@ -190,6 +278,12 @@ class Scenario:
                   "--slot-order", self.slot_order, "--seed", str(self.seed)]
         if self.router_weight_on_input:
             parts.append("--router-weight-on-input")
+        for flag, on in (("--sequence-parallel", self.sequence_parallel), ("--defer-finalize", self.defer_finalize),
+                         ("--shared-experts", self.shared_experts)):
+            if on:
+                parts.append(flag)
+        parts += ["--routed-scaling", repr(float(self.routed_scaling)), "--expert-kernel", self.expert_kernel,
+                  "--expert-output", self.expert_output, "--invalid-expert-id", self.invalid_expert_id]
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -198,6 +292,13 @@ class Scenario:
         tokens = " ".join(",".join(map(str, c)) for c in self.passes)
         sig = "" if self.combine_signature == "release" else f" combine={self.combine_signature}"
         sig += " weight-on-input" if self.router_weight_on_input else ""
+        sig += " SP" if self.sequence_parallel else ""
+        sig += " defer" if self.defer_finalize else ""
+        sig += " shared" if self.shared_experts else ""
+        sig += f" scale={self.routed_scaling:g}" if self.routed_scaling != 1.0 else ""
+        sig += " trtllm" if self.expert_kernel == "trtllm" else ""
+        sig += " out-in-workspace" if self.expert_output == "workspace" else ""
+        sig += f" invalid={self.invalid_expert_id}" if self.invalid_expert_id != "-1" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
 
@@ -237,15 +338,23 @@ def _choice(flag: str, value, choices) -> None:
 
 # -- the command line ---------------------------------------------------------------------
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
-                  "combine_signature", "slot_order", "seed", "router_weight_on_input")
+                  "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
+                  "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
+                  "invalid_expert_id")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
-            "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False}
+            "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
+            "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
+            "expert_output": "separate", "invalid_expert_id": "-1"}
+# --path also takes vLLM's backend names and aliases.
+PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
+              **{alias: "two_sided" for alias in support.ALIASES}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario flags of ``a2a-testbed run`` (all default to None: "not given")."""
-    parser.add_argument("--path", help=f"all-to-all path: {', '.join(PATHS)} (default one_sided)")
+    parser.add_argument("--path", help=f"all-to-all path: {', '.join(PATHS)} (none: expert parallel off), or "
+                                       f"vLLM's backend name ({', '.join(PATH_NAMES)}) (default one_sided)")
     parser.add_argument("--profile", help=f"FlashInfer release the fake imitates: {', '.join(PROFILES)} "
                                           "(default 0.7.2)")
     parser.add_argument("--experts", type=int, metavar="E", help="number of experts (default 8)")
@@ -264,6 +373,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed of inputs, weights and slot order (default 0)")
     parser.add_argument("--router-weight-on-input", action="store_true", default=None,
                         help="prepare scales the activations by the router weight (top_k 1 only)")
+    parser.add_argument("--sequence-parallel", action="store_true", default=None,
+                        help="sequence-parallel MoE: each TP rank routes its chunk of the tokens "
+                             "(one_sided or allgather_reducescatter, TP > 1 and DP > 1)")
+    parser.add_argument("--defer-finalize", action="store_true", default=None,
+                        help="defer_moe_finalize: the experts may hand back an unfinalized output "
+                             "(taken only with expert parallel off, TP > 1, on ranks with tokens)")
+    parser.add_argument("--shared-experts", action="store_true", default=None, help="add a shared expert")
+    parser.add_argument("--routed-scaling", type=float, metavar="F",
+                        help="routed_scaling_factor applied before the shared add (default 1.0)")
+    parser.add_argument("--expert-kernel", help=f"experts: {', '.join(EXPERT_KERNELS)} (reference: linear maps; "
+                                                "trtllm: the fake's TRT-LLM SwiGLU kernels) (default reference)")
+    parser.add_argument("--expert-output", help=f"where the experts write: {', '.join(EXPERT_OUTPUTS)} "
+                                                "(workspace: the one-sided combine region) (default separate)")
+    parser.add_argument("--invalid-expert-id", help=f"the one-sided dispatch's sentinel: "
+                                                    f"{', '.join(INVALID_EXPERT_IDS)} (default -1)")
 
 
 def scenario_given(args: argparse.Namespace) -> bool:
@@ -278,6 +402,7 @@ def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
         raise ScenarioInputError("--layout", str(e)) from None
     value = {name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
              for name in SCENARIO_FLAGS if name not in ("stages", "tokens")}
+    value["path"] = PATH_NAMES.get(value["path"], value["path"])
     stages = parse_stages(args.stages) if args.stages is not None else \
         tuple((Layer("nvfp4", 16), Layer("bf16", 16)) for _ in range(layout.pp))
     biggest = max((ly.max_num_tokens for st in stages for ly in st), default=1)

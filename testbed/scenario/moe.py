@@ -21,7 +21,8 @@ import torch.distributed as dist
 from impl.backend import resolve_backend
 from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
 from impl.forward_context import forward_context
-from impl.moe_layer import moe_forward
+from impl.moe_layer import MoELayer, MoELayerConfig
+from impl.parallel import ONE_SIDED, TWO_SIDED, ParallelConfig
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
 from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
 from testbed.scenario import mutants
@@ -176,15 +177,25 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     return result
 
 
+def case_layer(ctx, pf, case: MoECase, experts=None) -> MoELayer:
+    """``case`` as a :class:`MoELayer` over ``pf`` (this EP rank's experts by default)."""
+    ep_group = ctx.groups["ep"]
+    kind = TWO_SIDED if type(pf).__name__.startswith("TwoSided") else ONE_SIDED
+    parallel = ParallelConfig(tp=dist.get_world_size(ctx.groups["tp"]), dp=dist.get_world_size(ctx.groups["dp"]),
+                              all2all_backend=kind, sequence_parallel_moe=False)
+    if experts is None:
+        experts = case_experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
+    return MoELayer(MoELayerConfig(case.num_experts, case.top_k, case.hidden, case.quant_config()), parallel, pf,
+                    experts, tp_group=ctx.groups["tp"])
+
+
 def forward_layer(ctx, pf, case: MoECase, device: torch.device = torch.device("cpu")) -> torch.Tensor:
     """One forward pass of one layer on this rank's DP tokens: the token-count exchange, then
-    ``moe_forward`` with this EP rank's experts. Returns ``[T, H]`` on ``device``."""
+    :func:`case_layer`. Returns ``[T, H]`` on ``device``."""
     ep_group = ctx.groups["ep"]
     x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, ctx.coords.dp_rank))
-    experts = case_experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
     with forward_context(forward_pass_token_counts(ep_group, ctx.coords.dp_rank, x_TH.size(0))):
-        return moe_forward(pf, x_TH, w_TK, ids_TK, experts, case.quant_config(), num_experts=case.num_experts,
-                           tp_group=ctx.groups["tp"])
+        return case_layer(ctx, pf, case)(x_TH, w_TK, ids_TK)
 
 
 def _rank_device(ctx, backend: str) -> torch.device:

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import Counter
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 
 from impl.backend import resolve_backend
+from impl.experts import QuantizedWeights, TrtLlmExperts
+from impl.factory import make_manager, make_prepare_finalize
 from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
-from impl.moe_layer import moe_forward
-from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
+from impl.moe_layer import MoELayer, MoELayerConfig
 from testbed.scenario import audit, mutants
 from testbed.scenario.experts import Experts
 from testbed.scenario.model import Scenario
@@ -30,8 +32,12 @@ from testbed.scenario.moe import forward_pass_token_counts, quant_config
 from testbed.scenario.reference import (
     ACT_DTYPE,
     expert_weight,
+    intermediate_size,
+    lane_keys,
     layer_inputs,
     local_experts,
+    shared_weight,
+    swiglu_weights,
 )
 
 
@@ -54,8 +60,9 @@ def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int
 
     def _combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs):
         output = kwargs.get("output", args[3] if len(args) > 3 else None)
+        in_workspace = kwargs.get("payload_in_workspace", args[0] if args else False)
         log.write(ev="combine", build=self._testbed_build, output=output is not None,
-                  rtm=runtime_max_tokens_per_rank)
+                  rtm=runtime_max_tokens_per_rank, in_workspace=bool(in_workspace))
         log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.impl_call_site())
         return base._combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs)
 
@@ -126,8 +133,77 @@ def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
     return api
 
 
+class RecordingExperts:
+    """The layer's experts, logging what each forward hands them: whether to defer, whether
+    into the workspace, and the ``(expert, weight)`` lanes of this rank's experts."""
+
+    def __init__(self, experts, log: audit.EventLog, own: range):
+        self.experts, self.log, self.own = experts, log, own
+        self.lanes: Counter = Counter()
+
+    def supports_deferred_finalize(self) -> bool:
+        return self.experts.supports_deferred_finalize()
+
+    def __call__(self, prepared, *, defer: bool = False, output=None):
+        self.lanes.update(lane_keys(prepared.topk_ids.cpu(), prepared.topk_weights.cpu(), self.own))
+        self.log.write(ev="experts", defer=defer, buffer=output is not None)
+        return self.experts(prepared, defer=defer, output=output)
+
+
+class SharedExpert:
+    """The shared expert ``x @ W`` in bf16; over this TP rank's slice of the hidden
+    (contraction) dimension when the layer's reduce is still pending."""
+
+    def __init__(self, weight: torch.Tensor, shard: tuple[int, int]):
+        part = weight.size(0) // shard[1]
+        self.weight, self.cols = weight, slice(shard[0] * part, (shard[0] + 1) * part)
+
+    def __call__(self, x_TH: torch.Tensor) -> torch.Tensor:
+        return (x_TH.float()[:, self.cols] @ self.weight[self.cols]).to(ACT_DTYPE)
+
+
+def _slice(t: torch.Tensor, logical: tuple[int, int], rows: Optional[range] = None,
+           cols: Optional[range] = None) -> torch.Tensor:
+    """Rows / cols of the logical ``[M, K]`` matrix ``t`` encodes (values or block scales)."""
+    (M, K), (m, k) = logical, t.shape
+    if rows is not None:
+        t = t[rows.start * m // M: rows.stop * m // M]
+    if cols is not None:
+        t = t[:, cols.start * k // K: cols.stop * k // K]
+    return t
+
+
+def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range, tp: tuple[int, int]):
+    """This rank's SwiGLU experts on the fake's TRT-LLM kernel; expert parallel off gives each
+    TP rank its slice of every expert's intermediate dimension (vLLM's weight loader)."""
+    H, I = sc.hidden, intermediate_size(sc)
+    part = I // tp[1]
+    mine = range(tp[0] * part, (tp[0] + 1) * part)
+    w1_runs = (mine, range(I + mine.start, I + mine.stop))  # the linear rows, then the gate rows
+
+    def shard(q, logical, w1: bool):
+        if w1:
+            return tuple(None if t is None else torch.cat([_slice(t, logical, rows=r) for r in w1_runs])
+                         for t in q)
+        return tuple(None if t is None else _slice(t, logical, cols=mine) for t in q)
+
+    w = [swiglu_weights(sc.seed, stage, i, e, fmt, H, I) for e in own]
+    q1 = [shard(x.q1, (2 * I, H), True) for x in w]
+    q2 = [shard(x.q2, (H, I), False) for x in w]
+    stack = lambda qs, j: torch.stack([q[j] for q in qs])  # noqa: E731
+    if fmt == "bf16":
+        w1, w2 = stack(q1, 0), stack(q2, 0)
+    else:
+        gs = torch.ones(len(own)) if fmt == "nvfp4" else None
+        w1 = QuantizedWeights(stack(q1, 0), stack(q1, 1), gs)
+        w2 = QuantizedWeights(stack(q2, 0), stack(q2, 1), gs)
+    return TrtLlmExperts(api, fmt, w1, w2, num_experts=sc.experts, top_k=sc.top_k, local_expert_offset=own.start,
+                         a1_gscale=quant_config(fmt).a1_gscale, weighted=not sc.router_weight_on_input)
+
+
 def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) -> dict:
-    """Rank program: this rank's stage's layers on one manager, then every forward pass.
+    """Rank program: this rank's stage's layers (through :mod:`impl.factory` and
+    :class:`impl.moe_layer.MoELayer`), then every forward pass.
 
     Returns ``{"outputs": {(pass, layer): [T, H] bf16}, "lanes": {(pass, layer): Counter}}``;
     everything else is in the event log ``{log_dir}/rank{r}.jsonl``.
@@ -139,37 +215,49 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     ctx.add_cleanup(audit.install(log, ctx.world_size))
     api = _install_fake(ctx, sc, log)
     stage, ep_group = ctx.coords.pp_rank, ctx.groups["ep"]
-    ep_rank, dp_rank = dist.get_rank(ep_group), ctx.coords.dp_rank
-    layers = sc.stages[stage]
-    if sc.path == "one_sided":
-        manager = OneSidedManager(api, ep_group)
-        pfs = []
-        for i, layer in enumerate(layers):
-            pfs.append(OneSidedPrepareFinalize(
-                manager, max_num_tokens=layer.max_num_tokens, top_k=sc.top_k, num_experts=sc.experts,
-                hidden_size=sc.hidden, layout=dispatch_layout(sc.hidden, quant_config(layer.fmt), ACT_DTYPE)))
-            log.write(ev="layer", layer=i)
-    else:
-        manager = TwoSidedManager(api, ep_group)
-        pfs = [TwoSidedPrepareFinalize(manager) for _ in layers]
+    dp_rank, tp = ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
+    ep_rank = 0 if sc.path == "none" else dist.get_rank(ep_group)
+    own = local_experts(sc.experts, sc.ep_size, ep_rank)
+    expert_shard = tp if sc.path == "none" else (0, 1)
+    parallel = sc.parallel_config()
+    manager = make_manager(parallel, api, ep_group)
+    layers = []
+    for i, layer in enumerate(sc.stages[stage]):
+        qc = quant_config(layer.fmt)
+        pf = make_prepare_finalize(parallel, manager, dp_group=ctx.groups["dp"], ep_group=ep_group,
+                                   max_num_tokens=layer.max_num_tokens, top_k=sc.top_k, num_experts=sc.experts,
+                                   hidden_size=sc.hidden, layout=dispatch_layout(sc.hidden, qc, ACT_DTYPE),
+                                   invalid_expert_id=sc.invalid_id())
+        log.write(ev="layer", layer=i)
+        if sc.expert_kernel == "trtllm":
+            experts = _trtllm_experts(api, sc, stage, i, layer.fmt, own, expert_shard)
+        else:
+            experts = Experts(layer.fmt, sc.hidden, own,
+                              functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden),
+                              weighted=not sc.router_weight_on_input, shard=expert_shard)
+        recording = RecordingExperts(experts, log, own)
+        moe = MoELayer(MoELayerConfig(sc.experts, sc.top_k, sc.hidden, qc, ACT_DTYPE, sc.routed_scaling,
+                                      sc.router_weight_on_input, sc.expert_output),
+                       parallel, pf, recording, tp_group=ctx.groups["tp"])
+        if sc.shared_experts:
+            moe.shared_experts = SharedExpert(shared_weight(sc.seed, stage, i, sc.hidden),
+                                              tp if moe.shared_experts_partial else (0, 1))
+        layers.append((moe, recording))
     outputs, lanes = {}, {}
     for p in range(len(sc.passes)):
-        for i, (layer, pf) in enumerate(zip(layers, pfs)):
+        for i, (moe, recording) in enumerate(layers):
             x_TH, ids_TK, w_TK = layer_inputs(sc, p, stage, i, dp_rank)
-            experts = Experts(layer.fmt, sc.hidden, local_experts(sc.experts, sc.ep_size, ep_rank),
-                              functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden),
-                              weighted=not sc.router_weight_on_input)
             # The testbed's own collective is logged too: a rank that skipped an all-to-all
             # is then out of step with its peers at once, not at the timeout.
             log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
                       site="testbed: the start of a forward")
             counts = forward_pass_token_counts(ep_group, dp_rank, x_TH.size(0))
-            log.write(ev="forward", pass_=p, layer=i, reduced=bool(pf.output_is_reduced()))
+            log.write(ev="forward", pass_=p, layer=i, reduced=bool(moe.prepare_finalize.output_is_reduced()),
+                      pending=moe.reduce_pending, sp=moe.sequence_parallel)
+            recording.lanes = Counter()
             with forward_context(counts):
-                out = moe_forward(pf, x_TH, w_TK, ids_TK, experts, quant_config(layer.fmt),
-                                  num_experts=sc.experts, tp_group=ctx.groups["tp"],
-                                  apply_router_weight_on_input=sc.router_weight_on_input)
+                out = moe(x_TH, w_TK, ids_TK)
             log.write(ev="forward_end", pass_=p, layer=i)
             outputs[(p, i)] = out
-            lanes[(p, i)] = experts.lanes
+            lanes[(p, i)] = recording.lanes
     return {"outputs": outputs, "lanes": lanes}

@@ -5,19 +5,26 @@ Nothing here calls ``impl``. Every rank rebuilds every DP rank's inputs from the
 seed, so the reference needs no communication. Activations are chosen exactly representable
 in the layer's format (values on the format's grid, one block maximum per scale block, the
 block scale a power of two), so quantizing them loses nothing and the reference is the plain
-fp32 MoE of the inputs as given: ``out[t] = sum_k w[t,k] * x[t] @ W[ids[t,k]]``.
+fp32 MoE of the inputs as given: ``out[t] = s * sum_k w[t,k] * f_e(x[t]) + x[t] @ W_shared``
+with ``e = ids[t,k]``, ``s`` the routed scaling factor and the shared term only with shared
+experts. ``f_e`` is the linear map ``x @ W_e`` for the reference expert kernel and a SwiGLU
+MLP for the TRT-LLM kernels, whose weights are built directly on their format's grid (block
+values times power-of-two scales), so the kernel's weights and the reference's are the same
+numbers. With the router weight on the input the expert sees ``w * x`` instead.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import zlib
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from testbed.scenario.model import Layer, Scenario, row_bytes
+from testbed.scenario.model import INTERMEDIATE_PER_RANK, Layer, Scenario, row_bytes
 
 ACT_DTYPE = torch.bfloat16
 E4M3 = torch.float8_e4m3fn
@@ -96,33 +103,118 @@ def expert_weight(seed: int, stage: int, layer_idx: int, expert: int, hidden: in
     return torch.randn(hidden, hidden, generator=g) / hidden ** 0.5
 
 
-def dense_moe(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor,
-              weight: Callable[[int], torch.Tensor]) -> torch.Tensor:
-    """The dense fp32 MoE ``[T, H]``: ``sum_k w[t,k] * x[t] @ weight(ids[t,k])``."""
+Expert = Callable[[int, torch.Tensor], torch.Tensor]  # (e, x_nH fp32) -> y_nH fp32
+
+
+def linear_expert(weight: Callable[[int], torch.Tensor]) -> Expert:
+    return lambda e, x_nH: x_nH @ weight(e)
+
+
+def dense_moe(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, expert: Expert,
+              weight_on_input: bool = False) -> torch.Tensor:
+    """The dense fp32 MoE ``[T, H]``: ``sum_k w[t,k] * expert(ids[t,k], x[t])`` (or
+    ``expert(ids[t,k], w[t,k] * x[t])`` with the router weight on the input)."""
     x = x_TH.float()
     out_TH = torch.zeros(x.shape)
     for e in ids_TK.unique().tolist():
-        w_T = (w_TK * (ids_TK == e)).sum(1, keepdim=True)
-        out_TH += w_T * (x @ weight(e))
+        t, k = (ids_TK == e).nonzero(as_tuple=True)
+        w = w_TK[t, k, None].float()
+        y = expert(e, x[t] * w) if weight_on_input else w * expert(e, x[t])
+        out_TH.index_add_(0, t, y)
     return out_TH
+
+
+def layer_expert(sc: Scenario, stage: int, layer_idx: int) -> Expert:
+    """Expert ``e`` of a layer as the reference computes it (full, unsharded, fp32)."""
+    if sc.expert_kernel == "reference":
+        return linear_expert(lambda e: expert_weight(sc.seed, stage, layer_idx, e, sc.hidden))
+    fmt = sc.stages[stage][layer_idx].fmt
+
+    def swiglu(e: int, x_nH: torch.Tensor) -> torch.Tensor:
+        w = swiglu_weights(sc.seed, stage, layer_idx, e, fmt, sc.hidden, intermediate_size(sc))
+        h = x_nH @ w.w1.T
+        I = w.w2.size(1)
+        return (torch.nn.functional.silu(h[:, I:]) * h[:, :I]) @ w.w2.T
+    return swiglu
+
+
+@dataclass(frozen=True)
+class SwigluWeights:
+    """One SwiGLU expert: logical fp32 ``w1 [2I, H]`` (linear rows, then gate rows) and
+    ``w2 [H, I]``, and the same numbers in the kernel's format: ``(values, scales)`` per
+    matrix (bf16: scales None; fp8_block: e4m3 + fp32 per 128x128 block; nvfp4: e2m1
+    packed low nibble first + e4m3 per 16, global scale 1)."""
+
+    w1: torch.Tensor
+    w2: torch.Tensor
+    q1: tuple
+    q2: tuple
+
+
+@functools.lru_cache(maxsize=512)
+def swiglu_weights(seed: int, stage: int, layer_idx: int, expert: int, fmt: str, hidden: int,
+                   inter: int) -> SwigluWeights:
+    g = torch.Generator().manual_seed(_seed(seed, stage, layer_idx, expert, 13))
+    w1, q1 = _grid_matrix(fmt, 2 * inter, hidden, g)
+    w2, q2 = _grid_matrix(fmt, hidden, inter, g)
+    return SwigluWeights(w1, w2, q1, q2)
+
+
+def _grid_matrix(fmt: str, M: int, K: int, g: torch.Generator) -> tuple[torch.Tensor, tuple]:
+    """``[M, K]`` weights of typical size ``1/sqrt(K)`` on ``fmt``'s grid: (fp32, kernel form)."""
+    if fmt == "bf16":
+        v = (torch.randn(M, K, generator=g) / K ** 0.5).to(ACT_DTYPE)
+        return v.float(), (v, None)
+    sign = torch.where(torch.rand(M, K, generator=g) < 0.5, -1.0, 1.0)
+    if fmt == "fp8_block":
+        grid = E4M3_GRID[E4M3_GRID <= 2]
+        v = (sign * grid[torch.randint(len(grid), (M, K), generator=g)]).to(E4M3)
+        exp = torch.randint(0, 2, (M // 128, K // 128), generator=g).float() - round(math.log2(K ** 0.5))
+        scale = torch.exp2(exp)
+        return v.float() * scale.repeat_interleave(128, 0).repeat_interleave(128, 1), (v, scale)
+    codes = torch.randint(16, (M, K), generator=g)
+    vals = E2M1_GRID[codes & 7] * (1 - 2 * ((codes >> 3) & 1)).float()
+    sf = torch.exp2(torch.randint(0, 2, (M, K // 16), generator=g).float() - 2 - round(math.log2(K ** 0.5)))
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    return vals * sf.repeat_interleave(16, 1), (packed, sf.to(E4M3))
+
+
+def intermediate_size(sc: Scenario) -> int:
+    """A SwiGLU expert's intermediate size: each TP rank's share times the experts' TP."""
+    return INTERMEDIATE_PER_RANK * sc.moe_tp
+
+
+@functools.lru_cache(maxsize=64)
+def shared_weight(seed: int, stage: int, layer_idx: int, hidden: int) -> torch.Tensor:
+    """The layer's shared expert: the linear map ``x @ W``, fp32 ``[H, H]``."""
+    g = torch.Generator().manual_seed(_seed(seed, stage, layer_idx, 11))
+    return torch.randn(hidden, hidden, generator=g) / hidden ** 0.5
 
 
 def reference_output(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, dp_rank: int) -> torch.Tensor:
     """Dense fp32 ``[T, H]`` of one DP rank for one layer in one pass."""
-    return dense_moe(*layer_inputs(sc, pass_idx, stage, layer_idx, dp_rank),
-                     lambda e: expert_weight(sc.seed, stage, layer_idx, e, sc.hidden))
+    x_TH, ids_TK, w_TK = layer_inputs(sc, pass_idx, stage, layer_idx, dp_rank)
+    out = sc.routed_scaling * dense_moe(x_TH, ids_TK, w_TK, layer_expert(sc, stage, layer_idx),
+                                        sc.router_weight_on_input)
+    if sc.shared_experts:
+        out += x_TH.float() @ shared_weight(sc.seed, stage, layer_idx, sc.hidden)
+    return out
 
 
 def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, ep_rank: int) -> Counter:
     """The ``(expert, weight bits)`` lanes EP rank ``ep_rank``'s experts must compute in one
-    layer's forward: every lane routed to one of its experts, once per TP rank that sends it
-    (the TP ranks of a DP rank dispatch the same tokens)."""
+    layer's forward: every lane routed to one of its experts. The all-to-alls deliver each
+    once per TP rank that sends it (the TP ranks of a DP rank dispatch the same tokens),
+    unless sequence parallel splits the tokens across them; the all-gather gathers over
+    the DP group only (or with sequence parallel over the EP group); expert parallel off
+    computes the rank's own DP tokens."""
     own = local_experts(sc.experts, sc.ep_size, ep_rank)
     lanes: Counter = Counter()
     for d in range(sc.layout.dp):
         _, ids_TK, w_TK = layer_inputs(sc, pass_idx, stage, layer_idx, d)
         lanes.update(lane_keys(ids_TK, w_TK, own))
-    return Counter({k: n * sc.layout.tp for k, n in lanes.items()})
+    copies = sc.layout.tp if sc.path in ("one_sided", "two_sided") and not sc.sequence_parallel else 1
+    return Counter({k: n * copies for k, n in lanes.items()})
 
 
 def lane_keys(ids_NK: torch.Tensor, w_NK: torch.Tensor, own: range) -> list[tuple[int, int]]:

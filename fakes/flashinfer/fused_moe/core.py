@@ -63,11 +63,13 @@ def _precomputed_routing(topk_ids, top_k: int, num_experts: int):
         w_TK = (topk_ids & 0xFFFF).to(torch.int16).view(torch.bfloat16).float()
     icheck(ids_TK.dim() == 2 and ids_TK.size(1) == top_k, "topk_ids.size(1) == top_k",
            f"topk_ids must be [num_tokens, {top_k}]")
-    # Negative ids are invalid lanes (the one-sided dispatch's invalid_token_expert_id=-1):
-    # the kernel skips them. Ids past num_experts would be read out of bounds: stricter, raise.
-    if ids_TK.numel() and (ids_TK.min() < -1 or ids_TK.max() >= num_experts):
-        raise RuntimeError(f"expert ids must be in [0, {num_experts}) or -1 (invalid); got "
-                           f"[{int(ids_TK.min())}, {int(ids_TK.max())}]")
+    # The routing kernels skip every lane whose expert is not local (RoutingKernel.cuh guards
+    # each use with isLocalExpert), so the sentinels the all-to-alls write, -1 (one-sided) and
+    # num_experts (two-sided), are skipped. Any other id outside [0, num_experts) is no
+    # all-to-all's output: stricter, raise.
+    if ids_TK.numel() and (ids_TK.min() < -1 or ids_TK.max() > num_experts):
+        raise RuntimeError(f"expert ids must be in [0, {num_experts}), -1 or {num_experts} (the invalid-lane "
+                           f"sentinels); got [{int(ids_TK.min())}, {int(ids_TK.max())}]")
     return ids_TK, w_TK
 
 
