@@ -41,16 +41,16 @@ def canonical_backend(name: str) -> str:
 
 _NO_COMBINE_REGION = ("only the one-sided MoeAlltoAll has a combine region the experts can write into "
                       "(get_combine_payload_tensor_in_workspace)")
-_DEFER = ("the top-k reduce runs inside the {} combine, which needs finalized rows; vLLM defers "
-          "finalize only without expert parallel (tp_size > 1, dp_size == 1, ep_size == 1)")
+_DEFER = ("the {} needs each token's finalized rows, so the top-k reduce cannot wait for the consumer; "
+          "vLLM defers finalize only without expert parallel (tp_size > 1, dp_size == 1, ep_size == 1)")
 # backend -> feature -> None (supported) or the rule that rejects it.
 SUPPORT: dict[str, dict[str, str | None]] = {
     ONE_SIDED: {"bf16": None, "nvfp4": None, "mxfp8": None, "fp8_block": None,
-                "sequence_parallel": None, "deferred_finalize": _DEFER.format("all-to-all"),
+                "sequence_parallel": None, "deferred_finalize": _DEFER.format("all-to-all combine"),
                 "workspace_output": None},
     TWO_SIDED: {"bf16": None, "nvfp4": None, "mxfp8": None, "fp8_block": None,
                 "sequence_parallel": "vLLM's use_sequence_parallel_moe does not list the two-sided all-to-all",
-                "deferred_finalize": _DEFER.format("all-to-all"), "workspace_output": _NO_COMBINE_REGION},
+                "deferred_finalize": _DEFER.format("all-to-all combine"), "workspace_output": _NO_COMBINE_REGION},
     AG_RS: {"bf16": None, "nvfp4": None, "mxfp8": None, "fp8_block": None,
             "sequence_parallel": None, "deferred_finalize": _DEFER.format("reduce-scatter"),
             "workspace_output": _NO_COMBINE_REGION},

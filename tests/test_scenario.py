@@ -72,7 +72,7 @@ def test_scenario_matrix_covers_the_dimensions():
     0-token ranks and passes; stages that rebuild a different number of times)."""
     formats = {ly.fmt for sc in MATRIX for st in sc.stages for ly in st}
     assert formats == {"bf16", "nvfp4", "mxfp8", "fp8_block"}
-    assert {sc.path for sc in MATRIX} == {"one_sided", "two_sided"}
+    assert {sc.path for sc in MATRIX} == {"one_sided", "two_sided", "allgather_reducescatter", "none"}
     assert {sc.profile for sc in MATRIX} == {"0.6.8", "0.6.14", "0.6.16", "0.7.2"}
     assert {sc.combine_signature for sc in MATRIX} >= {"release", "kw-only", "kwargs-only", "positional-only",
                                                        "opaque"}
@@ -83,6 +83,16 @@ def test_scenario_matrix_covers_the_dimensions():
     assert any(0 in p for sc in MATRIX for p in sc.passes)
     assert any(max(p) == 0 for sc in MATRIX for p in sc.passes)
     assert len({len({ly.max_num_tokens for ly in st}) > 1 for sc in MATRIX for st in sc.stages}) == 2
+    assert {sc.path for sc in MATRIX if sc.sequence_parallel} == {"one_sided", "allgather_reducescatter"}
+    assert any(sc.sequence_parallel and sc.layout.tp == 4 for sc in MATRIX)
+    assert any(sc.sequence_parallel and sc.layout.pp > 1 for sc in MATRIX)
+    assert {sc.layout.tp for sc in MATRIX if sc.defer_finalize} >= {1, 2, 4}
+    assert {sc.path for sc in MATRIX if sc.expert_kernel == "trtllm"} >= {"one_sided", "two_sided", "none"}
+    assert {ly.fmt for sc in MATRIX if sc.expert_kernel == "trtllm" for st in sc.stages for ly in st} \
+        == {"bf16", "nvfp4", "fp8_block"}
+    assert any(sc.expert_output == "workspace" for sc in MATRIX)
+    assert any(sc.shared_experts and sc.routed_scaling != 1.0 for sc in MATRIX)
+    assert {sc.invalid_expert_id for sc in MATRIX} == {"-1", "num_experts"}
     assert len(MATRIX) >= 12
 
 

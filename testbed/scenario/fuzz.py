@@ -1,9 +1,11 @@
 """Hypothesis strategies over the scenario model, and the fuzz loop of ``a2a-testbed fuzz``.
 
-Layouts up to 8 ranks (TP 1/2/4, PP 1/2/4, PP with TP > 1), both paths, every profile,
-mixed formats and budgets per layer, uneven and 0-token passes (also all-zero ones), counts
-that grow past earlier ones, top_k from the kernels' set, every routing pattern, combine
-signature and slot order. Scenarios the kernels cannot run are never drawn: each choice is
+Layouts up to 8 ranks (TP 1/2/4, PP 1/2/4, PP with TP > 1), every path (both all-to-alls,
+all-gather/reduce-scatter, expert parallel off), every profile, mixed formats and budgets per
+layer, uneven and 0-token passes (also all-zero ones), counts that grow past earlier ones,
+top_k from the kernels' set, every routing pattern, combine signature and slot order;
+sequence parallel, deferred finalize, shared experts, routed scaling, the TRT-LLM kernels,
+workspace-resident expert output and the expert-id sentinel wherever they apply. Scenarios the kernels cannot run are never drawn: each choice is
 made from what the earlier ones allow (and :meth:`Scenario.validate` still checks them).
 """
 
@@ -20,10 +22,13 @@ from testbed.cluster.layout import ParallelLayout
 from testbed.scenario.model import (
     COMBINE_SIGNATURES,
     FORMATS,
+    INVALID_EXPERT_IDS,
     PROFILES,
     ROUTINGS,
     SLOT_ORDERS,
     SUPPORTED_TOP_K,
+    TRTLLM_FORMATS,
+    TRTLLM_HIDDEN_BLOCK,
     Layer,
     Scenario,
     ScenarioInputError,
@@ -39,7 +44,11 @@ MAX_BUDGET = 24
 def scenarios(draw) -> Scenario:
     layout = draw(st.sampled_from(LAYOUTS))
     ep = layout.ep_size
-    path = draw(st.sampled_from(("one_sided", "two_sided") if ep >= 2 else ("one_sided",)))
+    paths = ("one_sided", "allgather_reducescatter") + (("two_sided",) if ep >= 2 else ()) \
+        + (("none",) if layout.dp == 1 else ())
+    path = draw(st.sampled_from(paths))
+    if path == "none":
+        ep = 1
     profile = draw(st.sampled_from(PROFILES))
     divisible = path == "two_sided" or profile in ("0.6.8", "0.6.14")
     unit = math.lcm(4, ep) if path == "two_sided" else ep
@@ -47,6 +56,7 @@ def scenarios(draw) -> Scenario:
     formats = draw(st.lists(st.sampled_from(FORMATS), min_size=1, max_size=3))
     hidden = draw(st.sampled_from([h for h in (64, 96, 128, 256, 512)
                                    if not any(hidden_rule(f, h, path) for f in formats)]))
+    trtllm = set(formats) <= set(TRTLLM_FORMATS) and hidden % TRTLLM_HIDDEN_BLOCK == 0 and draw(st.booleans())
     stages = []
     for _ in range(layout.pp):
         n = draw(st.integers(1, 3))
@@ -59,12 +69,24 @@ def scenarios(draw) -> Scenario:
     top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K
                                   if k <= experts or routing in ("hotspot", "one-expert")]))
     signature = draw(st.sampled_from(COMBINE_SIGNATURES)) if path == "one_sided" else "release"
+    sp_ok = path in ("one_sided", "allgather_reducescatter") and layout.tp > 1 and layout.dp > 1
+    one_sided = path == "one_sided"
+    features = dict(
+        sequence_parallel=sp_ok and draw(st.booleans()),
+        defer_finalize=path == "none" and draw(st.booleans()),
+        shared_experts=hidden % layout.tp == 0 and draw(st.booleans()),
+        routed_scaling=draw(st.sampled_from((1.0, 2.5, 0.5))),
+        expert_kernel="trtllm" if trtllm else "reference",
+        expert_output="workspace" if one_sided and signature == "release" and draw(st.booleans()) else "separate",
+        invalid_expert_id=draw(st.sampled_from(INVALID_EXPERT_IDS)) if one_sided else "-1",
+    )
     try:
         return Scenario.make(layout=layout, stages=tuple(stages), passes=passes, path=path, profile=profile,
                              experts=experts, top_k=top_k, hidden=hidden, routing=routing,
                              combine_signature=signature, slot_order=draw(st.sampled_from(SLOT_ORDERS)),
                              seed=draw(st.integers(0, 2 ** 16)),
-                             router_weight_on_input=top_k == 1 and draw(st.booleans()), label="fuzz")
+                             router_weight_on_input=top_k == 1 and draw(st.booleans()), label="fuzz",
+                             **features)
     except ScenarioInputError as e:  # the strategy drew something it should not have
         raise AssertionError(f"the scenario strategy drew an invalid scenario: {e}") from e
 

@@ -1,9 +1,13 @@
 """The integration matrix: what ``a2a-testbed run`` checks with no arguments.
 
-Every path, format and profile; layers whose needs grow, stay equal, and whose token budget
-grows while their bytes shrink; PP 2 with stages that rebuild a different number of times
-(also with TP > 1); TP 4; 0-token ranks and an all-zero pass; passes that grow and shrink;
-every routing pattern and combine signature.
+Every path (both FlashInfer all-to-alls, the all-gather/reduce-scatter baseline, expert
+parallel off), format and profile; layers whose needs grow, stay equal, and whose token
+budget grows while their bytes shrink; PP 2 with stages that rebuild a different number of
+times (also with TP > 1); TP 4; 0-token ranks and an all-zero pass; passes that grow and
+shrink; every routing pattern and combine signature; sequence parallel (uneven chunks, a
+remainder, TP ranks without tokens), deferred finalize (and its guard at TP 1 and on 0-token
+passes), shared experts, routed scaling, the TRT-LLM kernels, workspace-resident expert
+output and both expert-id sentinels.
 """
 
 from __future__ import annotations
@@ -44,4 +48,27 @@ MATRIX: tuple[Scenario, ...] = (
        label="router weight on input (top_k 1)"),
     _s("4,1,4,1", "mxfp8:8,bf16:8", "2,0,1,3", path="two_sided", hidden=512, top_k=1,
        router_weight_on_input=True, routing="spread", label="two-sided, router weight on input"),
+    # -- the rest of the integration (seeds 003, 004) ------------------------------------------
+    _s("4,2,2,1", "nvfp4:8,bf16:8", "0,5 3,3", path="allgather_reducescatter", shared_experts=True,
+       routed_scaling=2.5, label="all-gather/reduce-scatter: the layer's TP reduce; shared experts, scaling"),
+    _s("4,2,2,1", "fp8_block:8,mxfp8:8", "1,5 4,0", path="allgather_reducescatter", sequence_parallel=True,
+       routing="spread", label="all-gather/reduce-scatter under SP: over the EP group, no TP reduce"),
+    _s("8,4,2,1", "bf16:8,nvfp4:8", "1,6 5,0", sequence_parallel=True, expert_kernel="trtllm", shared_experts=True,
+       label="SP on TP 4: 1, 6 and 5 tokens over 4 TP ranks (remainders, empty ranks); TRT-LLM kernels"),
+    _s("8,2,2,2", "nvfp4:8,mxfp8:8;bf16:8", "3,1 0,2", sequence_parallel=True, expert_output="workspace",
+       label="SP with PP 2 and TP 2; expert output in the workspace"),
+    _s("4,4,1,1", "bf16:8,nvfp4:8,mxfp8:8", "5 0 3", path="none", defer_finalize=True, shared_experts=True,
+       routed_scaling=2.5, label="expert parallel off, TP 4: deferred finalize, a 0-token pass, shared, scaling"),
+    _s("4,2,1,2", "bf16:8,fp8_block:8;nvfp4:8", "3 0", path="none", expert_kernel="trtllm", defer_finalize=True,
+       label="deferred TRT-LLM bf16/nvfp4 kernels (fp8 cannot defer), PP 2"),
+    _s("2,1,1,2", "bf16:8;nvfp4:8", "4 2", path="none", defer_finalize=True, shared_experts=True,
+       label="defer requested at TP 1: not taken (historical bug 6)"),
+    _s("4,2,2,1", "bf16:8,nvfp4:16,fp8_block:8", "2,6 0,3", expert_kernel="trtllm", expert_output="workspace",
+       invalid_expert_id="num_experts", label="TRT-LLM kernels into the workspace; num_experts as the sentinel"),
+    _s("4,1,4,1", "bf16:8,fp8_block:8", "2,0,3,1", path="two_sided", expert_kernel="trtllm", hidden=512,
+       label="two-sided with TRT-LLM kernels (num_experts ids of other ranks' experts)"),
+    _s("2,1,2,1", "nvfp4:8,bf16:8", "3,0", profile="0.6.8", expert_output="workspace",
+       label="expert output in the workspace on 0.6.8 (combine without output=)"),
+    _s("4,2,2,1", "bf16:8", "3,2", top_k=1, router_weight_on_input=True, expert_kernel="trtllm",
+       path="allgather_reducescatter", label="router weight on input before a SwiGLU expert"),
 )

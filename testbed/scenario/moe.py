@@ -31,6 +31,7 @@ from testbed.scenario.reference import (
     ACT_DTYPE,
     NVFP4_GLOBAL_SCALE,
     dense_moe,
+    linear_expert,
     expert_weight,
     local_experts,
     representable,
@@ -93,7 +94,7 @@ def case_weight(case: MoECase, expert: int) -> torch.Tensor:
 
 def reference_output(case: MoECase, dp_rank: int) -> torch.Tensor:
     """Dense fp32 ``[T, H]``: ``sum_k w[t,k] * (x[t] @ W_ids[t,k])``."""
-    return dense_moe(*rank_inputs(case, dp_rank), functools.partial(case_weight, case))
+    return dense_moe(*rank_inputs(case, dp_rank), linear_expert(functools.partial(case_weight, case)))
 
 
 def case_experts(case: MoECase, ep_size: int, ep_rank: int) -> Experts:

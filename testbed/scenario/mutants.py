@@ -48,6 +48,7 @@ UNITS, ONE_SIDED_TESTS = "tests/test_impl_units.py", "tests/test_impl_one_sided.
 
 OS, MGR = "impl.one_sided", "impl.one_sided:OneSidedManager"
 PF = "impl.one_sided:OneSidedPrepareFinalize"
+LAYER = "impl.moe_layer:MoELayer"
 CATALOGUE: tuple[Mutant, ...] = (
     # -- workspace growth (seed 001) --------------------------------------------------------
     _m("first-layer-workspace", "historical bug 2: the workspace is built for the first layer and never grown",
@@ -124,12 +125,10 @@ CATALOGUE: tuple[Mutant, ...] = (
        "impl.two_sided:TwoSidedPrepareFinalize.output_is_reduced", "return True", "return False",
        ("reduce", "output_is_reduced")),
     _m("reduce-ignores-contract", "the MoE layer all-reduces over TP whatever output_is_reduced() says",
-       "impl.moe_layer:MoELayer.reduce_pending",
-       "return not self.prepare_finalize.output_is_reduced() and not self.sequence_parallel",
-       "return not self.sequence_parallel",
+       "impl.moe_layer:MoELayer._finalized", "reduce=self.reduce_pending)", "reduce=True)",
        ("reduce", "all_reduce")),
     _m("router-weight-not-applied", "prepare ignores apply_router_weight_on_input",
-       f"{PF}.prepare", "            scale_input_by_router_weight(a1, topk_weights, topk_ids)\n",
+       f"{PF}.prepare", "            a1 = scale_input_by_router_weight(a1, topk_weights, topk_ids)\n",
        "            pass\n", ("output", "")),
     # -- layout and quantizers (seed 003) ----------------------------------------------------
     _m("nvfp4-scale-width", "the nvfp4 layout counts one scale per 32 values",
@@ -175,10 +174,65 @@ CATALOGUE: tuple[Mutant, ...] = (
        f"{PF}.prepare", "ids_index = len(payloads) - 2", "ids_index = len(payloads) - 1",
        ("completes", "expert_ids must be int32")),
     _m("sentinel-zero", "stale received rows are marked with expert 0 instead of -1",
-       f"{PF}.prepare", "invalid_token_expert_id=INVALID_EXPERT_ID", "invalid_token_expert_id=0",
+       f"{PF}.prepare", "invalid_token_expert_id=self.invalid_expert_id", "invalid_token_expert_id=0",
        ("expert-load", "")),
     _m("no-sanitize", "stale received rows keep the expert ids of an earlier round",
-       f"{PF}.prepare", "invalid_token_expert_id=INVALID_EXPERT_ID, ", "", ("expert-load", "")),
+       f"{PF}.prepare", "invalid_token_expert_id=self.invalid_expert_id, ", "", ("expert-load", "")),
+    # -- sequence parallel (seed 003) -------------------------------------------------------
+    _m("sp-no-gather", "under sequence parallel the chunks are not all-gathered over TP",
+       f"{LAYER}.__call__", "        return torch.cat(parts)[:T]\n", "        return y_CH\n", ("output", "")),
+    _m("sp-not-split", "under sequence parallel every TP rank routes all of its DP rank's tokens",
+       f"{LAYER}.__call__", "rows = sp_chunk(T, tp_size, tp_rank)", "rows = range(T)",
+       ("expert-load", ""), ("output", "")),
+    _m("sp-sizes-ignored", "the dispatching ranks' counts ignore the sequence-parallel split",
+       "impl.forward_context:token_counts_per_rank", "return sp if sp is not None else num_tokens_across_dp()",
+       "return num_tokens_across_dp()", ("runtime-max-tokens", ""), ("completes", "one token count per rank")),
+    _m("agrs-gathers-over-dp-under-sp", "all-gather/reduce-scatter stays on the DP group under sequence parallel",
+       "impl.factory:make_prepare_finalize", "AllGatherReduceScatter(ep_group if parallel.use_sequence_parallel_moe",
+       "AllGatherReduceScatter(dp_group if parallel.use_sequence_parallel_moe", ("completes", ""),
+       ("output", "")),
+    # -- the reduce contract's other side: all-gather/reduce-scatter, expert parallel off -----
+    _m("agrs-claims-reduced", "all-gather/reduce-scatter says its output is reduced (the TP reduce is skipped)",
+       "impl.gather:AllGatherReduceScatter.output_is_reduced", "return False", "return True",
+       ("reduce", "output_is_reduced")),
+    _m("no-ep-claims-reduced", "expert parallel off says its output is reduced (the TP reduce is skipped)",
+       "impl.gather:LocalPrepareFinalize.output_is_reduced", "return False", "return True",
+       ("reduce", "output_is_reduced")),
+    _m("reduce-scatter-keeps-all", "the reduce-scatter hands back the first rank's rows on every rank",
+       "impl.gather:reduce_scatterv", "start = sum(sizes[:me])", "start = 0", ("output", "")),
+    # -- the output contract and deferred finalize (seed 004) --------------------------------
+    _m("defer-at-tp1", "historical bug 6: deferral ignores the TP > 1 guard",
+       "impl.parallel:ParallelConfig.use_deferred_moe_finalize", "self.defer_moe_finalize and self.moe_tp_size > 1",
+       "self.defer_moe_finalize", ("finalize", "")),
+    _m("defer-on-empty-rank", "historical bug 6: a 0-token rank defers too",
+       f"{LAYER}.forward", "self.parallel.use_deferred_moe_finalize and T > 0 and",
+       "self.parallel.use_deferred_moe_finalize and", ("finalize", ""), ("completes", "0 tokens")),
+    _m("topk-reduce-unweighted", "the consumer's top-k reduce ignores the expert weights",
+       "impl.moe_output:topk_reduce", "routed.expert_weights.float()[hit][:, None] * rows", "rows",
+       ("output", "")),
+    _m("scaling-dropped", "the consumer drops the routed scaling factor",
+       "impl.moe_output:finalize_moe_output", "y_TH = routed * float(out.routed_scaling_factor)", "y_TH = routed",
+       ("output", "")),
+    _m("scaling-on-shared", "the routed scaling factor is applied after the shared add",
+       "impl.moe_output:finalize_moe_output", "        y_TH += out.shared_output.float()\n",
+       "        y_TH = (routed + out.shared_output.float()) * float(out.routed_scaling_factor)\n",
+       ("output", "")),
+    _m("shared-output-dropped", "the layer leaves the shared experts' output out of its MoEOutput",
+       f"{LAYER}.forward", "        return MoEOutput(routed, shared, cfg.routed_scaling_factor)",
+       "        return MoEOutput(routed, None, cfg.routed_scaling_factor)", ("output", "")),
+    # -- experts writing into the workspace, and the TRT-LLM experts ---------------------------
+    _m("workspace-staging-copy", "expert output in the workspace is still combined through a staging copy",
+       f"{PF}.finalize", "payload_in_workspace=in_workspace is not None)", "payload_in_workspace=False)",
+       ("expert-output", "payload_in_workspace")),
+    _m("trtllm-offset-zero", "the TRT-LLM experts are told their first local expert is 0",
+       "impl.experts:TrtLlmExperts.__call__", "local_expert_offset=self.local_expert_offset,",
+       "local_expert_offset=0,", ("output", "")),
+    _m("trtllm-gate-rows-unordered", "bf16 gemm1 weights skip the gated-activation row reorder",
+       "impl.experts:_shuffled_block_major", "raw = fm.reorder_rows_for_gated_act_gemm(raw) if gated else raw",
+       "raw = raw", ("output", "")),
+    _m("trtllm-router-weight-twice", "the TRT-LLM experts weight the rows again after prepare applied the weight",
+       "impl.experts:TrtLlmExperts.__call__", "if self.weighted else torch.ones_like(", "if True else torch.ones_like(",
+       ("output", "")),
     # -- what scenarios cannot reach: refusals and checkpoints, caught by the tests named ----
     _m("split-ignores-colors", "the communicator's Split pretends a split over different colors worked",
        "impl.communicator:_GroupCommunicator.Split", "if len(colors) != 1:", "if len(colors) > len(pairs):",
@@ -223,7 +277,8 @@ def apply(name: str) -> Callable[[], None]:
     for part in owner_path:
         owner = getattr(owner, part)
     original = inspect.getattr_static(owner, attr)
-    lines, first = inspect.getsourcelines(original)
+    function = original.fget if isinstance(original, property) else original  # its source has @property
+    lines, first = inspect.getsourcelines(function)
     source = "".join(lines)
     count = source.count(m.old)
     if count != 1:
@@ -233,7 +288,7 @@ def apply(name: str) -> Callable[[], None]:
         mutated = mutated.replace("super()", f"super({owner_path[-1]}, self)")
     namespace: dict = {}
     try:
-        exec(compile("\n" * (first - 1) + mutated, inspect.getsourcefile(original), "exec"),
+        exec(compile("\n" * (first - 1) + mutated, inspect.getsourcefile(function), "exec"),
              module.__dict__, namespace)
         replacement = namespace[attr]
     except Exception as e:  # noqa: BLE001 - whatever it is, the mutant is broken, not killed
