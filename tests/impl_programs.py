@@ -210,3 +210,13 @@ def bad_prepare(ctx, case: MoECase, what: str) -> None:
     }[what])
     with forward_context(case.tokens_per_dp):
         pf.prepare(args["x"], args["w"], args["ids"], args["E"], None, args["on_input"], case.quant_config())
+
+
+def wrong_workspace_output(ctx, case: MoECase, how: str) -> None:
+    """The experts are handed the combine region but return something else."""
+    _, pf = _one_layer(ctx, case)
+    prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
+    buf_NH = pf.expert_output_buffer(ACT_DTYPE)
+    out = {"copy": buf_NH.clone(), "dtype": buf_NH.half(), "shape": buf_NH[:, :128],
+           "strided": buf_NH.t().contiguous().t(), "region": buf_NH}[how]
+    pf.finalize(torch.empty_like(x_TH), out, w_TK, ids_TK, False, None)

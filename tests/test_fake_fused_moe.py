@@ -88,10 +88,11 @@ def test_fused_moe_bf16_routed_matches_dense_reference(packed):
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
 
 
-def test_fused_moe_invalid_lanes_are_skipped():
+@pytest.mark.parametrize("sentinel", [-1, E])  # the one-sided dispatch's -1, the two-sided num_experts
+def test_fused_moe_invalid_lanes_are_skipped(sentinel):
     x, w1, w2, ids, w = _inputs(7)
     g1, g2 = _bf16_kernel_weights(w1, w2)
-    ids[::2, 0] = -1  # what the one-sided dispatch writes for lanes with no expert
+    ids[::2, 0] = sentinel
     out = _bf16_routed((ids, w), x, g1, g2)
     ref = reference(x, w1.bfloat16().float(), w2.bfloat16().float(), ids, w)
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())

@@ -179,6 +179,28 @@ def test_one_sided_finalize_rejects_expert_output_of_the_wrong_size(cluster):
         cluster.run(short_expert_output, ParallelLayout(2, dp=2), (case,))
 
 
+@pytest.mark.parametrize("how, rule", [
+    ("copy", "the combine region itself"),
+    ("dtype", "of dtype torch.bfloat16, got torch.float16"),
+    ("shape", r"of shape \[6, 256\], got \[6, 128\]"),
+    ("strided", "contiguous"),
+])
+def test_one_sided_workspace_output_refuses_another_buffer(cluster, how, rule):
+    from impl_programs import wrong_workspace_output
+
+    case = _layers(2, ["bf16"], tokens=(3, 3))[0]
+    with pytest.raises(RankFailedError, match="fused_expert_output: the experts were handed the workspace's combine "
+                                              f"region .*must be {rule}"):
+        cluster.run(wrong_workspace_output, ParallelLayout(2, dp=2), (case, how))
+
+
+def test_one_sided_workspace_output_accepts_the_region_itself(cluster):
+    from impl_programs import wrong_workspace_output
+
+    case = _layers(2, ["bf16"], tokens=(3, 3))[0]
+    cluster.run(wrong_workspace_output, ParallelLayout(2, dp=2), (case, "region"))
+
+
 def test_one_sided_checkpoint_prepare_restore(cluster):
     case = _layers(2, ["bf16"])[0]
     for rank, res in enumerate(cluster.run(checkpoint_cycle, ParallelLayout(2, dp=2), (case, "0.7.2"))):
