@@ -4,6 +4,7 @@ and one mutant end to end through the command line."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import subprocess
 import sys
@@ -21,8 +22,11 @@ SCRIPT = Path(sys.executable).parent / "a2a-testbed"
 @pytest.mark.parametrize("m", mutants.CATALOGUE, ids=lambda m: m.name)
 def test_mutant_applies_and_undoes_exactly(m):
     module_name, _, path = m.target.partition(":")
-    module, attr = sys.modules[module_name], path.split(".")[-1]
-    before = getattr(module, attr, None)
+    *owner_path, attr = path.split(".")
+    owner = sys.modules[module_name]
+    for part in owner_path:
+        owner = getattr(owner, part)
+    before = inspect.getattr_static(owner, attr)
     undo = mutants.apply(m.name)
     try:
         assert m.expect and all(kind in invariants.INVARIANTS or (kind == "tests" and m.tests)
@@ -32,7 +36,7 @@ def test_mutant_applies_and_undoes_exactly(m):
             assert f"def {func}(" in (Path(__file__).parent.parent / path).read_text(), test_id
     finally:
         undo()
-    assert getattr(module, attr, None) is before
+    assert inspect.getattr_static(owner, attr) is before
 
 
 def test_mutant_catalogue_is_large_and_named_uniquely():
