@@ -61,9 +61,6 @@ class AllGatherReduceScatter:
     def output_is_reduced(self) -> bool:
         return False
 
-    def supports_deferred_finalize(self) -> bool:
-        return False
-
     def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,
                 quant_config: QuantConfig, defer_input_quant: bool = False) -> PrepareResult:
@@ -105,9 +102,6 @@ class LocalPrepareFinalize:
 
     def output_is_reduced(self) -> bool:
         return False
-
-    def supports_deferred_finalize(self) -> bool:
-        return True
 
     def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,

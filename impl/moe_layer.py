@@ -46,8 +46,6 @@ class PrepareFinalize(Protocol):
 
     def output_is_reduced(self) -> bool: ...
 
-    def supports_deferred_finalize(self) -> bool: ...
-
 
 class ExpertsKernel(Protocol):
     def __call__(self, prepared: PrepareResult, *, defer: bool = False,
@@ -152,14 +150,13 @@ class MoELayer:
         -------
         MoEOutput
             ``routed`` is an :class:`UnfinalizedMoEOutput` only when deferral is on
-            (:attr:`ParallelConfig.use_deferred_moe_finalize`), this rank has tokens and both
-            the prepare/finalize and the experts can defer.
+            (:attr:`ParallelConfig.use_deferred_moe_finalize`), this rank has tokens and the
+            experts can defer.
         """
         cfg, pf = self.config, self.prepare_finalize
         T = x_TH.size(0)
         shared = self.shared_experts(x_TH) if self.shared_experts is not None else None
-        defer = (self.parallel.use_deferred_moe_finalize and T > 0 and pf.supports_deferred_finalize()
-                 and self.experts.supports_deferred_finalize())
+        defer = self.parallel.use_deferred_moe_finalize and T > 0 and self.experts.supports_deferred_finalize()
         prepared = pf.prepare(x_TH, topk_weights_TK, topk_ids_TK, cfg.num_experts, None,
                               cfg.apply_router_weight_on_input, cfg.quant_config)
         buffer = pf.expert_output_buffer(cfg.activation_dtype) if cfg.expert_output == "workspace" else None

@@ -227,9 +227,6 @@ class OneSidedPrepareFinalize:
     def output_is_reduced(self) -> bool:
         return True
 
-    def supports_deferred_finalize(self) -> bool:
-        return False
-
     def topk_indices_dtype(self) -> Optional[torch.dtype]:
         return torch.int32
 

@@ -17,8 +17,6 @@ AG_RS = "allgather_reducescatter"
 NO_EP = "none"  # expert parallel off: TP-sharded experts, no all-to-all
 BACKENDS = (ONE_SIDED, TWO_SIDED, AG_RS, NO_EP)
 ALIASES = {"flashinfer_all2allv": TWO_SIDED}  # vLLM's deprecated name for the two-sided one
-# vLLM's use_sequence_parallel_moe list, restricted to the backends here (two-sided is not on it).
-SEQUENCE_PARALLEL_BACKENDS = (ONE_SIDED, AG_RS)
 FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
 MODES = ("sequence_parallel", "deferred_finalize", "workspace_output")
 
@@ -160,7 +158,7 @@ class ParallelConfig:
         """Why this deployment does not split MoE tokens across TP ranks, or None when it does."""
         if not self.sequence_parallel_moe:
             return "sequence_parallel_moe is off"
-        if self.all2all_backend not in SEQUENCE_PARALLEL_BACKENDS:
+        if SUPPORT[self.all2all_backend]["sequence_parallel"] is not None:
             return SUPPORT[self.all2all_backend]["sequence_parallel"]
         if not (self.tp > 1 and self.dp > 1):
             return f"sequence-parallel MoE needs tp > 1 and dp > 1, got tp={self.tp}, dp={self.dp}"
@@ -172,9 +170,10 @@ class ParallelConfig:
 
     @property
     def use_deferred_moe_finalize(self) -> bool:
-        """vLLM's guard: TP-only (no DP, no EP, no SP); read at use, as the flag is set late."""
+        """vLLM's guard: TP-only (no DP, no EP, no SP) on a backend that can defer; read at
+        use, as the flag is set late."""
         return (self.defer_moe_finalize and self.moe_tp_size > 1 and self.dp == 1 and not self.use_ep
-                and not self.use_sequence_parallel_moe)
+                and not self.use_sequence_parallel_moe and SUPPORT[self.all2all_backend]["deferred_finalize"] is None)
 
 
 if __name__ == "__main__":
