@@ -19,10 +19,9 @@ from impl.backend import FlashInferAPI
 from impl.compat import supports_kw
 from impl.moe_layer import PrepareResult
 from impl.moe_output import UnfinalizedMoEOutput
+from impl.parallel import DEFERRING_FORMATS, TRTLLM_FORMATS
 from impl.quant import prepare_deepseek_fp8_x_sf
 
-KERNEL_FORMATS = ("bf16", "nvfp4", "fp8_block")
-DEFERRING_FORMATS = ("bf16", "nvfp4")  # the kernels vLLM lets stop after GEMM2 (seed 004)
 EPILOGUE_TILE_M = {"bf16": 64, "fp8_block": 64, "nvfp4": 128}
 BLOCK_MAJOR_K_BYTES = 128
 
@@ -83,8 +82,8 @@ class TrtLlmExperts:
 
     def __init__(self, api: FlashInferAPI, fmt: str, w1: Weights, w2: Weights, *, num_experts: int, top_k: int,
                  local_expert_offset: int, a1_gscale: Optional[torch.Tensor] = None, weighted: bool = True):
-        if fmt not in KERNEL_FORMATS:
-            raise NotImplementedError(f"TRT-LLM experts implemented for {', '.join(KERNEL_FORMATS)}; got fmt={fmt!r}")
+        if fmt not in TRTLLM_FORMATS:
+            raise NotImplementedError(f"TRT-LLM experts implemented for {', '.join(TRTLLM_FORMATS)}; got fmt={fmt!r}")
         if fmt == "nvfp4" and a1_gscale is None:
             raise ValueError("a1_gscale: the nvfp4 kernel needs the activations' global scale")
         self.api, self.fmt, self.num_experts, self.top_k = api, fmt, num_experts, top_k

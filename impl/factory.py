@@ -52,6 +52,10 @@ def make_prepare_finalize(parallel: ParallelConfig, manager: Optional[Manager], 
     if backend == AG_RS:
         return AllGatherReduceScatter(ep_group if parallel.use_sequence_parallel_moe else dp_group)
     assert backend == NO_EP, backend
+    if parallel.dp > 1:
+        raise NotImplementedError(
+            f"all2all_backend={NO_EP!r} with dp={parallel.dp}: with expert parallel off vLLM flattens TP across "
+            "DP and gathers every DP rank's tokens naively; impl implements expert parallel off for dp = 1 only")
     return LocalPrepareFinalize()
 
 

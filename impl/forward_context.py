@@ -58,6 +58,10 @@ def sequence_parallel_sizes(tp_size: int) -> Iterator[None]:
         _SP_SIZES.reset(token)
 
 
+def sequence_parallel_active() -> bool:
+    return _SP_SIZES.get() is not None
+
+
 def token_counts_per_rank() -> Optional[tuple[int, ...]]:
     """What each rank of the dispatching group holds: the sequence-parallel sizes per EP rank
     inside :func:`sequence_parallel_sizes`, else the counts per DP rank (None outside a

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from impl.formats import ActivationFormat, QuantConfig, activation_format
-from impl.forward_context import sequence_parallel_sizes, sp_chunk
+from impl.forward_context import sequence_parallel_active, sequence_parallel_sizes, sp_chunk
 from impl.moe_output import MoEOutput, UnfinalizedMoEOutput, finalize_moe_output
-from impl.parallel import ParallelConfig, check_supported
+from impl.parallel import EXPERT_OUTPUTS, ParallelConfig, check_supported
 
 
 class PrepareResult(NamedTuple):
@@ -70,7 +70,6 @@ def scale_input_by_router_weight(a1_TH: torch.Tensor, topk_weights_TK: torch.Ten
 # ActivationFormat -> the support table's column.
 _FORMAT_COLUMN = {ActivationFormat.UNQUANTIZED: "bf16", ActivationFormat.NVFP4: "nvfp4",
                   ActivationFormat.MXFP8: "mxfp8", ActivationFormat.FP8_BLOCK: "fp8_block"}
-EXPERT_OUTPUTS = ("separate", "workspace")
 
 
 @dataclass(frozen=True)
@@ -99,16 +98,17 @@ class MoELayer:
     config : MoELayerConfig
     parallel : ParallelConfig
         Decides sequence parallel (:attr:`ParallelConfig.use_sequence_parallel_moe`) and
-        deferral (:attr:`ParallelConfig.use_deferred_moe_finalize`); the combination is
-        checked against :data:`impl.parallel.SUPPORT` here.
+        deferral (:attr:`ParallelConfig.use_deferred_moe_finalize`); the activation format
+        and the expert output are checked against :data:`impl.parallel.SUPPORT` here.
     prepare_finalize : PrepareFinalize
         From :func:`impl.factory.make_prepare_finalize` for ``parallel``'s backend.
     experts : ExpertsKernel
     tp_group : ProcessGroup, optional
-        This rank's TP group: the final all-reduce and the sequence-parallel all-gather.
+        This rank's TP group (``parallel.tp`` ranks; may be None only when that is 1): the
+        final all-reduce and the sequence-parallel all-gather.
     shared_experts : callable, optional
         ``shared_experts(x_TH) -> [T, H]`` in the activation dtype; a TP-partial sum exactly
-        when :attr:`shared_experts_partial` (the rank shards them like the routed experts).
+        when :attr:`reduce_pending` (the rank shards them like the routed experts).
     """
 
     def __init__(self, config: MoELayerConfig, parallel: ParallelConfig, prepare_finalize: PrepareFinalize,
@@ -117,9 +117,11 @@ class MoELayer:
         if config.expert_output not in EXPERT_OUTPUTS:
             raise ValueError(f"expert_output must be one of {EXPERT_OUTPUTS}, got {config.expert_output!r}")
         fmt = _FORMAT_COLUMN[activation_format(config.quant_config, config.activation_dtype)]
-        check_supported(parallel.all2all_backend, fmt, sequence_parallel=parallel.use_sequence_parallel_moe,
-                        deferred_finalize=parallel.defer_moe_finalize,
-                        workspace_output=config.expert_output == "workspace")
+        check_supported(parallel.all2all_backend, fmt, workspace_output=config.expert_output == "workspace")
+        tp_size = 1 if tp_group is None else dist.get_world_size(tp_group)
+        if tp_size != parallel.tp:
+            raise ValueError(f"tp_group has {tp_size} rank(s) but parallel.tp is {parallel.tp}"
+                             + (" (give the TP group)" if tp_group is None else ""))
         self.config, self.parallel, self.prepare_finalize, self.experts = config, parallel, prepare_finalize, experts
         self.tp_group, self.shared_experts = tp_group, shared_experts
 
@@ -133,10 +135,6 @@ class MoELayer:
         prepare/finalize does not reduce, and no sequence-parallel reduce-scatter over the
         whole EP group did it either."""
         return not self.prepare_finalize.output_is_reduced() and not self.sequence_parallel
-
-    @property
-    def shared_experts_partial(self) -> bool:
-        return self.reduce_pending
 
     def _tp(self) -> tuple[int, int]:
         if self.tp_group is None:
@@ -154,6 +152,9 @@ class MoELayer:
             experts can defer.
         """
         cfg, pf = self.config, self.prepare_finalize
+        if self.sequence_parallel and not sequence_parallel_active():
+            raise RuntimeError("under sequence-parallel MoE, forward takes this TP rank's chunk inside "
+                               "sequence_parallel_sizes(tp); call the layer, which chunks and all-gathers")
         T = x_TH.size(0)
         shared = self.shared_experts(x_TH) if self.shared_experts is not None else None
         defer = self.parallel.use_deferred_moe_finalize and T > 0 and self.experts.supports_deferred_finalize()
@@ -183,8 +184,7 @@ class MoELayer:
         with sequence_parallel_sizes(tp_size):
             out = self.forward(x_TH[chunk], topk_weights_TK[chunk], topk_ids_TK[chunk])
         y_CH = self._finalized(out, len(rows))
-        C = -(-T // tp_size)
-        padded = y_CH.new_zeros(C, y_CH.size(1))
+        padded = y_CH.new_zeros(len(sp_chunk(T, tp_size, 0)), y_CH.size(1))  # the first chunk is the longest
         padded[: y_CH.size(0)] = y_CH
         parts = [torch.empty_like(padded) for _ in range(tp_size)]
         dist.all_gather(parts, padded, group=self.tp_group)

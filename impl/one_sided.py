@@ -189,17 +189,16 @@ class OneSidedPrepareFinalize:
 
     The constructor grows the manager to this layer's payload (``layout``, ``top_k``, ...).
     ``num_dispatchers`` is the EP size: every EP rank dispatches its own tokens.
-    ``invalid_expert_id`` marks received lanes without a token: -1 (what vLLM passes) or any
-    id outside ``[0, num_experts)`` (e.g. ``num_experts``, the two-sided path's sentinel).
+    ``invalid_expert_id`` marks received lanes without a token: -1 (what vLLM passes) or
+    ``num_experts`` (the two-sided path's sentinel); the expert kernels skip both.
     """
 
     def __init__(self, manager: OneSidedManager, *, max_num_tokens: int, top_k: int, num_experts: int,
                  hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None,
                  invalid_expert_id: int = INVALID_EXPERT_ID):
-        if isinstance(invalid_expert_id, bool) or not isinstance(invalid_expert_id, int) \
-                or 0 <= invalid_expert_id < num_experts:
-            raise ValueError(f"invalid_expert_id must be an int outside [0, num_experts={num_experts}), "
-                             f"got {invalid_expert_id!r}")
+        if isinstance(invalid_expert_id, bool) or invalid_expert_id not in (-1, num_experts):
+            raise ValueError(f"invalid_expert_id must be -1 or num_experts={num_experts} (outside the experts, "
+                             f"and skipped by the expert kernels), got {invalid_expert_id!r}")
         self.invalid_expert_id = invalid_expert_id
         self._workspace_output: Optional[torch.Tensor] = None
         self.manager = manager

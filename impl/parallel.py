@@ -3,8 +3,12 @@
 
 The support table (:data:`SUPPORT`) is the one place that says which backend carries which
 activation format and which mode (sequence parallel, deferred finalize, workspace-resident
-expert output): the factory (:mod:`impl.factory`), the layer and the testbed's CLI consult
-:func:`check_supported`, and ``docs/feature_matrix.md`` is rendered from it.
+expert output). The layer refuses what it cannot do (a format, workspace output) through
+:func:`check_supported`; sequence parallel and deferral are vLLM's derived decisions
+(:attr:`ParallelConfig.use_sequence_parallel_moe`, :attr:`ParallelConfig.use_deferred_moe_finalize`),
+which read the table, so the factory builds what they decide; the testbed's CLI refuses a
+scenario that asks for a mode the table rules out; ``docs/feature_matrix.md`` is rendered
+from it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ BACKENDS = (ONE_SIDED, TWO_SIDED, AG_RS, NO_EP)
 ALIASES = {"flashinfer_all2allv": TWO_SIDED}  # vLLM's deprecated name for the two-sided one
 FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
 MODES = ("sequence_parallel", "deferred_finalize", "workspace_output")
+EXPERT_OUTPUTS = ("separate", "workspace")  # where the experts write: their own tensor, or the combine region
+TRTLLM_FORMATS = ("bf16", "nvfp4", "fp8_block")  # the TRT-LLM routed kernels impl.experts drives
+DEFERRING_FORMATS = ("bf16", "nvfp4")  # those vLLM lets stop after GEMM2 (seed 004)
 
 
 class UnsupportedFeatureError(ValueError):
@@ -110,8 +117,9 @@ class ParallelConfig:
         Split tokens across TP ranks where vLLM does (:attr:`use_sequence_parallel_moe`);
         False keeps the one-sided backend as it was before it joined vLLM's list (seed 003).
     defer_moe_finalize : bool
-        Layers may return an unfinalized output (read through
-        :attr:`use_deferred_moe_finalize`).
+        Layers may return an unfinalized output. Only through
+        :attr:`use_deferred_moe_finalize`, the guard: where it is False the flag is ignored,
+        as vLLM ignores it (its layers set the flag on a config shared by every backend).
     """
 
     tp: int = 1
@@ -147,8 +155,9 @@ class ParallelConfig:
 
     @property
     def moe_tp_size(self) -> int:
-        """TP size of the experts: 1 under expert parallel (vLLM's FusedMoEParallelConfig)."""
-        return 1 if self.use_ep else self.tp
+        """TP size of the experts: 1 under expert parallel, else TP flattened across DP
+        (vLLM's FusedMoEParallelConfig)."""
+        return 1 if self.use_ep else self.tp * self.dp
 
     @property
     def use_sequence_parallel_moe(self) -> bool:
@@ -170,8 +179,7 @@ class ParallelConfig:
 
     @property
     def use_deferred_moe_finalize(self) -> bool:
-        """vLLM's guard: TP-only (no DP, no EP, no SP) on a backend that can defer; read at
-        use, as the flag is set late."""
+        """vLLM's guard: TP-only (no DP, no EP, no SP) on a backend that can defer."""
         return (self.defer_moe_finalize and self.moe_tp_size > 1 and self.dp == 1 and not self.use_ep
                 and not self.use_sequence_parallel_moe and SUPPORT[self.all2all_backend]["deferred_finalize"] is None)
 

@@ -14,6 +14,20 @@ from impl import parallel as p
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Stated here from the sources, not read from the table: vLLM 0.33's use_sequence_parallel_moe
+# lists allgather_reducescatter and flashinfer_nvlink_one_sided but not the two-sided backend;
+# supports_deferred_moe_finalize is True only for the no-DP/no-EP prepare/finalize; only
+# MoeAlltoAll has get_combine_payload_tensor_in_workspace; every backend carries every format.
+REJECTED = {(p.TWO_SIDED, "sequence_parallel"), (p.NO_EP, "sequence_parallel"),
+            (p.ONE_SIDED, "deferred_finalize"), (p.TWO_SIDED, "deferred_finalize"), (p.AG_RS, "deferred_finalize"),
+            (p.TWO_SIDED, "workspace_output"), (p.AG_RS, "workspace_output"), (p.NO_EP, "workspace_output")}
+
+
+def test_support_table_states_the_upstream_facts():
+    got = {(b, f) for b in p.BACKENDS for f in p.FORMATS + p.MODES if p.SUPPORT[b][f] is not None}
+    assert got == REJECTED
+
+
 def test_support_feature_matrix_doc_is_fresh():
     doc = (ROOT / "docs/feature_matrix.md").read_text()
     assert doc == p.feature_matrix_markdown(), "docs/feature_matrix.md is stale: python -m impl.parallel > it"
@@ -85,6 +99,7 @@ def _cli(*argv):
     (("--expert-kernel", "trtllm", "--stages", "mxfp8:8"), "--expert-kernel: the CPU fake implements the TRT-LLM"),
     (("--layout", "2,1,2,1", "--path", "none"), "--path: expert parallel off with dp > 1"),
     (("--routed-scaling", "0"), "--routed-scaling: must be a finite number > 0"),
+    (("--routed-scaling", "1e39"), "--routed-scaling: must be a finite number > 0 and <= 1e+06"),
     (("--path", "two_sided", "--invalid-expert-id", "num_experts"), "--invalid-expert-id: applies to --path one_sided"),
 ])
 def test_support_cli_rejects_in_one_line_with_the_rule(argv, message):

@@ -241,7 +241,7 @@ def _reduce(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     f = _Findings(v, "reduce")
     tp = sc.layout.tp
     reduced = sc.path in FLASHINFER_PATHS  # the FlashInfer combines sum every rank's contribution
-    pending = not reduced and not sc.sequence_parallel
+    pending = sc.parts_partial
     for rank, events in sorted(logs.items()):
         tp_group = sc.layout.group_of("tp", rank)
         current, reduces = None, 0

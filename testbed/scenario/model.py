@@ -27,12 +27,13 @@ PATH_BACKEND = {"one_sided": support.ONE_SIDED, "two_sided": support.TWO_SIDED,
                 "allgather_reducescatter": support.AG_RS, "none": support.NO_EP}
 PATHS = tuple(PATH_BACKEND)
 EXPERT_KERNELS = ("reference", "trtllm")
-EXPERT_OUTPUTS = ("separate", "workspace")
+EXPERT_OUTPUTS = support.EXPERT_OUTPUTS
 INVALID_EXPERT_IDS = ("-1", "num_experts")
-TRTLLM_FORMATS = ("bf16", "nvfp4", "fp8_block")  # the TRT-LLM kernels the fake implements
+TRTLLM_FORMATS = support.TRTLLM_FORMATS  # the fake implements these kernels too
+MAX_ROUTED_SCALING = 1e6  # larger factors overflow the bf16 outputs
 TRTLLM_HIDDEN_BLOCK = 128  # fp8 weight blocks and the nvfp4 scale interleave need it
 INTERMEDIATE_PER_RANK = 128  # each rank's share of a SwiGLU expert's intermediate size
-FORMATS = ("bf16", "nvfp4", "mxfp8", "fp8_block")
+FORMATS = support.FORMATS
 ROUTINGS = ("random", "spread", "local", "hotspot", "one-expert")
 # How the fake's combine signature looks to the capability probe: the release's own, or one
 # no release has (keyword-only ``output``, ``**kwargs`` only, ``output`` positional-only, or
@@ -130,9 +131,16 @@ class Scenario:
     def defers(self, fmt: str, num_tokens: int) -> bool:
         """Whether a layer of ``fmt`` must hand back an unfinalized output for a rank with
         ``num_tokens`` tokens (vLLM's guard, the 0-token rule, and the kernel's ability)."""
-        kernel_can = self.expert_kernel == "reference" or fmt in ("bf16", "nvfp4")
+        kernel_can = self.expert_kernel == "reference" or fmt in support.DEFERRING_FORMATS
         return (self.defer_finalize and self.path == "none" and self.layout.tp > 1 and num_tokens > 0
                 and kernel_can)
+
+    @property
+    def parts_partial(self) -> bool:
+        """Whether a layer's routed and shared outputs are TP-partial sums the TP all-reduce
+        completes: all-gather/reduce-scatter and expert parallel off, unless sequence parallel
+        reduce-scattered over the whole EP group."""
+        return self.path in ("allgather_reducescatter", "none") and not self.sequence_parallel
 
     def invalid_id(self) -> int:
         return -1 if self.invalid_expert_id == "-1" else self.experts
@@ -185,7 +193,7 @@ class Scenario:
                                      f"ep_size ({self.experts} % {self.ep_size} != 0; non-divisible since 0.6.16)")
         if self.path != "one_sided" and self.combine_signature != "release":
             raise ScenarioInputError("--combine-signature", "applies to --path one_sided only")
-        if (self.path == "none" or self.shared_experts) and self.hidden % lay.tp:
+        if (self.path == "none" or self.shared_experts and self.parts_partial) and self.hidden % lay.tp:
             raise ScenarioInputError("--hidden", f"TP-sharded experts split hidden across the {lay.tp} TP ranks; "
                                      f"{self.hidden} % {lay.tp} != 0")
         if self.path == "none" and lay.dp > 1:
@@ -227,8 +235,9 @@ class Scenario:
 
     def _check_features(self) -> None:
         f = self.routed_scaling
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0 or f == float("inf"):
-            raise ScenarioInputError("--routed-scaling", f"must be a finite number > 0, got {f!r}")
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= MAX_ROUTED_SCALING:
+            raise ScenarioInputError("--routed-scaling", f"must be a finite number > 0 and <= {MAX_ROUTED_SCALING:g} "
+                                     f"(larger ones overflow bf16), got {f!r}")
         if self.sequence_parallel:
             try:
                 rule = self.parallel_config().sequence_parallel_rule()
@@ -236,11 +245,12 @@ class Scenario:
                 rule = str(e)
             if rule:
                 raise ScenarioInputError("--sequence-parallel", f"{self.backend}: {rule}")
-        for flag, on, feature in (("--defer-finalize", self.defer_finalize, "deferred_finalize"),
-                                  ("--expert-output", self.expert_output == "workspace", "workspace_output")):
-            rule = support.SUPPORT[self.backend][feature]
-            if on and rule:
-                raise ScenarioInputError(flag, f"{self.backend} does not support {feature}: {rule}")
+        for flag, mode in (("--defer-finalize", dict(deferred_finalize=self.defer_finalize)),
+                           ("--expert-output", dict(workspace_output=self.expert_output == "workspace"))):
+            try:
+                support.check_supported(self.backend, "bf16", **mode)
+            except support.UnsupportedFeatureError as e:
+                raise ScenarioInputError(flag, str(e)) from None
         if self.expert_output == "workspace" and self.combine_signature != "release":
             raise ScenarioInputError("--expert-output", "workspace needs --combine-signature release (the custom "
                                      "signatures have no payload_in_workspace)")

@@ -258,7 +258,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        "            pass\n", ("tests", "test_one_sided_workspace_output_refuses_another_buffer"),
        tests=(f"{ONE_SIDED_TESTS}::test_one_sided_workspace_output_refuses_another_buffer",)),
     _m("sentinel-inside-expert-range", "an invalid-expert id inside [0, num_experts) is accepted",
-       f"{PF}.__init__", "or 0 <= invalid_expert_id < num_experts:", "or invalid_expert_id < -1:",
+       f"{PF}.__init__", "or invalid_expert_id not in (-1, num_experts):", "or invalid_expert_id < -1:",
        ("tests", "test_one_sided_invalid_expert_id_outside_the_experts"),
        tests=(f"{UNITS}::test_one_sided_invalid_expert_id_outside_the_experts",)),
     _m("moe-output-unvalidated", "the consumer finalizes a MoEOutput without validating it",

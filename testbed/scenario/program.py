@@ -239,9 +239,9 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
         moe = MoELayer(MoELayerConfig(sc.experts, sc.top_k, sc.hidden, qc, ACT_DTYPE, sc.routed_scaling,
                                       sc.router_weight_on_input, sc.expert_output),
                        parallel, pf, recording, tp_group=ctx.groups["tp"])
-        if sc.shared_experts:
+        if sc.shared_experts:  # sharded like the routed experts where the TP all-reduce completes them
             moe.shared_experts = SharedExpert(shared_weight(sc.seed, stage, i, sc.hidden),
-                                              tp if moe.shared_experts_partial else (0, 1))
+                                              tp if sc.parts_partial else (0, 1))
         layers.append((moe, recording))
     outputs, lanes = {}, {}
     for p in range(len(sc.passes)):
