@@ -61,6 +61,12 @@ def _shuffled_fp4(fm, q: QuantizedWeights, gated: bool) -> tuple[torch.Tensor, t
     return torch.stack(values), torch.stack(scales)
 
 
+def pack_topk_ids_weights(ids_NK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
+    """int32 ``[N, K]``: ``(id << 16) | bf16 weight bits`` (ids -1 and ``num_experts`` survive the
+    arithmetic shift back)."""
+    return (ids_NK.to(torch.int32) << 16) | (w_NK.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF)
+
+
 class TrtLlmExperts:
     """One EP rank's (or TP rank's) experts on a TRT-LLM routed MoE kernel.
 
@@ -78,16 +84,22 @@ class TrtLlmExperts:
         nvfp4 only: the activations' global scale (the kernel's input dequantization).
     weighted : bool
         False when prepare already applied the router weights (``apply_router_weight_on_input``).
+    packed_routing : bool
+        Hand the kernel ``(id << 16) | bf16 weight`` in one int32 (vLLM's former
+        ``trtllm_moe_pack_topk_ids_weights``; the weights round to bf16) instead of the
+        ``(ids, weights)`` pair vLLM passes today.
     """
 
     def __init__(self, api: FlashInferAPI, fmt: str, w1: Weights, w2: Weights, *, num_experts: int, top_k: int,
-                 local_expert_offset: int, a1_gscale: Optional[torch.Tensor] = None, weighted: bool = True):
+                 local_expert_offset: int, a1_gscale: Optional[torch.Tensor] = None, weighted: bool = True,
+                 packed_routing: bool = False):
         if fmt not in TRTLLM_FORMATS:
             raise NotImplementedError(f"TRT-LLM experts implemented for {', '.join(TRTLLM_FORMATS)}; got fmt={fmt!r}")
         if fmt == "nvfp4" and a1_gscale is None:
             raise ValueError("a1_gscale: the nvfp4 kernel needs the activations' global scale")
         self.api, self.fmt, self.num_experts, self.top_k = api, fmt, num_experts, top_k
         self.local_expert_offset, self.weighted, self.a1_gscale = local_expert_offset, weighted, a1_gscale
+        self.packed_routing = packed_routing
         fm = api.fused_moe
         tile = EPILOGUE_TILE_M[fmt]
         if fmt == "bf16":
@@ -116,20 +128,21 @@ class TrtLlmExperts:
             raise ValueError(f"defer: the TRT-LLM {self.fmt} experts cannot stop after GEMM2")
         ids_NK = prepared.topk_ids.to(torch.int32)
         w_NK = prepared.topk_weights.float() if self.weighted else torch.ones_like(prepared.topk_weights).float()
+        routing = pack_topk_ids_weights(ids_NK, w_NK) if self.packed_routing else (ids_NK, w_NK)
         fm, x = self.api.fused_moe, prepared.a1q
         common = dict(num_experts=self.num_experts, top_k=self.top_k, n_group=None, topk_group=None,
                       intermediate_size=self.intermediate, local_expert_offset=self.local_expert_offset,
                       local_num_experts=self.local_num_experts, do_finalize=not defer)
         if self.fmt == "bf16":
             kernel = fm.trtllm_bf16_routed_moe
-            args = dict(topk_ids=(ids_NK, w_NK), hidden_states=x, gemm1_weights=self.w1, gemm2_weights=self.w2,
+            args = dict(topk_ids=routing, hidden_states=x, gemm1_weights=self.w1, gemm2_weights=self.w2,
                         routed_scaling_factor=None, use_shuffled_weight=True,
                         weight_layout=fm.WeightLayout.BlockMajorK, **common)
         elif self.fmt == "fp8_block":
             if prepared.a1q_scale is None:
                 raise RuntimeError("TRT-LLM FP8 experts require precomputed activation scales")
             kernel = fm.trtllm_fp8_block_scale_routed_moe
-            args = dict(topk_ids=(ids_NK, w_NK), routing_bias=None, hidden_states=x.view(torch.float8_e4m3fn),
+            args = dict(topk_ids=routing, routing_bias=None, hidden_states=x.view(torch.float8_e4m3fn),
                         hidden_states_scale=prepare_deepseek_fp8_x_sf(x.view(torch.float8_e4m3fn),
                                                                       prepared.a1q_scale.view(torch.float32)),
                         gemm1_weights=self.w1, gemm1_weights_scale=self.s1, gemm2_weights=self.w2,
@@ -138,7 +151,7 @@ class TrtLlmExperts:
                         fp8_quantization_type=fm.Fp8QuantizationType.DeepSeekFp8, **common)
         else:
             kernel = fm.trtllm_fp4_block_scale_routed_moe
-            args = dict(topk_ids=(ids_NK, w_NK), routing_bias=None, hidden_states=x.view(torch.uint8),
+            args = dict(topk_ids=routing, routing_bias=None, hidden_states=x.view(torch.uint8),
                         hidden_states_scale=prepared.a1q_scale.view(torch.float8_e4m3fn).reshape(-1),
                         gemm1_weights=self.w1, gemm1_weights_scale=self.s1, gemm1_bias=None, gemm1_alpha=None,
                         gemm1_beta=None, gemm1_clamp_limit=None, gemm2_weights=self.w2,

@@ -112,8 +112,9 @@ def test_scenario_matrix_covers_the_dimensions():
     assert any(sc.sequence_parallel and sc.layout.tp == 4 for sc in MATRIX)
     assert any(sc.sequence_parallel and sc.layout.pp > 1 for sc in MATRIX)
     assert {sc.layout.tp for sc in MATRIX if sc.defer_finalize} >= {1, 2, 4}
-    assert {sc.path for sc in MATRIX if sc.expert_kernel == "trtllm"} >= {"one_sided", "two_sided", "none"}
-    assert {ly.fmt for sc in MATRIX if sc.expert_kernel == "trtllm" for st in sc.stages for ly in st} \
+    assert {sc.path for sc in MATRIX if sc.expert_kernel != "reference"} >= {"one_sided", "two_sided", "none"}
+    assert {sc.expert_kernel for sc in MATRIX} == {"reference", "trtllm", "trtllm-packed"}
+    assert {ly.fmt for sc in MATRIX if sc.expert_kernel != "reference" for st in sc.stages for ly in st} \
         == {"bf16", "nvfp4", "fp8_block"}
     assert any(sc.expert_output == "workspace" for sc in MATRIX)
     assert any(sc.shared_experts and sc.routed_scaling != 1.0 for sc in MATRIX)

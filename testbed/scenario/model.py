@@ -26,7 +26,9 @@ from testbed.cluster.layout import ParallelLayout
 PATH_BACKEND = {"one_sided": support.ONE_SIDED, "two_sided": support.TWO_SIDED,
                 "allgather_reducescatter": support.AG_RS, "none": support.NO_EP}
 PATHS = tuple(PATH_BACKEND)
-EXPERT_KERNELS = ("reference", "trtllm")
+# The testbed's linear experts, or the fake's TRT-LLM SwiGLU kernels given the received routing
+# as an (ids, weights) pair (vLLM today) or packed (id << 16 | bf16 weight, older vLLM).
+EXPERT_KERNELS = ("reference", "trtllm", "trtllm-packed")
 EXPERT_OUTPUTS = support.EXPERT_OUTPUTS
 INVALID_EXPERT_IDS = ("-1", "num_experts")
 TRTLLM_FORMATS = support.TRTLLM_FORMATS  # the fake implements these kernels too
@@ -95,7 +97,7 @@ class Scenario:
     defer_finalize: bool = False  # defer_moe_finalize: taken only where vLLM's guard allows
     shared_experts: bool = False
     routed_scaling: float = 1.0
-    expert_kernel: str = "reference"  # the testbed's linear experts, or the fake's TRT-LLM kernels
+    expert_kernel: str = "reference"  # one of EXPERT_KERNELS
     expert_output: str = "separate"  # "workspace": straight into the one-sided combine region
     invalid_expert_id: str = "-1"  # the one-sided dispatch's sentinel: -1 or num_experts
     label: str = field(default="", compare=False)
@@ -257,7 +259,7 @@ class Scenario:
         if self.invalid_expert_id != "-1" and self.path != "one_sided":
             raise ScenarioInputError("--invalid-expert-id", "applies to --path one_sided only (the two-sided "
                                      "path always writes num_experts)")
-        if self.expert_kernel == "trtllm":
+        if self.expert_kernel != "reference":
             fmts = sorted({ly.fmt for st in self.stages for ly in st} - set(TRTLLM_FORMATS))
             if fmts:
                 raise ScenarioInputError("--expert-kernel", f"the CPU fake implements the TRT-LLM kernels for "
@@ -306,7 +308,7 @@ class Scenario:
         sig += " defer" if self.defer_finalize else ""
         sig += " shared" if self.shared_experts else ""
         sig += f" scale={self.routed_scaling:g}" if self.routed_scaling != 1.0 else ""
-        sig += " trtllm" if self.expert_kernel == "trtllm" else ""
+        sig += f" {self.expert_kernel}" if self.expert_kernel != "reference" else ""
         sig += " out-in-workspace" if self.expert_output == "workspace" else ""
         sig += f" invalid={self.invalid_expert_id}" if self.invalid_expert_id != "-1" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
@@ -393,7 +395,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routed-scaling", type=float, metavar="F",
                         help="routed_scaling_factor applied before the shared add (default 1.0)")
     parser.add_argument("--expert-kernel", help=f"experts: {', '.join(EXPERT_KERNELS)} (reference: linear maps; "
-                                                "trtllm: the fake's TRT-LLM SwiGLU kernels) (default reference)")
+                                                "trtllm: the fake's TRT-LLM SwiGLU kernels fed the (ids, weights) pair; "
+                                                "trtllm-packed: fed ids and bf16 weights packed in one int32) "
+                                                "(default reference)")
     parser.add_argument("--expert-output", help=f"where the experts write: {', '.join(EXPERT_OUTPUTS)} "
                                                 "(workspace: the one-sided combine region) (default separate)")
     parser.add_argument("--invalid-expert-id", help=f"the one-sided dispatch's sentinel: "

@@ -198,7 +198,8 @@ def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range,
         w1 = QuantizedWeights(stack(q1, 0), stack(q1, 1), gs)
         w2 = QuantizedWeights(stack(q2, 0), stack(q2, 1), gs)
     return TrtLlmExperts(api, fmt, w1, w2, num_experts=sc.experts, top_k=sc.top_k, local_expert_offset=own.start,
-                         a1_gscale=quant_config(fmt).a1_gscale, weighted=not sc.router_weight_on_input)
+                         a1_gscale=quant_config(fmt).a1_gscale, weighted=not sc.router_weight_on_input,
+                         packed_routing=sc.expert_kernel == "trtllm-packed")
 
 
 def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) -> dict:
@@ -229,7 +230,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
                                    hidden_size=sc.hidden, layout=dispatch_layout(sc.hidden, qc, ACT_DTYPE),
                                    invalid_expert_id=sc.invalid_id())
         log.write(ev="layer", layer=i)
-        if sc.expert_kernel == "trtllm":
+        if sc.expert_kernel != "reference":
             experts = _trtllm_experts(api, sc, stage, i, layer.fmt, own, expert_shard)
         else:
             experts = Experts(layer.fmt, sc.hidden, own,
