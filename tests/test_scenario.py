@@ -59,7 +59,7 @@ BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), p
     (dict(expert_output="workspace", combine_signature="opaque"), "--expert-output", "--combine-signature release"),
     (dict(expert_kernel="trtllm", hidden=192, stages=((Layer("bf16", 8),),)), "--hidden", "divisible by 128"),
     (dict(shared_experts=True, layout=ParallelLayout(4, 4, 1, 1), hidden=66, stages=((Layer("bf16", 8),),),
-          passes=((1,),)), "--hidden", "66 % 4 != 0"),
+          passes=((1,),), path="allgather_reducescatter"), "--hidden", "66 % 4 != 0"),
     (dict(routed_scaling=float("nan")), "--routed-scaling", "finite number > 0"),
     (dict(invalid_expert_id="7"), "--invalid-expert-id", "must be one of"),
 ])
