@@ -30,6 +30,16 @@ def test_bench_a2a_prints_json_line():
     assert result["fake_vs_gloo"] == pytest.approx(result["fake_gbps"] / result["gloo_gbps"], rel=0.02)
 
 
+def test_bench_scale_prints_json_line():
+    result = _bench("scale", "--worlds", "2,4")
+    assert result["bench"] == "scale" and [w["world"] for w in result["worlds"]] == [2, 4]
+    assert result["preload_s"] > 0
+    for w in result["worlds"]:
+        for key in ("start_s", "rendezvous_s", "scenario_s", "rank_uss_mb", "rank_uss_mb_max"):
+            assert w[key] > 0, key
+        assert w["rank_uss_mb"] <= w["rank_uss_mb_max"]
+
+
 def test_bench_scenarios_prints_json_line():
     result = _bench("scenarios", "--matrix", "2", "--fuzz-examples", "2")
     assert result["bench"] == "scenarios" and result["matrix_passed"] == result["matrix_scenarios"] == 2

@@ -201,6 +201,16 @@ def test_one_sided_workspace_output_accepts_the_region_itself(cluster):
     cluster.run(wrong_workspace_output, ParallelLayout(2, dp=2), (case, "region"))
 
 
+def test_one_sided_ep_65_refused_as_the_real_kmaxranks_check(cluster):
+    """65 EP ranks get through impl to the kernel, which refuses them as the real one does
+    (the scenario model refuses them before running, naming kMaxRanks)."""
+    case = MoECase(num_experts=65, top_k=2, hidden=256, tokens_per_dp=(1,) * 65)
+    with pytest.raises(RankFailedError, match=r"RuntimeError: Check failed: \(epSize > 0 && epSize <= "
+                                              r"tl_throughput::kMaxRanks\) is false: epSize must be in the range "
+                                              r"\(0, 64\]"):
+        cluster.run(run_layers, ParallelLayout(65, dp=65), (((case,),),), timeout_s=120)
+
+
 def test_one_sided_checkpoint_prepare_restore(cluster):
     case = _layers(2, ["bf16"])[0]
     for rank, res in enumerate(cluster.run(checkpoint_cycle, ParallelLayout(2, dp=2), (case, "0.7.2"))):

@@ -119,6 +119,8 @@ def test_scenario_matrix_covers_the_dimensions():
     assert any(sc.expert_output == "workspace" for sc in MATRIX)
     assert any(sc.shared_experts and sc.routed_scaling != 1.0 for sc in MATRIX)
     assert {sc.invalid_expert_id for sc in MATRIX} == {"-1", "num_experts"}
+    assert any(sc.ep_size == 64 and sc.experts == 256 and sc.top_k == 8 for sc in MATRIX)
+    assert any(sc.ep_size % 2 and sc.experts % sc.ep_size for sc in MATRIX)
     assert len(MATRIX) >= 12
 
 

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from testbed.bench import a2a, cluster, scenarios
+from testbed.bench import a2a, cluster, scale, scenarios
 
-BENCHES = {"cluster": cluster, "a2a": a2a, "scenarios": scenarios}
+BENCHES = {"cluster": cluster, "a2a": a2a, "scenarios": scenarios, "scale": scale}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,19 +45,25 @@ class EventLog:
         os.close(self._fd)
 
 
-def read_log(path: str) -> list[dict]:
-    """The events of one rank's log (empty when the rank never started one)."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return []
-    events = []
-    for line in text.splitlines():
+class LogTail:
+    """One rank's log as read so far: each :meth:`events` call parses only the whole lines
+    written since the last (the watchdog reads every rank's log several times a second)."""
+
+    def __init__(self, path: str):
+        self.path, self._offset, self._events = path, 0, []
+
+    def events(self) -> list[dict]:
+        """Every event so far (empty when the rank never started its log)."""
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:  # the line a rank is writing right now
-            pass
-    return events
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self._events
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # not the line a rank is writing right now
+        self._offset += len(whole)
+        self._events.extend(json.loads(line) for line in whole.splitlines())
+        return self._events
 
 
 def calls_per_group(logs: dict[int, list[dict]]) -> dict[tuple[int, ...], dict[int, list[dict]]]:

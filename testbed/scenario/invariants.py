@@ -43,7 +43,7 @@ from testbed.scenario.reference import (
     TOLERANCE,
     dispatch_bytes,
     expected_expert_rows,
-    reference_output,
+    reference_outputs,
 )
 
 INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "finalize",
@@ -342,7 +342,7 @@ def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
 
 def _output(sc: Scenario, results: list[dict], v: Verdict) -> None:
     f = _Findings(v, "output")
-    refs: dict[tuple, torch.Tensor] = {}
+    refs: dict[tuple, list[torch.Tensor]] = {}
     per_layer: dict[str, float] = {}
     for rank, res in enumerate(results):
         coords = sc.layout.coords(rank)
@@ -352,10 +352,10 @@ def _output(sc: Scenario, results: list[dict], v: Verdict) -> None:
             f.add(f"rank {rank} returned outputs for (pass, layer) {sorted(res['outputs'])}, expected "
                   f"{sorted(expected)}")
         for (p, i), out in sorted(res["outputs"].items()):
-            key = (p, stage, i, coords.dp_rank)
+            key = (p, stage, i)
             if key not in refs:
-                refs[key] = reference_output(sc, *key)
-            ref = refs[key]
+                refs[key] = reference_outputs(sc, *key)
+            ref = refs[key][coords.dp_rank]
             fmt = sc.stages[stage][i].fmt
             label = f"s{stage} l{i} p{p}"
             if out.shape != ref.shape:

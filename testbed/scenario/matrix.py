@@ -71,4 +71,9 @@ MATRIX: tuple[Scenario, ...] = (
        label="expert output in the workspace on 0.6.8 (combine without output=)"),
     _s("4,2,2,1", "bf16:8", "3,2", top_k=1, router_weight_on_input=True, expert_kernel="trtllm",
        path="allgather_reducescatter", label="router weight on input before a SwiGLU expert"),
+    # -- NVL72-sized EP groups (kMaxRanks is 64) -------------------------------------------------
+    _s("64,1,64,1", "nvfp4:16,bf16:16", ",".join(str(d % 17) for d in range(64)), experts=256, top_k=8,
+       label="EP 64 (an NVL72 deployment): 256 experts, top_k 8, 0 to 16 tokens per rank"),
+    _s("33,1,33,1", "bf16:8", ",".join(str(d % 9) for d in range(33)), experts=100, top_k=8, routing="spread",
+       label="odd EP 33: 100 experts split 4/3 per rank"),
 )

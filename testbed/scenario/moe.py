@@ -113,9 +113,10 @@ def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, num_tok
     per token grows (nvfp4 layer, then bf16 layer), so back-to-back rounds of different
     sizes with nothing between them race (the fake shows it under CPU timing).
     """
-    pairs: list = [None] * dist.get_world_size(ep_group)
-    dist.all_gather_object(pairs, (dp_rank, num_tokens), group=ep_group)
-    counts = dict(pairs)
+    mine = torch.tensor([dp_rank, num_tokens])
+    pairs = [torch.empty_like(mine) for _ in range(dist.get_world_size(ep_group))]
+    dist.all_gather(pairs, mine, group=ep_group)  # one collective (all_gather_object takes two)
+    counts = dict(p.tolist() for p in pairs)
     return [counts[d] for d in range(len(counts))]
 
 

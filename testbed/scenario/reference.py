@@ -191,14 +191,24 @@ def shared_weight(seed: int, stage: int, layer_idx: int, hidden: int) -> torch.T
     return torch.randn(hidden, hidden, generator=g) / hidden ** 0.5
 
 
-def reference_output(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, dp_rank: int) -> torch.Tensor:
-    """Dense fp32 ``[T, H]`` of one DP rank for one layer in one pass."""
-    x_TH, ids_TK, w_TK = layer_inputs(sc, pass_idx, stage, layer_idx, dp_rank)
+@functools.lru_cache(maxsize=16)
+def _layer_batch(sc: Scenario, pass_idx: int, stage: int, layer_idx: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """Every DP rank's inputs of one layer in one pass, concatenated, and each rank's count
+    (the parent checks all ranks; one batch touches each expert's weights once)."""
+    parts = [layer_inputs(sc, pass_idx, stage, layer_idx, d) for d in range(sc.layout.dp)]
+    return (torch.cat([x for x, _, _ in parts]), torch.cat([i for _, i, _ in parts]),
+            torch.cat([w for _, _, w in parts]), tuple(x.size(0) for x, _, _ in parts))
+
+
+def reference_outputs(sc: Scenario, pass_idx: int, stage: int, layer_idx: int) -> list[torch.Tensor]:
+    """Dense fp32 ``[T_d, H]`` of every DP rank ``d`` for one layer in one pass."""
+    x_TH, ids_TK, w_TK, counts = _layer_batch(sc, pass_idx, stage, layer_idx)
     out = sc.routed_scaling * dense_moe(x_TH, ids_TK, w_TK, layer_expert(sc, stage, layer_idx),
                                         sc.router_weight_on_input)
     if sc.shared_experts:
         out += x_TH.float() @ shared_weight(sc.seed, stage, layer_idx, sc.hidden)
-    return out
+    return list(out.split(counts))
 
 
 def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, ep_rank: int) -> Counter:
@@ -208,11 +218,8 @@ def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int
     unless sequence parallel splits the tokens across them; the all-gather gathers over
     the DP group only (or with sequence parallel over the EP group); expert parallel off
     computes the rank's own DP tokens."""
-    own = local_experts(sc.experts, sc.ep_size, ep_rank)
-    lanes: Counter = Counter()
-    for d in range(sc.layout.dp):
-        _, ids_TK, w_TK = layer_inputs(sc, pass_idx, stage, layer_idx, d)
-        lanes.update(lane_keys(ids_TK, w_TK, own))
+    _, ids_TK, w_TK, _ = _layer_batch(sc, pass_idx, stage, layer_idx)
+    lanes = Counter(lane_keys(ids_TK, w_TK, local_experts(sc.experts, sc.ep_size, ep_rank)))
     copies = sc.layout.tp if sc.path in ("one_sided", "two_sided") and not sc.sequence_parallel else 1
     return Counter({k: n * copies for k, n in lanes.items()})
 

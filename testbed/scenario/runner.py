@@ -16,7 +16,7 @@ from typing import Optional
 from fakes.arena import PREFIX_ROOT, SHM_DIR
 from testbed.cluster.pool import RankPool, ScenarioError
 from testbed.scenario import invariants, mutants
-from testbed.scenario.audit import certain_mismatch, read_log
+from testbed.scenario.audit import LogTail, certain_mismatch
 from testbed.scenario.invariants import Failure, Verdict
 from testbed.scenario.model import Scenario
 from testbed.scenario.program import run_scenario
@@ -32,14 +32,15 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
     started = time.monotonic()
     try:
         try:
-            watch = lambda finished: certain_mismatch(_logs(log_dir, sc), finished)  # noqa: E731
+            tails = {r: LogTail(f"{log_dir}/rank{r}.jsonl") for r in range(sc.layout.world_size)}
+            watch = lambda finished: certain_mismatch(_logs(tails), finished)  # noqa: E731
             results, error = pool.run(run_scenario, sc.layout, (sc, log_dir, mutant), timeout_s=timeout_s,
                                       name=f"scenario{'-' + mutant if mutant else ''}", seed=sc.seed,
                                       monitor=watch), None
         except ScenarioError as exc:
             results, error = None, exc
         seconds = time.monotonic() - started
-        logs = _logs(log_dir, sc)
+        logs = _logs(tails)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     verdict = invariants.check(sc, logs, results, error)
@@ -50,8 +51,8 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
     return verdict
 
 
-def _logs(log_dir: str, sc: Scenario) -> dict[int, list[dict]]:
-    return {r: read_log(f"{log_dir}/rank{r}.jsonl") for r in range(sc.layout.world_size)}
+def _logs(tails: dict[int, LogTail]) -> dict[int, list[dict]]:
+    return {r: list(tail.events()) for r, tail in tails.items()}
 
 
 def _leaks(pool: RankPool) -> str:

@@ -1,0 +1,78 @@
+"""Scale: pool start, rendezvous and one integration scenario per EP world size, and memory.
+
+First ``preload_s``: this process's fork server importing torch and the testbed, which the
+first pool of a process pays once. Then per world size W, on a fresh
+:class:`testbed.cluster.pool.RankPool`: ``start_s`` (W rank processes forked and ready), ``rendezvous_s`` (a scenario that does nothing: the gloo rendezvous, every
+group of the layout, the teardown), ``scenario_s`` (one integration scenario on EP W,
+``4 * W`` experts, top_k 8, an nvfp4 and a bf16 layer, checked against every invariant),
+and ``rank_uss_mb`` (unique set size of each rank after it: the memory that is that rank's
+alone; mean and max over ranks).
+"""
+
+from __future__ import annotations
+
+import time
+
+from testbed.cluster.layout import ParallelLayout
+from testbed.cluster.pool import RankPool
+from testbed.scenario import runner
+from testbed.scenario.model import Layer, Scenario
+
+DEFAULT_WORLDS = "8,16,32,64"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--worlds", default=DEFAULT_WORLDS, metavar="W,W,...",
+                        help="EP world sizes (default: %(default)s)")
+
+
+def _nothing(ctx) -> None:
+    return None
+
+
+def uss_mb(pid: int) -> float:
+    """Unique set size of ``pid`` in MiB: its private pages, clean and dirty."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("Private_Clean", "Private_Dirty"):
+                fields[name] = int(rest.split()[0])
+    return sum(fields.values()) / 1024
+
+
+def scenario(world: int) -> Scenario:
+    return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
+                         stages=((Layer("nvfp4", 16), Layer("bf16", 16)),),
+                         passes=(tuple(0 if d == 0 else min(4 + d, 16) for d in range(world)),), label="scale")
+
+
+def measure(world: int) -> dict:
+    started = time.perf_counter()
+    with RankPool() as pool:
+        pool.start(world)
+        start_s = time.perf_counter() - started
+        started = time.perf_counter()
+        pool.run(_nothing, ParallelLayout(world, 1, world, 1))
+        rendezvous_s = time.perf_counter() - started
+        verdict = runner.run(pool, scenario(world), timeout_s=300)
+        uss = [uss_mb(pid) for pid in pool.worker_pids]
+    if not verdict.passed:
+        raise RuntimeError(f"the scale scenario failed at world {world}: {verdict.failures}")
+    return {"world": world, "start_s": round(start_s, 2), "rendezvous_s": round(rendezvous_s, 2),
+            "scenario_s": round(verdict.seconds, 2), "rank_uss_mb": round(sum(uss) / len(uss), 1),
+            "rank_uss_mb_max": round(max(uss), 1)}
+
+
+def run(args) -> dict:
+    try:
+        worlds = [int(w) for w in args.worlds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--worlds: comma-separated integers, got {args.worlds!r}") from None
+    if not worlds or min(worlds) < 1:
+        raise SystemExit(f"--worlds: world sizes must be >= 1, got {args.worlds!r}")
+    started = time.perf_counter()
+    with RankPool() as pool:
+        pool.start(1)
+    preload_s = time.perf_counter() - started
+    return {"bench": "scale", "preload_s": round(preload_s, 2), "worlds": [measure(w) for w in worlds]}
