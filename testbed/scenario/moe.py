@@ -103,7 +103,7 @@ def case_experts(case: MoECase, ep_size: int, ep_rank: int) -> Experts:
                    functools.partial(case_weight, case))
 
 
-def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, num_tokens: int) -> list[int]:
+def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, dp_size: int, num_tokens: int) -> list[int]:
     """Start a forward pass: every EP rank shares its token count; returns one per DP rank.
 
     This stands in for vLLM's per-forward DP metadata exchange (plus the TP collectives of
@@ -113,11 +113,13 @@ def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, num_tok
     per token grows (nvfp4 layer, then bf16 layer), so back-to-back rounds of different
     sizes with nothing between them race (the fake shows it under CPU timing).
     """
-    mine = torch.tensor([dp_rank, num_tokens])
-    pairs = [torch.empty_like(mine) for _ in range(dist.get_world_size(ep_group))]
-    dist.all_gather(pairs, mine, group=ep_group)  # one collective (all_gather_object takes two)
-    counts = dict(p.tolist() for p in pairs)
-    return [counts[d] for d in range(len(counts))]
+    # As vLLM's DP metadata: each rank fills its DP rank's slot and an all-reduce (MAX: the TP
+    # ranks of a DP rank write the same count) fills the rest; gloo's all-reduce of a small
+    # tensor takes log(ranks) steps where its all-gather takes a ring of them.
+    counts = torch.zeros(dp_size, dtype=torch.long)
+    counts[dp_rank] = num_tokens
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=ep_group)
+    return counts.tolist()
 
 
 @dataclass
@@ -196,7 +198,8 @@ def forward_layer(ctx, pf, case: MoECase, device: torch.device = torch.device("c
     :func:`case_layer`. Returns ``[T, H]`` on ``device``."""
     ep_group = ctx.groups["ep"]
     x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, ctx.coords.dp_rank))
-    with forward_context(forward_pass_token_counts(ep_group, ctx.coords.dp_rank, x_TH.size(0))):
+    counts = forward_pass_token_counts(ep_group, ctx.coords.dp_rank, ctx.layout.dp, x_TH.size(0))
+    with forward_context(counts):
         return case_layer(ctx, pf, case)(x_TH, w_TK, ids_TK)
 
 

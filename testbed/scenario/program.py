@@ -252,7 +252,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
             # is then out of step with its peers at once, not at the timeout.
             log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
                       site="testbed: the start of a forward")
-            counts = forward_pass_token_counts(ep_group, dp_rank, x_TH.size(0))
+            counts = forward_pass_token_counts(ep_group, dp_rank, sc.layout.dp, x_TH.size(0))
             log.write(ev="forward", pass_=p, layer=i, reduced=bool(moe.prepare_finalize.output_is_reduced()),
                       pending=moe.reduce_pending, sp=moe.sequence_parallel)
             recording.lanes = Counter()
