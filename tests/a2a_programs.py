@@ -186,6 +186,9 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
             _make(ctx, profile).dispatch(ids, [x], 2)
         elif what == "top_k_zero":
             _make(ctx, profile, top_k=0)
+        elif what.startswith("top_k_"):  # top_k_<K>: a top_k the kernels may lack
+            k = int(what.rsplit("_", 1)[1])
+            _make(ctx, profile, top_k=k).dispatch(_ids(T, k, 4, me), [x], 4)
         elif what == "rank_mask_not_enabled":
             from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask
             _make(ctx, profile).dispatch(ids, [x], 4, active_rank_mask=moe_a2a_active_rank_mask([0, 1], 2))

@@ -39,7 +39,7 @@ def test_fake_a2a_round_trip_matches_dense_reference(cluster, world, profile):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_fake_a2a_combine_output_and_workspace_payload_agree(cluster, world):
-    case = Case(num_experts=4 * world, top_k=3, hidden=16, tokens_per_rank=(0,) + (5,) * (world - 1), seed=7)
+    case = Case(num_experts=4 * world, top_k=4, hidden=16, tokens_per_rank=(0,) + (5,) * (world - 1), seed=7)
     for plain, into, in_ws in cluster.run(combine_variants, ParallelLayout(world, dp=world), (case,)):
         assert torch.equal(plain, into) and torch.equal(plain, in_ws)
 
@@ -63,7 +63,7 @@ def test_fake_a2a_eplb_stats_and_rank_mask(cluster):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_fake_two_sided_round_trip_matches_dense_reference(cluster, world):
-    case = Case(num_experts=4 * world, top_k=3, hidden=16, tokens_per_rank=(4,) + (0,) + (6,) * (world - 2), seed=11)
+    case = Case(num_experts=4 * world, top_k=6, hidden=16, tokens_per_rank=(4,) + (0,) + (6,) * (world - 2), seed=11)
     for me, (out, stale) in enumerate(cluster.run(two_sided_round_trip, ParallelLayout(world, dp=world), (case,))):
         ref = reference_output(case, me)
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * _scale(ref))

@@ -28,6 +28,10 @@ CASES = [
     ("ids_out_of_range", "0.7.2", "RuntimeError", "outside [0, 4)"),
     ("tokens_exceed_rtm", "0.7.2", "RuntimeError", "local_num_tokens (3) exceeds runtime_max_tokens_per_rank (2)"),
     ("top_k_zero", "0.7.2", "ValueError", "top_k must be a positive int"),
+    # SWITCH_TOP_K: 3 in no release, 12 only from 0.6.16
+    ("top_k_3", "0.6.8", "RuntimeError", "Error in function 'moe_a2a_dispatch_launch' at "),
+    ("top_k_3", "0.7.2", "RuntimeError", ": Unsupported top_k"),
+    ("top_k_12", "0.6.14", "RuntimeError", "Unsupported top_k"),
     ("rank_mask_not_enabled", "0.7.2", "ValueError", "active_rank_mask requires the instance"),
 ]
 
@@ -38,6 +42,11 @@ def test_fake_a2a_check_raises_like_real(cluster, what, profile, kind, text):
     for rank, got in enumerate(results):
         assert got is not None, f"rank {rank}: {what} raised nothing"
         assert got[0] == kind and text in got[1], (rank, got)
+
+
+@pytest.mark.parametrize("profile", ["0.6.16", "0.7.2"])
+def test_fake_a2a_top_k_12_runs_from_0_6_16(cluster, profile):
+    assert cluster.run(trigger, ParallelLayout(2, dp=2), ("top_k_12", profile), timeout_s=60) == [None, None]
 
 
 def test_fake_a2a_check_message_form_of_cpp_checks(cluster):

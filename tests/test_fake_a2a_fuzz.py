@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from a2a_programs import FuzzCase, fuzz_inputs, identity_round_trip, owner_of
+from fakes.flashinfer.profiles import PROFILES
 from testbed.cluster.layout import ParallelLayout
 
 
@@ -18,7 +19,7 @@ def cases(draw):
     return FuzzCase(
         ep=ep,
         num_experts=num_experts,
-        top_k=draw(st.integers(1, min(8, num_experts))),
+        top_k=draw(st.sampled_from([k for k in PROFILES["0.7.2"].top_k_kernels if k <= min(8, num_experts)])),
         tokens_per_rank=tuple(draw(st.lists(st.integers(0, 6), min_size=ep, max_size=ep))),
         dtype=draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32])),
         same_rank_lanes=draw(st.booleans()),

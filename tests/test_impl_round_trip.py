@@ -21,7 +21,7 @@ PATHS = [("one_sided", "0.6.8"), ("one_sided", "0.7.2"), ("two_sided", "0.7.2")]
 def test_impl_round_trip_per_format(cluster, kind, profile, world, fmt):
     tokens = (0, 5, 3, 6)[:world]  # rank 0 has no tokens
     # hidden 512: the two-sided kernels move rows in 16-byte units (fp8 block scales: 4 * H/128).
-    case = MoECase(num_experts=4 * world, top_k=3, hidden=512, tokens_per_dp=tokens, fmt=fmt,
+    case = MoECase(num_experts=4 * world, top_k=6, hidden=512, tokens_per_dp=tokens, fmt=fmt,
                    seed=world, mx_alignment=256 if fmt == "mxfp8" else 0)
     results = cluster.run(run_layers, ParallelLayout(world, dp=world), (((case,),),),
                           {"kind": kind, "profile": profile})

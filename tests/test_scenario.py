@@ -42,6 +42,9 @@ BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), p
 
 @pytest.mark.parametrize("change, flag, rule", [
     (dict(top_k=9), "--top-k", "support top_k in 1..8"),
+    (dict(top_k=3), "--top-k", "one-sided kernels are instantiated for top_k in {1, 2, 4, 6, 8, 10, 12, 14, 16, "
+                               "18, 22} (SWITCH_TOP_K), got 3"),
+    (dict(top_k=3, profile="0.6.8"), "--top-k", "instantiated for top_k in {1, 2, 4, 6, 8, 10, 16, 22}"),
     (dict(hidden=200), "--hidden", "nvfp4 needs hidden divisible by 16"),
     (dict(path="two_sided", hidden=128), "--hidden", "16-byte units"),
     (dict(experts=3), "--experts", "num_experts >= ep_size"),

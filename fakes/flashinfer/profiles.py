@@ -24,15 +24,18 @@ class Profile:
     combine_output_kw: bool  # combine(output=...), kw-only use_low_precision / active_rank_mask
     eplb_and_rank_mask: bool  # eplb_stats_num_experts, enable_rank_mask; dispatch fn 3-tuple
     backend_kw: bool  # backend="trtllm" keyword (0.7.x)
+    top_k_kernels: tuple[int, ...]  # the top_k values SWITCH_TOP_K instantiates (moeAlltoAllKernels.cu)
 
 
+_TOP_K_0_6_8 = (1, 2, 4, 6, 8, 10, 16, 22)
+_TOP_K_0_6_16 = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 22)
 PROFILES = {
     p.name: p
     for p in (
-        Profile("0.6.8", 22, 4, 64, True, False, False, False, False),
-        Profile("0.6.14", 22, 6, 64, True, True, False, False, False),
-        Profile("0.6.16", 22, 6, 64, False, True, True, True, False),
-        Profile("0.7.2", 22, 6, 64, False, True, True, True, True),
+        Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8),
+        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8),
+        Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16),
+        Profile("0.7.2", 22, 6, 64, False, True, True, True, True, _TOP_K_0_6_16),
     )
 }
 DEFAULT_PROFILE = "0.7.2"

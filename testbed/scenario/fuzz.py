@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
+from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
 from testbed.cluster.layout import ParallelLayout
 from testbed.scenario.model import (
     COMBINE_SIGNATURES,
@@ -66,8 +67,9 @@ def scenarios(draw) -> Scenario:
     counts = st.lists(st.integers(0, biggest), min_size=layout.dp, max_size=layout.dp).map(tuple)
     passes = tuple(draw(st.lists(counts, min_size=1, max_size=3)))
     routing = draw(st.sampled_from(ROUTINGS))
-    top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K
-                                  if k <= experts or routing in ("hotspot", "one-expert")]))
+    kernels = FAKE_PROFILES[profile].top_k_kernels if path == "one_sided" else SUPPORTED_TOP_K
+    top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K if k in kernels
+                                  and (k <= experts or routing in ("hotspot", "one-expert"))]))
     signature = draw(st.sampled_from(COMBINE_SIGNATURES)) if path == "one_sided" else "release"
     sp_ok = path in ("one_sided", "allgather_reducescatter") and layout.tp > 1 and layout.dp > 1
     one_sided = path == "one_sided"

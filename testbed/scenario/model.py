@@ -177,6 +177,10 @@ class Scenario:
         _choice("--expert-output", self.expert_output, EXPERT_OUTPUTS)
         _choice("--invalid-expert-id", self.invalid_expert_id, INVALID_EXPERT_IDS)
         self._check_features()
+        kernels = FAKE_PROFILES[self.profile].top_k_kernels
+        if self.path == "one_sided" and self.top_k not in kernels:
+            raise ScenarioInputError("--top-k", f"FlashInfer {self.profile}'s one-sided kernels are instantiated for "
+                                     f"top_k in {{{', '.join(map(str, kernels))}}} (SWITCH_TOP_K), got {self.top_k}")
         if self.router_weight_on_input and self.top_k != 1:
             raise ScenarioInputError("--router-weight-on-input", f"is only defined for top_k == 1, got "
                                      f"--top-k {self.top_k}")

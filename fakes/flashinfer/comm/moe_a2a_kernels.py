@@ -61,6 +61,7 @@ class Hooks:
     before_combine_read = None
 
 
+KERNELS_CU = "csrc/nv_internal/tensorrt_llm/kernels/communicationKernels/moeAlltoAllKernels.cu"
 FLAG_TIMEOUT_S = float(os.environ.get("A2A_FAKE_FLAG_TIMEOUT_S", "30"))
 
 
@@ -141,6 +142,13 @@ def _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank):
     return None
 
 
+def _switch_top_k(top_k: int, launch: str, profile: Profile) -> None:
+    """The kernels are instantiated for a fixed set of top_k (``SWITCH_TOP_K``); any other
+    value that passes the kMaxTopK check fails at launch with ``FLASHINFER_CHECK``."""
+    if top_k not in profile.top_k_kernels:
+        raise RuntimeError(f"Error in function '{launch}' at {KERNELS_CU}: Unsupported top_k")
+
+
 def _wait_flags(workspace, ep_rank, offset, peers, expected, phase):
     """Spin (with back-off) until every peer wrote ``expected`` into our completion flags."""
     flags = _i32(workspace, ep_rank, offset, workspace.size(0))
@@ -206,6 +214,7 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     else:
         icheck(num_experts >= ep_size, "numExperts >= epSize", "num_experts must be >= ep_size")
     icheck(0 < top_k <= profile.k_max_top_k, "topK > 0 && topK <= tl_throughput::kMaxTopK")
+    _switch_top_k(top_k, "moe_a2a_dispatch_launch", profile)
     n_eplb = 0
     if eplb_local_stats is not None:
         icheck(eplb_local_stats.dtype == torch.int32, "localStats.dtype() == dl_int32", "eplb_local_stats must be int32")
@@ -322,6 +331,7 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
            f"epSize must be in the range (0, {profile.k_max_ranks}]")
     icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize")
     icheck(0 < top_k <= profile.k_max_top_k, "topK > 0 && topK <= tl_throughput::kMaxTopK")
+    _switch_top_k(top_k, "moe_a2a_combine_launch", profile)
     icheck(T >= 0, "localNumTokens >= 0")
     offsets = _check_workspace_and_metainfo(workspace, metainfo, ep_size)
     me, H = ep_rank, payload_RSH.size(2)
