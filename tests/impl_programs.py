@@ -220,3 +220,31 @@ def wrong_workspace_output(ctx, case: MoECase, how: str) -> None:
     out = {"copy": buf_NH.clone(), "dtype": buf_NH.half(), "shape": buf_NH[:, :128],
            "strided": buf_NH.t().contiguous().t(), "region": buf_NH}[how]
     pf.finalize(torch.empty_like(x_TH), out, w_TK, ids_TK, False, None)
+
+
+def late_initialize(ctx, case: MoECase, profile: str, mutant: str | None) -> None:
+    """EP rank 1 zeroes its workspace row only once rank 0 has published into it (or, when
+    a barrier holds rank 0 back, after a bounded wait); then one round with known counts and
+    no collective before it (which would order the ranks by itself)."""
+    from fakes.flashinfer.comm import moe_a2a_kernels as k
+
+    k.FLAG_TIMEOUT_S = 2.0
+    ctx.add_cleanup(lambda: setattr(k, "FLAG_TIMEOUT_S", 30.0))
+    if ctx.coords.ep_rank == 1:
+        k.Hooks.before_initialize_zero = _wait_for_peer_write(deadline_s=3.0)
+        ctx.add_cleanup(lambda: setattr(k.Hooks, "before_initialize_zero", None))
+    _, pf = _one_layer(ctx, case, profile, mutant)
+    prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
+    ep = ctx.groups["ep"]
+    fused = case_experts(case, dist.get_world_size(ep), dist.get_rank(ep))(prep)
+    pf.finalize(torch.empty_like(x_TH), fused, w_TK, ids_TK, False, None)
+
+
+def _wait_for_peer_write(deadline_s: float):
+    def hook(workspace, ep_rank):
+        import time
+
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end and not workspace[ep_rank].any():
+            time.sleep(1e-3)
+    return hook

@@ -56,9 +56,12 @@ def slot_permutation(n: int, source: int, target: int, round_: int) -> torch.Ten
 class Hooks:
     """Fault-injection points for tests. ``before_combine_read(workspace, ep_rank, offsets)``
     runs after a rank's combine saw every peer ready and before it reads their rows: where a
-    slow GPU would be when its peers have already moved on."""
+    slow GPU would be when its peers have already moved on. ``before_initialize_zero(workspace,
+    ep_rank)`` runs before a rank zeroes its workspace row: a rank late to initialize, whose
+    memset then erases whatever a faster peer already published into its row."""
 
     before_combine_read = None
+    before_initialize_zero = None
 
 
 KERNELS_CU = "csrc/nv_internal/tensorrt_llm/kernels/communicationKernels/moeAlltoAllKernels.cu"
@@ -179,6 +182,8 @@ def initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_exper
     icheck_eq(workspace.size(0), ep_size, "workspace.size(0)", "epSize", "workspace first dim must equal ep_size")
     icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize", "epRank out of range")
     icheck(eplb_stats_num_experts >= 0, "eplbStatsNumExperts >= 0", "eplb_stats_num_experts must be non-negative")
+    if Hooks.before_initialize_zero is not None:
+        Hooks.before_initialize_zero(workspace, ep_rank)
     workspace[ep_rank].zero_()  # only the caller's row: peers zero their own
     return torch.tensor(
         metainfo_offsets(ep_size, max_num_tokens, eplb_stats_num_experts, profile.k_max_top_k),

@@ -226,8 +226,11 @@ class _MoeAlltoAllBase:
             mem = MnnvlMemory(mapping, workspace_size_per_rank)
             workspace = mem.as_torch_strided_tensor(torch.uint8)
             metainfo = moe_a2a_initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts)
-            # A peer must not publish into this rank's row before its memset is done.
-            MnnvlMemory.allocated_map[mem.ptr].comm.barrier()
+            # A peer must not publish into this rank's row before its memset is done: 0.7.x
+            # barriers here; earlier releases leave it to the caller (a late memset then erases
+            # a fast peer's first dispatch, see moe_a2a_kernels.Hooks.before_initialize_zero).
+            if profile.init_barrier:
+                MnnvlMemory.allocated_map[mem.ptr].comm.barrier()
             cls._WORKSPACE_CACHE[key] = {
                 "workspace_size_per_rank": workspace_size_per_rank,
                 "max_num_tokens": max_num_tokens,
