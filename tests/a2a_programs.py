@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from fakes.flashinfer import set_profile
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
@@ -124,10 +125,13 @@ def _make(ctx, profile, *, max_num_tokens=4, top_k=2, num_experts=4, hidden=16,
     from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
 
     mapping, config = ep_mapping_and_config(ctx)
-    return MoeAlltoAll(mapping, max_num_tokens, top_k, num_experts,
-                       workspace_size_per_rank=workspace_size_per_rank,
-                       hidden_size=None if workspace_size_per_rank else hidden,
-                       mnnvl_config=config, **kw)
+    a2a = MoeAlltoAll(mapping, max_num_tokens, top_k, num_experts,
+                      workspace_size_per_rank=workspace_size_per_rank,
+                      hidden_size=None if workspace_size_per_rank else hidden,
+                      mnnvl_config=config, **kw)
+    # Before 0.7.x MoeAlltoAll does not barrier after zeroing its row: its caller must.
+    dist.barrier(group=ctx.groups["ep"])
+    return a2a
 
 
 def _ids(T, K, E, rank):
