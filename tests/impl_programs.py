@@ -222,17 +222,36 @@ def wrong_workspace_output(ctx, case: MoECase, how: str) -> None:
     pf.finalize(torch.empty_like(x_TH), out, w_TK, ids_TK, False, None)
 
 
-def late_initialize(ctx, case: MoECase, profile: str, mutant: str | None) -> None:
-    """EP rank 1 zeroes its workspace row only once rank 0 has published into it (or, when
-    a barrier holds rank 0 back, after a bounded wait); then one round with known counts and
-    no collective before it (which would order the ranks by itself)."""
+def late_initialize(ctx, case: MoECase, profile: str, mutant: str | None, signals: str) -> None:
+    """EP rank 1 zeroes its workspace row only after rank 0, done with its own, either posted
+    its dispatch into rank 1's row (nothing held it back) or entered a barrier (something
+    did); then one
+    round with known counts and no collective before it (which would order the ranks by
+    itself). ``signals`` is a directory both ranks see."""
     from fakes.flashinfer.comm import moe_a2a_kernels as k
 
     k.FLAG_TIMEOUT_S = 2.0
     ctx.add_cleanup(lambda: setattr(k, "FLAG_TIMEOUT_S", 30.0))
-    if ctx.coords.ep_rank == 1:
-        k.Hooks.before_initialize_zero = _wait_for_peer_write(deadline_s=3.0)
-        ctx.add_cleanup(lambda: setattr(k.Hooks, "before_initialize_zero", None))
+    initialized, moved_on = os.path.join(signals, "rank0-initialized"), os.path.join(signals, "rank0-moved-on")
+    if ctx.coords.ep_rank == 0:
+        k.Hooks.before_initialize_zero = lambda workspace, ep_rank: open(initialized, "w").close()
+        barrier, post_flags = dist.barrier, k._post_flags
+
+        def signalling_barrier(*args, **kwargs):  # signals, then blocks
+            if os.path.exists(initialized):
+                open(moved_on, "w").close()
+            return barrier(*args, **kwargs)
+
+        def signalling_post_flags(*args, **kwargs):  # posts, then signals
+            post_flags(*args, **kwargs)
+            if os.path.exists(initialized):
+                open(moved_on, "w").close()
+
+        dist.barrier, k._post_flags = signalling_barrier, signalling_post_flags
+        ctx.add_cleanup(lambda: (setattr(dist, "barrier", barrier), setattr(k, "_post_flags", post_flags)))
+    else:
+        k.Hooks.before_initialize_zero = _after_peer_moved_on(initialized, moved_on)
+    ctx.add_cleanup(lambda: setattr(k.Hooks, "before_initialize_zero", None))
     _, pf = _one_layer(ctx, case, profile, mutant)
     prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
     ep = ctx.groups["ep"]
@@ -240,11 +259,12 @@ def late_initialize(ctx, case: MoECase, profile: str, mutant: str | None) -> Non
     pf.finalize(torch.empty_like(x_TH), fused, w_TK, ids_TK, False, None)
 
 
-def _wait_for_peer_write(deadline_s: float):
+def _after_peer_moved_on(initialized: str, moved_on: str):
+    """Poll (the peer's progress is the condition; the scenario timeout bounds it) until rank
+    0 finished initializing and then posted flags or entered a barrier."""
     def hook(workspace, ep_rank):
         import time
 
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end and not workspace[ep_rank].any():
+        while not (os.path.exists(initialized) and os.path.exists(moved_on)):
             time.sleep(1e-3)
     return hook

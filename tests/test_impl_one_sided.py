@@ -213,14 +213,14 @@ def test_one_sided_ep_65_refused_as_the_real_kmaxranks_check(cluster):
 
 @pytest.mark.parametrize("profile", ["0.6.8", "0.6.16", "0.7.2"])
 @pytest.mark.parametrize("impl_barrier", [True, False], ids=["impl-barrier", "no-impl-barrier"])
-def test_one_sided_late_initialize_erases_a_fast_peer_without_a_barrier(cluster, profile, impl_barrier):
+def test_one_sided_late_initialize_erases_a_fast_peer_without_a_barrier(cluster, profile, impl_barrier, tmp_path):
     """Before 0.7.x MoeAlltoAll does not barrier after zeroing its row: without the
     integration's own EP barrier a fast peer's first dispatch is erased and the round fails;
     with it, or with 0.7.2's built-in one, the round completes."""
     from impl_programs import late_initialize
 
     case = _layers(2, ["bf16"], tokens=(3, 3))[0]
-    args = (case, profile, None if impl_barrier else "no-barrier-after-rebuild")
+    args = (case, profile, None if impl_barrier else "no-barrier-after-rebuild", str(tmp_path))
     if impl_barrier or profile == "0.7.2":
         cluster.run(late_initialize, ParallelLayout(2, dp=2), args, timeout_s=30)
     else:
