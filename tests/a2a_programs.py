@@ -196,6 +196,15 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
         elif what == "rank_mask_not_enabled":
             from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask
             _make(ctx, profile).dispatch(ids, [x], 4, active_rank_mask=moe_a2a_active_rank_mask([0, 1], 2))
+        elif what == "dispatch_after_trap":  # rank 0 carries on after a wait ran out
+            kernels.FLAG_TIMEOUT_S = 1.0
+            a2a = _make(ctx, profile)
+            if me == 0:
+                try:
+                    a2a.dispatch(ids, [x], 4)
+                except kernels.CompletionTimeout:
+                    pass
+                a2a.dispatch(ids, [x], 4)
         elif what == "peer_never_dispatches":
             kernels.FLAG_TIMEOUT_S = 1.0
             a2a = _make(ctx, profile)

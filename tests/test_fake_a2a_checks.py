@@ -54,6 +54,17 @@ def test_fake_a2a_check_message_form_of_cpp_checks(cluster):
     assert msg.startswith("Check failed: (")  # TVM_FFI_ICHECK's form
 
 
+def test_fake_a2a_trap_is_permanent_for_the_process(cluster):
+    """The real kernel traps when a wait runs out and the CUDA context is dead: catching the
+    error and carrying on must not work; the next scenario (a new process) is clean."""
+    results = cluster.run(trigger, ParallelLayout(2, dp=2), ("dispatch_after_trap",), timeout_s=60)
+    kind, msg = results[0]
+    assert kind == "RuntimeError" and msg.startswith("CUDA error: unspecified launch failure (a kernel trapped "
+                                                     "earlier: dispatch: rank 0 timed out")
+    assert results[1] is None
+    assert cluster.run(trigger, ParallelLayout(2, dp=2), ("top_k_12", "0.7.2"), timeout_s=60) == [None, None]
+
+
 def test_fake_a2a_completion_wait_names_missing_peer(cluster):
     results = cluster.run(trigger, ParallelLayout(2, dp=2), ("peer_never_dispatches",), timeout_s=60)
     kind, msg = results[0]

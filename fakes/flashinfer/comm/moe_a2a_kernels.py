@@ -72,6 +72,19 @@ class CompletionTimeout(RuntimeError):
     """A rank waited too long for its peers' completion flags (the kernel would trap)."""
 
 
+class Trap:
+    """The device after a kernel trapped: the real CUDA context is dead for good, so every
+    later kernel of this process fails (the scenario's end, a new process in reality, clears it)."""
+
+    reason: str | None = None
+
+
+def _check_alive() -> None:
+    if Trap.reason is not None:
+        raise RuntimeError(f"CUDA error: unspecified launch failure (a kernel trapped earlier: {Trap.reason}); "
+                           "the CUDA context is unusable until the process exits")
+
+
 def align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
@@ -163,10 +176,9 @@ def _wait_flags(workspace, ep_rank, offset, peers, expected, phase):
         if missing.numel() == 0:
             return
         if time.monotonic() > deadline:
-            raise CompletionTimeout(
-                f"{phase}: rank {ep_rank} timed out after {FLAG_TIMEOUT_S:g} s waiting for "
-                f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})"
-            )
+            Trap.reason = (f"{phase}: rank {ep_rank} timed out after {FLAG_TIMEOUT_S:g} s waiting for "
+                           f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})")
+            raise CompletionTimeout(Trap.reason)
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
 
@@ -177,6 +189,7 @@ def _post_flags(workspace, ep_rank, offset, peers, value):
 
 
 def initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts, profile: Profile):
+    _check_alive()
     icheck(workspace.dtype == torch.uint8, "workspace.dtype() == dl_uint8", "workspace must be uint8")
     icheck_eq(workspace.dim(), 2, "workspace.ndim()", "2", "workspace must be a 2D tensor")
     icheck_eq(workspace.size(0), ep_size, "workspace.size(0)", "epSize", "workspace first dim must equal ep_size")
@@ -195,6 +208,7 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
              eplb_local_stats, enable_rank_mask, active_rank_mask, profile: Profile):
     """``moeA2ADispatchOp``. Returns (recv_offsets, recv_sizes, combine_payload_offset,
     eplb_gathered_stats_offset, eplb_stats_num_experts); offsets are absolute in the workspace."""
+    _check_alive()
     icheck(ids_TK.is_contiguous(), "tokenSelectedExperts.IsContiguous()", "token_selected_experts must be contiguous")
     icheck(ids_TK.dtype == torch.int32, "tokenSelectedExperts.dtype() == dl_int32", "token_selected_experts must be int32")
     icheck_eq(ids_TK.dim(), 2, "tokenSelectedExperts.ndim()", "2", "token_selected_experts must be 2D")
@@ -328,6 +342,7 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
             payload_in_workspace, output_dtype, output_scales, use_low_precision,
             enable_rank_mask, active_rank_mask, output, profile: Profile):
     """``moeA2ACombineOp`` / ``moeA2ACombineIntoOp``: ``[T, H]``, written into ``output`` if given."""
+    _check_alive()
     icheck(payload_RSH.is_contiguous(), "payload.IsContiguous()", "payload must be contiguous")
     icheck_eq(payload_RSH.dim(), 3, "payload.ndim()", "3", "payload must be [ep_size, runtime_max_tokens_per_rank, hidden]")
     icheck_eq(payload_RSH.size(0), ep_size, "payload.size(0)", "epSize")
@@ -409,6 +424,7 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
 
 def sanitize_expert_ids(expert_ids_RSK, workspace, metainfo, ep_rank, invalid_expert_id):
     """``moeA2ASanitizeExpertIdsOp``: rows past each source's received count get the invalid id."""
+    _check_alive()
     icheck(expert_ids_RSK.dtype == torch.int32, "expertIds.dtype() == dl_int32", "expert_ids must be int32")
     icheck_eq(expert_ids_RSK.dim(), 3, "expertIds.ndim()", "3")
     R, S, _ = expert_ids_RSK.shape
