@@ -28,15 +28,18 @@ elif not os.environ.get("CI"):
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--backend", choices=("fake", "flashinfer"), default="fake",
-        help="FlashInfer implementation under the integration: the CPU fake or the real package",
+        "--backend", choices=("fake", "flashinfer"), default=None,
+        help="FlashInfer implementation under the integration: the CPU fake or the real package "
+             "(default: flashinfer for gpu_tests/, which never fall back to the fake, else fake)",
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def backend(request) -> str:
-    """The backend chosen with ``--backend``; skips when the real one is asked for but absent."""
-    name = request.config.getoption("--backend")
+    """The backend chosen with ``--backend`` (by default the real one under ``gpu_tests/``);
+    skips when the real one is asked for but absent."""
+    in_gpu_tests = "gpu_tests" in Path(request.node.path).resolve().parts
+    name = request.config.getoption("--backend") or ("flashinfer" if in_gpu_tests else "fake")
     if name == "flashinfer":
         pytest.importorskip("flashinfer", reason="--backend flashinfer needs flashinfer-python")
     return name
