@@ -6,6 +6,9 @@ It reaches FlashInfer only through the handle :func:`impl.backend.resolve_backen
 Modules: ``backend`` (which FlashInfer), ``communicator`` (FlashInfer's ``CommBackend`` over a
 torch process group), ``compat`` (signature probing), ``quant`` (formats, the dispatch byte
 layout, reference activation quantizers), ``forward_context`` (tokens per DP rank),
-``one_sided`` / ``two_sided`` (managers and prepare/finalize), ``moe_layer`` (the caller's
-side of the reduce contract).
+``one_sided`` / ``two_sided`` (managers and prepare/finalize), ``gather`` (all-gather /
+reduce-scatter and expert-parallel-off prepare/finalize, over ``collectives``), ``parallel``
+(the parallel config and the support table), ``factory`` (a backend by name), ``moe_layer``
+(the layer: sequence parallel, shared experts, the reduce contract), ``moe_output`` (the output
+contract and its consumer), ``experts`` (the TRT-LLM kernels as experts).
 """

@@ -13,36 +13,11 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from impl.collectives import all_gatherv, reduce_scatterv
 from impl.formats import QuantConfig
 from impl.forward_context import token_counts_per_rank
 from impl.moe_layer import PrepareResult, scale_input_by_router_weight
 from impl.quant import quantize_input
-
-
-def all_gatherv(t_N: torch.Tensor, sizes: tuple[int, ...], group: dist.ProcessGroup) -> torch.Tensor:
-    """Concatenate every group rank's ``t`` (``sizes[i]`` rows on rank ``i``) in rank order."""
-    if len(sizes) == 1:
-        return t_N
-    rows = max(max(sizes), 1)
-    raw = t_N.view(torch.uint8) if t_N.element_size() == 1 else t_N  # gloo has no fp8
-    padded = raw.new_zeros((rows,) + tuple(raw.shape[1:]))
-    padded[: raw.size(0)] = raw
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded, group=group)
-    out = torch.cat([p[:n] for p, n in zip(parts, sizes)])
-    return out.view(t_N.dtype) if t_N.element_size() == 1 else out
-
-
-def reduce_scatterv(t_NH: torch.Tensor, sizes: tuple[int, ...], group: dist.ProcessGroup) -> torch.Tensor:
-    """fp32 sum over the group of ``t``, this rank's ``sizes[rank]`` rows (gloo has no
-    reduce_scatter: an all-reduce, then this rank's slice)."""
-    total = t_NH.float()
-    if len(sizes) == 1:
-        return total
-    dist.all_reduce(total, group=group)
-    me = dist.get_rank(group)
-    start = sum(sizes[:me])
-    return total[start:start + sizes[me]]
 
 
 class AllGatherReduceScatter:

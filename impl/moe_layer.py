@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 import torch
 import torch.distributed as dist
 
+from impl.collectives import all_gatherv
 from impl.formats import ActivationFormat, QuantConfig, activation_format
 from impl.forward_context import sequence_parallel_active, sequence_parallel_sizes, sp_chunk
 from impl.moe_output import MoEOutput, UnfinalizedMoEOutput, finalize_moe_output
@@ -183,12 +184,8 @@ class MoELayer:
         chunk = slice(rows.start, rows.stop)
         with sequence_parallel_sizes(tp_size):
             out = self.forward(x_TH[chunk], topk_weights_TK[chunk], topk_ids_TK[chunk])
-        y_CH = self._finalized(out, len(rows))
-        padded = y_CH.new_zeros(len(sp_chunk(T, tp_size, 0)), y_CH.size(1))  # the first chunk is the longest
-        padded[: y_CH.size(0)] = y_CH
-        parts = [torch.empty_like(padded) for _ in range(tp_size)]
-        dist.all_gather(parts, padded, group=self.tp_group)
-        return torch.cat(parts)[:T]
+        sizes = tuple(len(sp_chunk(T, tp_size, t)) for t in range(tp_size))
+        return all_gatherv(self._finalized(out, len(rows)), sizes, self.tp_group)
 
     def _finalized(self, out: MoEOutput, num_tokens: int) -> torch.Tensor:
         cfg = self.config

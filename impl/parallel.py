@@ -167,8 +167,9 @@ class ParallelConfig:
         """Why this deployment does not split MoE tokens across TP ranks, or None when it does."""
         if not self.sequence_parallel_moe:
             return "sequence_parallel_moe is off"
-        if SUPPORT[self.all2all_backend]["sequence_parallel"] is not None:
-            return SUPPORT[self.all2all_backend]["sequence_parallel"]
+        refused = SUPPORT[self.all2all_backend]["sequence_parallel"]
+        if refused is not None:
+            return refused
         if not (self.tp > 1 and self.dp > 1):
             return f"sequence-parallel MoE needs tp > 1 and dp > 1, got tp={self.tp}, dp={self.dp}"
         return None

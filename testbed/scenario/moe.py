@@ -181,14 +181,13 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     return result
 
 
-def case_layer(ctx, pf, case: MoECase, experts=None) -> MoELayer:
-    """``case`` as a :class:`MoELayer` over ``pf`` (this EP rank's experts by default)."""
+def case_layer(ctx, pf, case: MoECase) -> MoELayer:
+    """``case`` as a :class:`MoELayer` over ``pf`` with this EP rank's experts."""
     ep_group = ctx.groups["ep"]
-    kind = TWO_SIDED if type(pf).__name__.startswith("TwoSided") else ONE_SIDED
+    kind = TWO_SIDED if isinstance(pf, TwoSidedPrepareFinalize) else ONE_SIDED
     parallel = ParallelConfig(tp=dist.get_world_size(ctx.groups["tp"]), dp=dist.get_world_size(ctx.groups["dp"]),
                               all2all_backend=kind, sequence_parallel_moe=False)
-    if experts is None:
-        experts = case_experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
+    experts = case_experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
     return MoELayer(MoELayerConfig(case.num_experts, case.top_k, case.hidden, case.quant_config()), parallel, pf,
                     experts, tp_group=ctx.groups["tp"])
 

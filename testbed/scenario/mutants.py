@@ -180,7 +180,8 @@ CATALOGUE: tuple[Mutant, ...] = (
        f"{PF}.prepare", "invalid_token_expert_id=self.invalid_expert_id, ", "", ("expert-load", "")),
     # -- sequence parallel (seed 003) -------------------------------------------------------
     _m("sp-no-gather", "under sequence parallel the chunks are not all-gathered over TP",
-       f"{LAYER}.__call__", "        return torch.cat(parts)[:T]\n", "        return y_CH\n", ("output", "")),
+       f"{LAYER}.__call__", "        return all_gatherv(self._finalized(out, len(rows)), sizes, self.tp_group)\n",
+       "        return self._finalized(out, len(rows))\n", ("output", "")),
     _m("sp-not-split", "under sequence parallel every TP rank routes all of its DP rank's tokens",
        f"{LAYER}.__call__", "rows = sp_chunk(T, tp_size, tp_rank)", "rows = range(T)",
        ("expert-load", ""), ("output", ""), ("completes", "forward context")),
@@ -199,7 +200,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        "impl.gather:LocalPrepareFinalize.output_is_reduced", "return False", "return True",
        ("reduce", "output_is_reduced")),
     _m("reduce-scatter-keeps-all", "the reduce-scatter hands back the first rank's rows on every rank",
-       "impl.gather:reduce_scatterv", "start = sum(sizes[:me])", "start = 0", ("output", "")),
+       "impl.collectives:reduce_scatterv", "start = sum(sizes[:me])", "start = 0", ("output", "")),
     # -- the output contract and deferred finalize (seed 004) --------------------------------
     _m("defer-at-tp1", "historical bug 6: deferral ignores the TP > 1 guard",
        "impl.parallel:ParallelConfig.use_deferred_moe_finalize", "self.defer_moe_finalize and self.moe_tp_size > 1",
