@@ -147,8 +147,8 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
         if what == "seed001_overflow":
             # Sized for an nvfp4 layer (x H/2 + scales H/16 + ids + weights), then a bf16 layer.
             H = 256
-            from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
             set_profile(profile)
+            from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
             size = moe_a2a_get_workspace_size_per_rank(
                 ctx.layout.ep_size, 8, H // 2 + H // 16 + 2 * K * 4, H * 2)
             a2a = _make(ctx, profile, max_num_tokens=8, workspace_size_per_rank=size)
@@ -194,8 +194,9 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
             k = int(what.rsplit("_", 1)[1])
             _make(ctx, profile, top_k=k).dispatch(_ids(T, k, 4, me), [x], 4)
         elif what == "rank_mask_not_enabled":
+            a2a = _make(ctx, profile)  # sets the profile, which decides what the module exports
             from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask
-            _make(ctx, profile).dispatch(ids, [x], 4, active_rank_mask=moe_a2a_active_rank_mask([0, 1], 2))
+            a2a.dispatch(ids, [x], 4, active_rank_mask=moe_a2a_active_rank_mask([0, 1], 2))
         elif what == "dispatch_after_trap":  # rank 0 carries on after a wait ran out
             kernels.FLAG_TIMEOUT_S = 1.0
             a2a = _make(ctx, profile)
@@ -297,11 +298,10 @@ def combine_variants(ctx, case: Case):
 
 def eplb_and_mask(ctx, num_experts: int = 8):
     """EPLB stats gather, then a dispatch with rank 1 masked off."""
-    from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask
-
     R, me, T, K, H = ctx.layout.ep_size, ctx.coords.ep_rank, 4, 2, 8
     a2a = _make(ctx, "0.7.2", max_num_tokens=T, top_k=K, num_experts=num_experts, hidden=H,
                 eplb_stats_num_experts=num_experts, enable_rank_mask=True)
+    from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask
     ids_TK = _ids(T, K, num_experts, me)
     x_TH = torch.ones(T, H, dtype=torch.bfloat16) * (me + 1)
     stats_E = torch.arange(num_experts, dtype=torch.int32) + 100 * me

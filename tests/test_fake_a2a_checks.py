@@ -94,7 +94,7 @@ def test_fake_profiles_signatures_follow_the_release_table():
     assert seen["0.6.8"][0] == ["self", "payload", "runtime_max_tokens_per_rank", "payload_in_workspace"]
     assert seen["0.6.14"][0][4:] == ["output_dtype", "output_scales", "output_scalar_scale", "sf_layout"]
     assert "output" in seen["0.6.16"][0] and "output" not in seen["0.6.14"][0]
-    combine = inspect.signature(m._BY_PROFILE["0.6.16"][0].combine).parameters
+    combine = inspect.signature(m._BY_PROFILE["0.6.16"]["MoeAlltoAll"].combine).parameters
     assert combine["use_low_precision"].kind is inspect.Parameter.KEYWORD_ONLY
     assert "eplb_stats_num_experts" in seen["0.6.16"][1] and "eplb_stats_num_experts" not in seen["0.6.14"][1]
     assert "backend" in seen["0.7.2"][1] and "backend" not in seen["0.6.16"][1]
@@ -110,7 +110,7 @@ def test_fake_profiles_custom_combine_signature():
 
     cls = m.custom_moe_alltoall(combine, base="0.7.2")
     assert _params(cls.combine) == ["self", "kwargs"]
-    assert issubclass(cls, m._BY_PROFILE["0.7.2"][0])
+    assert issubclass(cls, m._BY_PROFILE["0.7.2"]["MoeAlltoAll"])
 
 
 def test_fake_profiles_unknown_name():

@@ -26,6 +26,7 @@ class Profile:
     backend_kw: bool  # backend="trtllm" keyword (0.7.x)
     top_k_kernels: tuple[int, ...]  # the top_k values SWITCH_TOP_K instantiates (moeAlltoAllKernels.cu)
     init_barrier: bool  # MoeAlltoAll barriers after zeroing its workspace row (0.7.x); before, the caller must
+    absent_modules: tuple[str, ...]  # modules under flashinfer this release does not ship
 
 
 _TOP_K_0_6_8 = (1, 2, 4, 6, 8, 10, 16, 22)
@@ -33,10 +34,10 @@ _TOP_K_0_6_16 = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 22)
 PROFILES = {
     p.name: p
     for p in (
-        Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False),
-        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False),
-        Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False),
-        Profile("0.7.2", 22, 6, 64, False, True, True, True, True, _TOP_K_0_6_16, True),
+        Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, ("moe_ep",)),
+        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, ()),
+        Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False, ()),
+        Profile("0.7.2", 22, 6, 64, False, True, True, True, True, _TOP_K_0_6_16, True, ()),
     )
 }
 DEFAULT_PROFILE = "0.7.2"

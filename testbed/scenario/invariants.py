@@ -33,9 +33,7 @@ from typing import Optional
 
 import torch
 
-from fakes.flashinfer.comm.trtllm_moe_alltoall import (
-    moe_a2a_get_workspace_size_per_rank,
-)
+from fakes.flashinfer.comm import trtllm_moe_alltoall
 from fakes.flashinfer.profiles import fake_profile
 from testbed.scenario import audit
 from testbed.scenario.model import Scenario
@@ -220,7 +218,7 @@ def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
 
 
 def _size(ep: int, max_num_tokens: int, dispatch: int = 0, combine: int = 0) -> int:
-    return moe_a2a_get_workspace_size_per_rank(ep, max_num_tokens, dispatch, combine)
+    return trtllm_moe_alltoall.moe_a2a_get_workspace_size_per_rank(ep, max_num_tokens, dispatch, combine)
 
 
 def _expected_builds(ep: int, layers, payloads: list[int]) -> list[int]:

@@ -13,18 +13,20 @@ import abc
 import itertools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
 
+from fakes.flashinfer import profiles
 from fakes.flashinfer.comm.mapping import Mapping
 from fakes.arena import ShmArena
 
-ALLOCATION_GRANULARITY = 2 << 20  # the CUDA VMM granularity; the fake's row stride unit
+_ALLOCATION_GRANULARITY = 2 << 20  # the CUDA VMM granularity; the fake's row stride unit
 
 
-class CommBackend(abc.ABC):
-    """What FlashInfer needs from a communicator (mpi4py's method names)."""
+class _CommBackendABC(abc.ABC):
+    """What FlashInfer needs from a communicator (mpi4py's method names); before 0.6.16 an
+    ABC, so a subclass missing a method fails when instantiated."""
 
     @abc.abstractmethod
     def Get_rank(self) -> int: ...
@@ -43,6 +45,28 @@ class CommBackend(abc.ABC):
 
     @abc.abstractmethod
     def Split(self, color: int, key: int) -> "CommBackend": ...
+
+
+@runtime_checkable
+class _CommBackendProtocol(Protocol):
+    """0.6.16 on: a runtime-checkable Protocol (``flashinfer.comm.abstractions``), so
+    ``isinstance`` is structural and a subclass missing a method inherits a stub returning None."""
+
+    def Get_rank(self) -> int: ...
+
+    def Get_size(self) -> int: ...
+
+    def allgather(self, data: Any) -> tuple[Any, ...]: ...
+
+    def bcast(self, data: Any, root: int) -> Any: ...
+
+    def barrier(self) -> None: ...
+
+    def Split(self, color: int, key: int) -> "CommBackend": ...
+
+
+for _cls in (_CommBackendABC, _CommBackendProtocol):
+    _cls.__name__ = _cls.__qualname__ = "CommBackend"
 
 
 @dataclass
@@ -78,10 +102,6 @@ class MnnvlMemory:
         self.mapping = mapping
         self.segment_size = size
         self.ptr, self.rank_stride = MnnvlMemory.open_mnnvl_memory(mapping, size)
-
-    @property
-    def mapped(self) -> bool:
-        return MnnvlMemory.allocated_map[self.ptr].mapped
 
     def as_torch_strided_tensor(self, dtype: torch.dtype) -> torch.Tensor:
         """``[comm_size, segment_size / itemsize]`` view whose row stride is the rank stride."""
@@ -125,7 +145,7 @@ class MnnvlMemory:
         assert len(sizes) == comm_size
         assert all(x == size for x in sizes), "Not all rank allocating same size."
         arena = ShmArena.current()
-        stride = -(-size // ALLOCATION_GRANULARITY) * ALLOCATION_GRANULARITY
+        stride = -(-size // _ALLOCATION_GRANULARITY) * _ALLOCATION_GRANULARITY
         key = comm.bcast(f"mnnvl-{uuid.uuid4().hex[:16]}" if comm_rank == 0 else None, 0)
         if comm_rank == 0:
             segment = arena.create(key, comm_size * stride)
@@ -141,6 +161,26 @@ class MnnvlMemory:
             MnnvlMemory._watched_arena = arena
             arena.on_close(MnnvlMemory._forget_scenario)
         return ptr, stride
+
+    @staticmethod
+    def get_allocation_granularity(dev_id):
+        return _ALLOCATION_GRANULARITY
+
+    @staticmethod
+    def supports_mnnvl():
+        return True  # the fake stands in for a multi-node NVLink fabric
+
+    @staticmethod
+    def support_nvlink(need_all_up=True):
+        return True
+
+    @staticmethod
+    def get_allocation_prop(dev_id):
+        raise NotImplementedError("the CPU fake has no CUmemAllocationProp: it maps shared memory, not CUDA VMM")
+
+    @staticmethod
+    def new_mnnvl_memory_address(mapping, size):
+        raise NotImplementedError("the CPU fake reserves no CUDA virtual addresses: use MnnvlMemory(mapping, size)")
 
     @staticmethod
     def close_mnnvl_memory(ptr: int) -> None:
@@ -164,3 +204,16 @@ _SCENARIO_END_HOOKS: list = []
 def on_scenario_end(hook) -> None:
     """Register ``hook()`` to run when the memory of a scenario is forgotten (workspace caches)."""
     _SCENARIO_END_HOOKS.append(hook)
+
+
+__fake_only__ = ("on_scenario_end",)
+
+
+def __getattr__(name: str):
+    if name == "CommBackend":
+        return _CommBackendProtocol if profiles.active().eplb_and_rank_mask else _CommBackendABC
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"CommBackend"})

@@ -32,6 +32,25 @@ ALIGN = 128
 RANK_MASK_WORDS = 1
 
 
+def metainfo_fields(profile: Profile) -> tuple[str, ...]:
+    """The metainfo tensor's fields in ``profile``'s release: before EPLB statistics (0.6.16)
+    there is no ``EPLB_GATHERED_STATS`` entry."""
+    if profile.eplb_and_rank_mask:
+        return METAINFO_FIELDS
+    return tuple(f for f in METAINFO_FIELDS if f != "EPLB_GATHERED_STATS")
+
+
+def _read_metainfo(metainfo: torch.Tensor, profile: Profile) -> list[int]:
+    """The offsets of all ``METAINFO_FIELDS`` from ``profile``'s metainfo tensor (a release
+    without the EPLB field has an empty EPLB region where the payloads start)."""
+    icheck_eq(metainfo.size(0), len(metainfo_fields(profile)), "metainfo.size(0)",
+              "fi_throughput::NUM_METAINFO_FIELDS")
+    values = [int(v) for v in metainfo.tolist()]
+    if not profile.eplb_and_rank_mask:
+        values.insert(EPLB_GATHERED_STATS, values[EPLB_GATHERED_STATS])
+    return values
+
+
 class SlotOrder:
     """How slots inside a source's block are assigned: ``shuffled`` stands in for the GPU's
     atomics (nothing may depend on it), ``deterministic`` is source token order.
@@ -120,16 +139,16 @@ def _i32(workspace: torch.Tensor, rank: int, offset: int, count: int) -> torch.T
     return workspace[rank, offset:offset + 4 * count].view(torch.int32)
 
 
-def _check_workspace_and_metainfo(workspace, metainfo, ep_size):
+def _check_workspace_and_metainfo(workspace, metainfo, ep_size, profile: Profile):
     icheck(metainfo.device.type == "cpu", "metainfo.device.device_type == kDLCPU",
            "metainfo must be a CPU tensor")
     icheck(metainfo.dtype == torch.int64, "metainfo.dtype() == dl_int64", "metainfo must be int64")
     icheck_eq(metainfo.dim(), 1, "metainfo.ndim()", "1")
-    icheck_eq(metainfo.size(0), NUM_METAINFO_FIELDS, "metainfo.size(0)", "fi_throughput::NUM_METAINFO_FIELDS")
+    offsets = _read_metainfo(metainfo, profile)
     icheck(workspace.dtype == torch.uint8, "workspace.dtype() == dl_uint8", "workspace must be uint8")
     icheck_eq(workspace.dim(), 2, "workspace.ndim()", "2")
     icheck_eq(workspace.size(0), ep_size, "workspace.size(0)", "epSize")
-    return [int(v) for v in metainfo.tolist()]
+    return offsets
 
 
 def _check_rank_mask(mask, ep_rank: int) -> list[bool] | None:
@@ -198,10 +217,10 @@ def initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_exper
     if Hooks.before_initialize_zero is not None:
         Hooks.before_initialize_zero(workspace, ep_rank)
     workspace[ep_rank].zero_()  # only the caller's row: peers zero their own
-    return torch.tensor(
-        metainfo_offsets(ep_size, max_num_tokens, eplb_stats_num_experts, profile.k_max_top_k),
-        dtype=torch.int64,
-    )
+    offsets = metainfo_offsets(ep_size, max_num_tokens, eplb_stats_num_experts, profile.k_max_top_k)
+    if not profile.eplb_and_rank_mask:
+        del offsets[EPLB_GATHERED_STATS]
+    return torch.tensor(offsets, dtype=torch.int64)
 
 
 def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k, num_experts,
@@ -222,7 +241,7 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
         icheck(p.is_contiguous(), "payload.IsContiguous()", "payload must be contiguous")
         icheck_eq(p.dim(), 2, "payload.ndim()", "2", f"payload {i} must be 2D")
         icheck_eq(p.size(0), T, "payload.size(0)", "localNumTokens", f"payload {i} first dimension must match local_num_tokens")
-    offsets = _check_workspace_and_metainfo(workspace, metainfo, ep_size)
+    offsets = _check_workspace_and_metainfo(workspace, metainfo, ep_size, profile)
     icheck(0 < ep_size <= profile.k_max_ranks, "epSize > 0 && epSize <= tl_throughput::kMaxRanks",
            f"epSize must be in the range (0, {profile.k_max_ranks}]")
     icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize")
@@ -353,7 +372,7 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
     icheck(0 < top_k <= profile.k_max_top_k, "topK > 0 && topK <= tl_throughput::kMaxTopK")
     _switch_top_k(top_k, "moe_a2a_combine_launch", profile)
     icheck(T >= 0, "localNumTokens >= 0")
-    offsets = _check_workspace_and_metainfo(workspace, metainfo, ep_size)
+    offsets = _check_workspace_and_metainfo(workspace, metainfo, ep_size, profile)
     me, H = ep_rank, payload_RSH.size(2)
     payload_bytes = payload_RSH.numel() * payload_RSH.element_size()
     size_per_rank = workspace.size(1)
@@ -422,14 +441,13 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
     return output
 
 
-def sanitize_expert_ids(expert_ids_RSK, workspace, metainfo, ep_rank, invalid_expert_id):
+def sanitize_expert_ids(expert_ids_RSK, workspace, metainfo, ep_rank, invalid_expert_id, profile: Profile):
     """``moeA2ASanitizeExpertIdsOp``: rows past each source's received count get the invalid id."""
     _check_alive()
     icheck(expert_ids_RSK.dtype == torch.int32, "expertIds.dtype() == dl_int32", "expert_ids must be int32")
     icheck_eq(expert_ids_RSK.dim(), 3, "expertIds.ndim()", "3")
     R, S, _ = expert_ids_RSK.shape
     icheck(metainfo.dtype == torch.int64, "metainfo.dtype() == dl_int64")
-    icheck_eq(metainfo.size(0), NUM_METAINFO_FIELDS, "metainfo.size(0)", "fi_throughput::NUM_METAINFO_FIELDS")
-    recv_R = _i32(workspace, ep_rank, int(metainfo[RECV_COUNTERS]), R)
+    recv_R = _i32(workspace, ep_rank, _read_metainfo(metainfo, profile)[RECV_COUNTERS], R)
     stale_RS = torch.arange(S)[None, :] >= recv_R[:, None]
     expert_ids_RSK[stale_RS] = invalid_expert_id

@@ -22,7 +22,7 @@ from fakes.flashinfer._check import icheck, icheck_eq
 from fakes.flashinfer.comm.mapping import Mapping
 from fakes.flashinfer.comm.mnnvl import MnnvlConfig, MnnvlMemory, on_scenario_end
 
-MAX_TOP_K = 32
+_MAX_TOP_K = 32
 _FIFO_BYTES = 256 << 10  # per peer and direction; the size is the fake's, the role is real
 
 
@@ -57,7 +57,7 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
     icheck(experts_ids.dtype == torch.int32, "expertsIds.dtype() == dl_int32", "expertsIds must be int32")
     icheck_eq(expert_count % 4, 0, "expertCount % 4", "0", "expertCount must be divisible by 4")
     icheck_eq(slot_count % 4, 0, "slotCount % 4", "0", "slotCount must be divisible by 4")
-    if not 1 <= top_k <= MAX_TOP_K:
+    if not 1 <= top_k <= _MAX_TOP_K:
         raise RuntimeError("Only 1 <= topK <= 32 is supported now.")
     T, M = experts_ids.size(0), max_token_count_per_rank
     if T > M:  # stricter: the kernel would overrun its index buffers
@@ -98,7 +98,7 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
     statics = None
     if experts_statics is not None:
         statics = torch.stack([gathered[src][1] for src in range(ep_size)])
-    return (
+    prepared = (
         prepared_ids,
         prepared_scales,
         send_counts.cumsum(0).to(torch.int32),
@@ -108,29 +108,30 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
         _fill(wide, torch.cat(backward).to(torch.int32), -1),
         statics,
     )
+    return prepared  # one value, as the compiled op returns (the contract compares forms)
 
 
-def moe_comm(input, send_rank_cumsum, send_indices, output, recv_rank_cumsum, recv_indices,
-             all_workspaces, ep_rank, ep_size):
+def moe_comm(input, send_rank_cum_sum, send_indices, output, recv_rank_cum_sum, recv_indices,
+             all_workspaces, ep_rank, ep_size) -> None:
     """Send ``input`` rows ``send_indices[range of r]`` to each rank ``r``; write what
     arrives from ``src`` at ``output[recv_indices[range of src]]``."""
     icheck_eq(input.dim(), 2, "input.ndim()", "2", "input must be a 2D tensor")
     icheck_eq(output.dim(), 2, "output.ndim()", "2", "output must be a 2D tensor")
     icheck_eq(input.size(1), output.size(1), "input.size(1)", "output.size(1)",
               "input and output must have the same number of columns")
-    icheck_eq(send_rank_cumsum.size(0), ep_size, "sendRankCumSum.size(0)", "epSize", "sendRankCumSum must have epSize elements")
-    icheck_eq(recv_rank_cumsum.size(0), ep_size, "recvRankCumSum.size(0)", "epSize", "recvRankCumSum must have epSize elements")
+    icheck_eq(send_rank_cum_sum.size(0), ep_size, "sendRankCumSum.size(0)", "epSize", "sendRankCumSum must have epSize elements")
+    icheck_eq(recv_rank_cum_sum.size(0), ep_size, "recvRankCumSum.size(0)", "epSize", "recvRankCumSum must have epSize elements")
     icheck_eq(all_workspaces.size(0), ep_size, "allWorkspaces.size(0)", "epSize", "allWorkspaces must have epSize elements")
     icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize", "epRank must be in the range [0, epSize)")
     per_u64 = 8 // input.element_size()
     icheck_eq(input.size(1) % (per_u64 * 2), 0, "input.size(1) % (eltCountPerU64 * 2)", "0",
               "input.size(1) must be aligned to 16 bytes")
     comm = _comm_of(all_workspaces)
-    bounds = [0] + send_rank_cumsum.tolist()
+    bounds = [0] + send_rank_cum_sum.tolist()
     # As raw bytes: the pickled transport does not carry every dtype (float8 fails).
     outgoing = [input[send_indices[bounds[r]:bounds[r + 1]].long()].view(torch.uint8) for r in range(ep_size)]
     gathered = comm.allgather(outgoing)
-    rbounds = [0] + recv_rank_cumsum.tolist()
+    rbounds = [0] + recv_rank_cum_sum.tolist()
     for src in range(ep_size):
         rows = gathered[src][ep_rank].view(output.dtype)
         icheck_eq(rows.size(0), rbounds[src + 1] - rbounds[src], "received rows", "recvRankCumSum range",
@@ -143,7 +144,6 @@ def moe_comm(input, send_rank_cumsum, send_indices, output, recv_rank_cumsum, re
                 "rows: the real kernel does not check and would write outside it (top_k or token_count "
                 "differs from moe_prepare's)")
         output[at] = rows
-    return output
 
 
 @dataclass
@@ -213,9 +213,10 @@ class MnnvlMoe:
         # Uninitialised in the real op: NaN (or all ones for integers) exposes reads of empty slots.
         pad = float("nan") if x.dtype.is_floating_point else -1
         output = torch.full((alltoall_info.local_token_allocation_count, x.shape[1]), pad, dtype=x.dtype)
-        return moe_comm(x, alltoall_info.send_rank_count_cumsum, alltoall_info.send_rank_local_indices,
-                        output, alltoall_info.recv_rank_count_cumsum, alltoall_info.recv_rank_local_indices,
-                        workspace, ep_rank, ep_size)
+        moe_comm(x, alltoall_info.send_rank_count_cumsum, alltoall_info.send_rank_local_indices,
+                 output, alltoall_info.recv_rank_count_cumsum, alltoall_info.recv_rank_local_indices,
+                 workspace, ep_rank, ep_size)
+        return output
 
     @staticmethod
     def mnnvl_moe_alltoallv_combine(x, alltoall_info: MoEAlltoallInfo, workspace, ep_rank, ep_size,

@@ -8,6 +8,7 @@ are those of that FlashInfer release. The data path lives in ``moe_a2a_kernels``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional, Sequence
 
 import torch
@@ -15,52 +16,60 @@ import torch
 from fakes.flashinfer import profiles
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from fakes.flashinfer.comm.mapping import Mapping
-from fakes.flashinfer.comm.mnnvl import CommBackend, MnnvlConfig, MnnvlMemory, on_scenario_end
+from fakes.flashinfer.comm.mnnvl import MnnvlConfig, MnnvlMemory, on_scenario_end
 from fakes.flashinfer.tllm_enums import SfLayout
 
-MOE_A2A_RANK_MASK_WORDS = kernels.RANK_MASK_WORDS
-
-
-def moe_a2a_active_rank_mask(active_ranks: Sequence[int], ep_size: int) -> torch.Tensor:
+def _active_rank_mask(active_ranks: Sequence[int], ep_size: int) -> torch.Tensor:
     """CPU ``uint64 [MOE_A2A_RANK_MASK_WORDS]`` mask with bit ``i`` set per active rank ``i``."""
     mask = 0
     for rank in active_ranks:
         rank = int(rank)
         assert 0 <= rank < ep_size, f"rank {rank} out of range [0, {ep_size})"
         mask |= 1 << rank
-    words = [(mask >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(MOE_A2A_RANK_MASK_WORDS)]
+    words = [(mask >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(kernels.RANK_MASK_WORDS)]
     # torch cannot build uint64 from Python ints >= 2**63; go through int64 bits.
     signed = [w - (1 << 64) if w >= 1 << 63 else w for w in words]
     return torch.tensor(signed, dtype=torch.int64).view(torch.uint64)
 
 
-def moe_a2a_get_workspace_size_per_rank(
-    ep_size: int,
-    max_num_tokens: int,
-    total_dispatch_payload_size_per_token: int,
-    combine_payload_size_per_token: int,
-    eplb_stats_num_experts: int = 0,
-    *,
-    backend: str = "trtllm",
-) -> int:
+def _workspace_size(ep_size, max_num_tokens, dispatch_bytes, combine_bytes, eplb_stats_num_experts=0):
     """Workspace bytes per rank: padded aux region + dispatch region + combine region."""
-    _check_backend(backend)
     aux = kernels.metainfo_offsets(
         ep_size, max_num_tokens, eplb_stats_num_experts, profiles.active().k_max_top_k
     )[kernels.PAYLOAD_DATA]
     return (
         kernels.align(aux)
-        + kernels.align(ep_size * max_num_tokens * total_dispatch_payload_size_per_token)
-        + kernels.align(ep_size * max_num_tokens * combine_payload_size_per_token)
+        + kernels.align(ep_size * max_num_tokens * dispatch_bytes)
+        + kernels.align(ep_size * max_num_tokens * combine_bytes)
     )
 
 
-def moe_a2a_initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts=0,
-                       *, backend="trtllm"):
-    """Zero this rank's workspace row; return the CPU int64 metainfo (10 byte offsets)."""
-    _check_backend(backend)
+def _initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts=0):
     return kernels.initialize(
         workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts, profiles.active()
+    )
+
+
+def _sanitize(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id):
+    return kernels.sanitize_expert_ids(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id,
+                                       profiles.active())
+
+
+def _metainfo_index_pairs():
+    fields = kernels.metainfo_fields(profiles.active())
+    names = [f"MOE_A2A_{f}_OFFSET_INDEX" for f in fields] + ["MOE_A2A_NUM_METAINFO_FIELDS"]
+    return names, list(range(len(fields) + 1))
+
+
+def _ops() -> SimpleNamespace:
+    """The compiled module's host ops that need no dispatch state."""
+    return SimpleNamespace(
+        moe_a2a_initialize=_initialize,
+        moe_a2a_sanitize_expert_ids=lambda ids, ws, meta, rank, invalid, enable_pdl: _sanitize(
+            ids, ws, meta, rank, invalid),
+        moe_a2a_get_metainfo_index_pairs=_metainfo_index_pairs,
+        moe_a2a_get_aux_data_size=lambda ep_size, max_num_tokens, eplb_stats_num_experts=0: kernels.metainfo_offsets(
+            ep_size, max_num_tokens, eplb_stats_num_experts, profiles.active().k_max_top_k)[kernels.PAYLOAD_DATA],
     )
 
 
@@ -79,13 +88,6 @@ def moe_a2a_wrap_payload_tensor_in_workspace(
     end = start + slice_end - slice_start
     assert end <= base.shape[1], "slice must fall within the workspace size per rank"
     return base[rank, start:end].view(dtype=dtype).view(*leading_shape, -1)
-
-
-def moe_a2a_sanitize_expert_ids(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id,
-                                enable_pdl=None, *, backend="trtllm"):
-    """Set received expert ids past each source's count to ``invalid_expert_id`` (in place)."""
-    _check_backend(backend)
-    kernels.sanitize_expert_ids(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id)
 
 
 def _dispatch(ids, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k, num_experts,
@@ -146,9 +148,10 @@ def _moe_a2a_dispatch_0_6_16(token_selected_experts, input_payloads, workspace, 
                              runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
                              enable_pdl=None, eplb_local_stats=None, enable_rank_mask=False,
                              active_rank_mask=None):
-    return _dispatch(token_selected_experts, input_payloads, workspace, metainfo,
-                     runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
-                     eplb_local_stats, enable_rank_mask, active_rank_mask)
+    views, offset, stats = _dispatch(token_selected_experts, input_payloads, workspace, metainfo,
+                                     runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
+                                     eplb_local_stats, enable_rank_mask, active_rank_mask)
+    return views, offset, stats
 
 
 def _moe_a2a_dispatch_0_7(token_selected_experts, input_payloads, workspace, metainfo,
@@ -156,9 +159,10 @@ def _moe_a2a_dispatch_0_7(token_selected_experts, input_payloads, workspace, met
                           enable_pdl=None, eplb_local_stats=None, enable_rank_mask=False,
                           active_rank_mask=None, *, backend="trtllm", recv_view_cache=None):
     _check_backend(backend)
-    return _dispatch(token_selected_experts, input_payloads, workspace, metainfo,
-                     runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
-                     eplb_local_stats, enable_rank_mask, active_rank_mask)
+    views, offset, stats = _dispatch(token_selected_experts, input_payloads, workspace, metainfo,
+                                     runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
+                                     eplb_local_stats, enable_rank_mask, active_rank_mask)
+    return views, offset, stats
 
 
 def _moe_a2a_combine_0_6_8(payload, local_num_tokens, workspace, metainfo, runtime_max_tokens_per_rank,
@@ -200,6 +204,68 @@ def _moe_a2a_combine_0_7(payload, local_num_tokens, workspace, metainfo, runtime
                     active_rank_mask, output)
 
 
+def _get_moe_alltoall_module_0_6():
+    return _ops()
+
+
+def _get_moe_alltoall_module_0_7(backend="trtllm"):
+    _check_backend(backend)
+    return _ops()
+
+
+def _moe_a2a_initialize_0_6(workspace, ep_rank, ep_size, max_num_tokens):
+    return _initialize(workspace, ep_rank, ep_size, max_num_tokens)
+
+
+def _moe_a2a_initialize_0_6_16(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts=0):
+    return _initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts)
+
+
+def _moe_a2a_initialize_0_7(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts=0,
+                            *, backend="trtllm"):
+    _check_backend(backend)
+    return _initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts)
+
+
+def _moe_a2a_get_workspace_size_per_rank_0_6(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
+                                             combine_payload_size_per_token):
+    return _workspace_size(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
+                           combine_payload_size_per_token)
+
+
+def _moe_a2a_get_workspace_size_per_rank_0_6_16(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
+                                                combine_payload_size_per_token, eplb_stats_num_experts=0):
+    return _workspace_size(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
+                           combine_payload_size_per_token, eplb_stats_num_experts)
+
+
+def _moe_a2a_get_workspace_size_per_rank_0_7(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
+                                             combine_payload_size_per_token, eplb_stats_num_experts=0,
+                                             *, backend="trtllm"):
+    _check_backend(backend)
+    return _workspace_size(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
+                           combine_payload_size_per_token, eplb_stats_num_experts)
+
+
+def _moe_a2a_sanitize_expert_ids_0_6(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id):
+    return _sanitize(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id)
+
+
+def _moe_a2a_sanitize_expert_ids_0_6_16(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id,
+                                        enable_pdl=None):
+    return _sanitize(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id)
+
+
+def _moe_a2a_sanitize_expert_ids_0_7(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id,
+                                     enable_pdl=None, *, backend="trtllm"):
+    _check_backend(backend)
+    return _sanitize(expert_ids, workspace, metainfo, ep_rank, invalid_expert_id)
+
+
+def _moe_a2a_active_rank_mask(active_ranks: Sequence[int], ep_size: int) -> torch.Tensor:
+    return _active_rank_mask(active_ranks, ep_size)
+
+
 @dataclass
 class _A2AState:
     phase: str = "idle"  # idle | dispatched
@@ -214,8 +280,8 @@ class _MoeAlltoAllBase:
     _WORKSPACE_CACHE: dict[tuple, dict] = {}
 
     @classmethod
-    def get_workspace(cls, workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
-                      eplb_stats_num_experts=0) -> dict:
+    def _get_workspace(cls, workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
+                       eplb_stats_num_experts=0) -> dict:
         profile = profiles.active()
         key = (workspace_size_per_rank, ep_rank, ep_size, max_num_tokens)
         if profile.eplb_and_rank_mask:
@@ -225,7 +291,7 @@ class _MoeAlltoAllBase:
         if key not in cls._WORKSPACE_CACHE:
             mem = MnnvlMemory(mapping, workspace_size_per_rank)
             workspace = mem.as_torch_strided_tensor(torch.uint8)
-            metainfo = moe_a2a_initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts)
+            metainfo = _initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts)
             # A peer must not publish into this rank's row before its memset is done: 0.7.x
             # barriers here; earlier releases leave it to the caller (a late memset then erases
             # a fast peer's first dispatch, see moe_a2a_kernels.Hooks.before_initialize_zero).
@@ -244,13 +310,11 @@ class _MoeAlltoAllBase:
         return cls._WORKSPACE_CACHE[key]
 
     @staticmethod
-    def get_moe_workspace_size_per_rank(ep_size, top_k, max_num_tokens, hidden_size,
-                                        extra_payload_bytes_per_token=0, eplb_stats_num_experts=0) -> int:
+    def _workspace_size_for(ep_size, top_k, max_num_tokens, hidden_size,
+                            extra_payload_bytes_per_token=0, eplb_stats_num_experts=0) -> int:
         """Size for 16-bit hidden states plus ids and weights (``top_k * 4`` bytes each)."""
         dispatch = hidden_size * 2 + top_k * 4 + top_k * 4 + extra_payload_bytes_per_token
-        return moe_a2a_get_workspace_size_per_rank(
-            ep_size, max_num_tokens, dispatch, hidden_size * 2, eplb_stats_num_experts
-        )
+        return _workspace_size(ep_size, max_num_tokens, dispatch, hidden_size * 2, eplb_stats_num_experts)
 
     def _setup(self, mapping, max_num_tokens, top_k, num_experts, workspace_size_per_rank,
                hidden_size, mnnvl_config, eplb_stats_num_experts=0, enable_rank_mask=False):
@@ -261,7 +325,7 @@ class _MoeAlltoAllBase:
             assert hidden_size is not None, (
                 "hidden_size must be provided if workspace_size_per_rank is not provided"
             )
-            workspace_size_per_rank = self.get_moe_workspace_size_per_rank(
+            workspace_size_per_rank = self._workspace_size_for(
                 mapping.moe_ep_size, top_k, max_num_tokens, hidden_size,
                 eplb_stats_num_experts=eplb_stats_num_experts,
             )
@@ -278,7 +342,7 @@ class _MoeAlltoAllBase:
             raise ValueError("top_k must be a positive int")
         if not isinstance(self.num_experts, int) or self.num_experts <= 0:
             raise ValueError("num_experts must be a positive int")
-        self._WORKSPACE = self.get_workspace(
+        self._WORKSPACE = self._get_workspace(
             workspace_size_per_rank, self.ep_rank, self.ep_size, max_num_tokens, mapping,
             eplb_stats_num_experts,
         )
@@ -291,10 +355,6 @@ class _MoeAlltoAllBase:
         self.metainfo = self._WORKSPACE["metainfo"]
         self._state = _A2AState()
 
-    @property
-    def eplb_gathered_stats(self) -> Optional[torch.Tensor]:
-        return self._state.eplb_gathered_stats
-
     def _check_mask_allowed(self, active_rank_mask) -> None:
         if active_rank_mask is not None and not self.enable_rank_mask:
             raise ValueError(
@@ -305,7 +365,7 @@ class _MoeAlltoAllBase:
     def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
                   invalid_token_expert_id=None, expert_id_payload_index=None,
                   eplb_local_stats=None, active_rank_mask=None) -> list[torch.Tensor]:
-        if not self.mnnvl_mem.mapped:
+        if not MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         assert self._state.phase == "idle", "dispatch called twice without combine"
         assert runtime_max_tokens_per_rank <= self.max_num_tokens, (
@@ -333,16 +393,14 @@ class _MoeAlltoAllBase:
             assert expert_id_payload_index is not None, (
                 "expert_id_payload_index required when invalid_token_expert_id is set"
             )
-            moe_a2a_sanitize_expert_ids(
-                recv[expert_id_payload_index], self.workspace, self.metainfo, self.ep_rank,
-                invalid_token_expert_id,
-            )
+            _sanitize(recv[expert_id_payload_index], self.workspace, self.metainfo, self.ep_rank,
+                      invalid_token_expert_id)
         return recv
 
     def _combine(self, payload, runtime_max_tokens_per_rank, payload_in_workspace=False,
                  output_dtype=None, output_scales=None, output=None, use_low_precision=False,
                  active_rank_mask=None) -> torch.Tensor:
-        if not self.mnnvl_mem.mapped:
+        if not MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         assert self._state.phase == "dispatched", "combine called before successful dispatch"
         assert runtime_max_tokens_per_rank <= self.max_num_tokens, (
@@ -360,7 +418,7 @@ class _MoeAlltoAllBase:
 
     def get_combine_payload_tensor_in_workspace(self, runtime_max_tokens_per_rank, hidden_size, dtype):
         """``[ep_size, runtime_max_tokens_per_rank, hidden_size]`` view of this rank's combine region."""
-        if not self.mnnvl_mem.mapped:
+        if not MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         if self._state.phase != "dispatched":
             raise RuntimeError(
@@ -383,6 +441,16 @@ on_scenario_end(lambda: setattr(kernels.Trap, "reason", None))
 
 
 class _MoeAlltoAll_0_6_8(_MoeAlltoAllBase):
+    @classmethod
+    def get_workspace(cls, workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping) -> dict:
+        return cls._get_workspace(workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping)
+
+    @staticmethod
+    def get_moe_workspace_size_per_rank(ep_size, top_k, max_num_tokens, hidden_size,
+                                        extra_payload_bytes_per_token=0) -> int:
+        return _MoeAlltoAllBase._workspace_size_for(ep_size, top_k, max_num_tokens, hidden_size,
+                                                    extra_payload_bytes_per_token)
+
     def __init__(self, mapping: Mapping, max_num_tokens: int, top_k: int, num_experts: int,
                  workspace_size_per_rank: int = None, hidden_size: int = None,
                  mnnvl_config: Optional[MnnvlConfig] = None):
@@ -410,6 +478,22 @@ class _MoeAlltoAll_0_6_14(_MoeAlltoAll_0_6_8):
 
 
 class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
+    @classmethod
+    def get_workspace(cls, workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
+                      eplb_stats_num_experts=0) -> dict:
+        return cls._get_workspace(workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
+                                  eplb_stats_num_experts)
+
+    @staticmethod
+    def get_moe_workspace_size_per_rank(ep_size, top_k, max_num_tokens, hidden_size,
+                                        extra_payload_bytes_per_token=0, eplb_stats_num_experts=0) -> int:
+        return _MoeAlltoAllBase._workspace_size_for(ep_size, top_k, max_num_tokens, hidden_size,
+                                                    extra_payload_bytes_per_token, eplb_stats_num_experts)
+
+    @property
+    def eplb_gathered_stats(self) -> Optional[torch.Tensor]:
+        return self._state.eplb_gathered_stats
+
     def __init__(self, mapping: Mapping, max_num_tokens: int, top_k: int, num_experts: int,
                  workspace_size_per_rank: int = None, hidden_size: int = None,
                  mnnvl_config: Optional[MnnvlConfig] = None, eplb_stats_num_experts: int = 0,
@@ -463,7 +547,7 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
             )
         record.comm = MnnvlMemory.comm = comm_backend
         record.mapped = True
-        refreshed = moe_a2a_initialize(self.workspace, self.ep_rank, self.ep_size, self.max_num_tokens,
+        refreshed = _initialize(self.workspace, self.ep_rank, self.ep_size, self.max_num_tokens,
                                        self.eplb_stats_num_experts)
         if not torch.equal(refreshed, self.metainfo):
             raise RuntimeError("MoeAlltoAll metainfo changed during MNNVL handle remap; "
@@ -473,6 +557,21 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
 
 
 class _MoeAlltoAll_0_7_2(_MoeAlltoAll_0_6_16):
+    @classmethod
+    def get_workspace(cls, workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
+                      eplb_stats_num_experts=0, *, backend="trtllm") -> dict:
+        _check_backend(backend)
+        return cls._get_workspace(workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
+                                  eplb_stats_num_experts)
+
+    @staticmethod
+    def get_moe_workspace_size_per_rank(ep_size, top_k, max_num_tokens, hidden_size,
+                                        extra_payload_bytes_per_token=0, eplb_stats_num_experts=0,
+                                        *, backend="trtllm") -> int:
+        _check_backend(backend)
+        return _MoeAlltoAllBase._workspace_size_for(ep_size, top_k, max_num_tokens, hidden_size,
+                                                    extra_payload_bytes_per_token, eplb_stats_num_experts)
+
     def __init__(self, mapping: Mapping, max_num_tokens: int, top_k: int, num_experts: int,
                  workspace_size_per_rank: int = None, hidden_size: int = None,
                  mnnvl_config: Optional[MnnvlConfig] = None, eplb_stats_num_experts: int = 0,
@@ -482,16 +581,52 @@ class _MoeAlltoAll_0_7_2(_MoeAlltoAll_0_6_16):
                     hidden_size, mnnvl_config, eplb_stats_num_experts, enable_rank_mask)
 
 
-for _cls in (_MoeAlltoAll_0_6_8, _MoeAlltoAll_0_6_14, _MoeAlltoAll_0_6_16, _MoeAlltoAll_0_7_2):
-    _cls.__name__ = _cls.__qualname__ = "MoeAlltoAll"
 
-_BY_PROFILE = {
-    "0.6.8": (_MoeAlltoAll_0_6_8, _moe_a2a_dispatch_0_6, _moe_a2a_combine_0_6_8),
-    "0.6.14": (_MoeAlltoAll_0_6_14, _moe_a2a_dispatch_0_6, _moe_a2a_combine_0_6_14),
-    "0.6.16": (_MoeAlltoAll_0_6_16, _moe_a2a_dispatch_0_6_16, _moe_a2a_combine_0_6_16),
-    "0.7.2": (_MoeAlltoAll_0_7_2, _moe_a2a_dispatch_0_7, _moe_a2a_combine_0_7),
+_COMMON = {"moe_a2a_wrap_payload_tensor_in_workspace": moe_a2a_wrap_payload_tensor_in_workspace}
+_0_6 = {
+    **_COMMON,
+    "get_moe_alltoall_module": _get_moe_alltoall_module_0_6,
+    "moe_a2a_initialize": _moe_a2a_initialize_0_6,
+    "moe_a2a_get_workspace_size_per_rank": _moe_a2a_get_workspace_size_per_rank_0_6,
+    "moe_a2a_sanitize_expert_ids": _moe_a2a_sanitize_expert_ids_0_6,
+    "moe_a2a_dispatch": _moe_a2a_dispatch_0_6,
 }
-_PER_PROFILE_NAMES = ("MoeAlltoAll", "moe_a2a_dispatch", "moe_a2a_combine")
+_0_6_16 = {
+    **_COMMON,
+    "MOE_A2A_RANK_MASK_WORDS": kernels.RANK_MASK_WORDS,
+    "get_moe_alltoall_module": _get_moe_alltoall_module_0_6,
+    "moe_a2a_active_rank_mask": _moe_a2a_active_rank_mask,
+    "moe_a2a_initialize": _moe_a2a_initialize_0_6_16,
+    "moe_a2a_get_workspace_size_per_rank": _moe_a2a_get_workspace_size_per_rank_0_6_16,
+    "moe_a2a_sanitize_expert_ids": _moe_a2a_sanitize_expert_ids_0_6_16,
+    "moe_a2a_dispatch": _moe_a2a_dispatch_0_6_16,
+    "moe_a2a_combine": _moe_a2a_combine_0_6_16,
+    "MoeAlltoAll": _MoeAlltoAll_0_6_16,
+}
+# Each release's public names; ``__all__`` is the release's own list, which in 0.6.16 omits
+# moe_a2a_active_rank_mask although the module defines it.
+_BY_PROFILE = {
+    "0.6.8": {**_0_6, "moe_a2a_combine": _moe_a2a_combine_0_6_8, "MoeAlltoAll": _MoeAlltoAll_0_6_8},
+    "0.6.14": {**_0_6, "moe_a2a_combine": _moe_a2a_combine_0_6_14, "MoeAlltoAll": _MoeAlltoAll_0_6_14},
+    "0.6.16": _0_6_16,
+    "0.7.2": {
+        **_0_6_16,
+        "get_moe_alltoall_module": _get_moe_alltoall_module_0_7,
+        "moe_a2a_initialize": _moe_a2a_initialize_0_7,
+        "moe_a2a_get_workspace_size_per_rank": _moe_a2a_get_workspace_size_per_rank_0_7,
+        "moe_a2a_sanitize_expert_ids": _moe_a2a_sanitize_expert_ids_0_7,
+        "moe_a2a_dispatch": _moe_a2a_dispatch_0_7,
+        "moe_a2a_combine": _moe_a2a_combine_0_7,
+        "MoeAlltoAll": _MoeAlltoAll_0_7_2,
+    },
+}
+for _names in _BY_PROFILE.values():
+    for _name, _obj in _names.items():
+        if callable(_obj):
+            _obj.__name__ = _obj.__qualname__ = _name
+_NOT_IN_ALL = {"MOE_A2A_RANK_MASK_WORDS", "get_moe_alltoall_module"}
+_ALL_0_6_16 = sorted(set(_0_6_16) - _NOT_IN_ALL - {"moe_a2a_active_rank_mask"})
+__fake_only__ = ("custom_moe_alltoall",)
 
 
 def custom_moe_alltoall(combine, base: str | None = None) -> type:
@@ -501,11 +636,23 @@ def custom_moe_alltoall(combine, base: str | None = None) -> type:
     output_dtype=None, output_scales=None, output=None, use_low_precision=False,
     active_rank_mask=None)``.
     """
-    parent = _BY_PROFILE[base or profiles.active().name][0]
+    parent = _BY_PROFILE[base or profiles.active().name]["MoeAlltoAll"]
     return type("MoeAlltoAll", (parent,), {"combine": combine})
 
 
+def _names() -> dict:
+    return _BY_PROFILE[profiles.active().name]
+
+
 def __getattr__(name: str):
-    if name in _PER_PROFILE_NAMES:
-        return _BY_PROFILE[profiles.active().name][_PER_PROFILE_NAMES.index(name)]
+    if name == "__all__":
+        if profiles.active().name == "0.6.16":
+            return _ALL_0_6_16
+        return sorted(set(_names()) - _NOT_IN_ALL)
+    if name in _names():
+        return _names()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_names()))

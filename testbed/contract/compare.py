@@ -1,0 +1,212 @@
+"""The contract: a real FlashInfer release against the fake's matching profile.
+
+What is compared (``SCOPES``), each real module with the fake module of the same dotted name
+under :func:`fakes.flashinfer.install`:
+
+- ``comm.trtllm_moe_alltoall`` whole: ``__all__``, every public definition either side has,
+  and what each looks like (:mod:`testbed.contract.surface`);
+- ``comm.trtllm_alltoall``, ``comm.mnnvl``, ``comm.mapping``, ``fused_moe`` and ``moe_ep``:
+  the names the fake imitates, each of which the release must have in the same form;
+- ``comm``: the names it re-exports from those modules, the same set on both sides;
+- a module the release does not ship must fail to import from the fake too;
+- the kernel constants read from the C++ sources (``kMaxTopK``, ``kMaxPayloads``,
+  ``kMaxRanks``, the metainfo fields, the ``top_k`` values ``SWITCH_TOP_K`` instantiates).
+
+Names a fake module adds for the testbed's own use are listed in its ``__fake_only__`` and
+reported apart, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from testbed.contract.source import Source
+from testbed.contract.surface import RealModule, describe_fake, describe_real
+
+
+@dataclass(frozen=True)
+class Scope:
+    module: str  # dotted, under ``flashinfer``
+    whole: bool  # every public name of the release, both ways; else the fake's names only
+
+
+SCOPES = (
+    Scope("comm.trtllm_moe_alltoall", whole=True),
+    Scope("comm.trtllm_alltoall", whole=False),
+    Scope("comm.mnnvl", whole=False),
+    Scope("comm.mapping", whole=False),
+    Scope("fused_moe", whole=False),
+    Scope("moe_ep", whole=False),
+)
+REEXPORTING = "comm"  # the package whose re-exports of the modules above are compared
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    real: str
+    fake: str
+
+
+@dataclass(frozen=True)
+class Report:
+    version: str
+    profile: str
+    differences: tuple[Difference, ...]
+    fake_only: tuple[str, ...]
+    compared: int  # entries compared, so an empty comparison cannot pass unnoticed
+
+
+def profile_for(version: str) -> str:
+    """The fake profile that imitates release ``version`` (``0.7.2.post1`` -> ``0.7.2``)."""
+    from fakes.flashinfer.profiles import PROFILES
+
+    name = re.sub(r"(\.post\d+|rc\d+)$", "", version)
+    if name not in PROFILES:
+        raise ValueError(f"no fake profile imitates flashinfer {version}: profiles are {sorted(PROFILES)}")
+    return name
+
+
+def compare(source: Source, profile: Optional[str] = None) -> Report:
+    """Compare ``source`` with the fake's ``profile`` (default: the one for its version)."""
+    from fakes.flashinfer import install
+
+    profile = profile or profile_for(source.version)
+    loader = _RealLoader(source)
+    rows: dict[str, tuple[str, str]] = {}
+    fake_only: list[str] = []
+    with install(profile):
+        for scope in SCOPES:
+            _compare_module(scope, loader, rows, fake_only)
+        _compare_reexports(loader, rows)
+        from fakes.flashinfer.profiles import active
+        _compare_kernel_constants(source, active(), rows)
+    diffs = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()) if r != f)
+    return Report(source.version, profile, diffs, tuple(sorted(fake_only)), len(rows))
+
+
+class _RealLoader:
+    def __init__(self, source: Source):
+        self.source = source
+        self._cache: dict[str, Optional[RealModule]] = {}
+
+    def __call__(self, dotted: str) -> Optional[RealModule]:
+        if dotted not in self._cache:
+            rel = dotted.split(".", 1)[1].replace(".", "/") if "." in dotted else ""
+            module, package = self.source.read(f"{rel}.py" if rel else "__init__.py"), False
+            if module is None:
+                module, package = self.source.read(f"{rel}/__init__.py" if rel else "__init__.py"), True
+            self._cache[dotted] = None if module is None else RealModule(
+                ast.parse(module), dotted, package, self)
+        return self._cache[dotted]
+
+
+MISSING = "<absent>"
+
+
+def _import_fake(dotted: str):
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError:
+        return None
+
+
+def _compare_module(scope: Scope, loader: _RealLoader, rows: dict, fake_only: list) -> None:
+    dotted = f"flashinfer.{scope.module}"
+    real, fake = loader(dotted), _import_fake(dotted)
+    rows[f"{dotted} (module)"] = ("present" if real else MISSING, "present" if fake else MISSING)
+    if real is None or fake is None:
+        return
+    extras = set(getattr(fake, "__fake_only__", ()))
+    fake_only.extend(f"{dotted}.{n}" for n in sorted(extras))
+    fake_names = _fake_public(fake) - extras
+    names = set(fake_names)
+    if scope.whole:
+        names |= real.public() | {n for n, node in real.defs.items() if not n.startswith("_")
+                                  and (not isinstance(node, ast.Assign) or n.isupper())}
+        rows[f"{dotted}.__all__"] = (repr(sorted(real.public())),
+                                     repr(sorted(getattr(fake, "__all__", []))))
+    for name in sorted(names):
+        real_desc = describe_real(real, name)
+        fake_desc = describe_fake(name, getattr(fake, name)) if name in fake_names else {}
+        for key in set(real_desc) | set(fake_desc):
+            rows[f"{dotted}.{key}"] = (real_desc.get(key, MISSING), fake_desc.get(key, MISSING))
+
+
+def _fake_public(module) -> set[str]:
+    """The fake module's own public functions and classes (a package's: those of its
+    ``__all__`` it re-exports from the fake) and its ALL-CAPS constants; per-profile names
+    are listed by the module's ``__dir__``."""
+    package = hasattr(module, "__path__")
+    names = set()
+    for name in (getattr(module, "__all__", None) if package else None) or dir(module):
+        if name.startswith("_"):
+            continue
+        obj = getattr(module, name, None)
+        home = getattr(obj, "__module__", None) or ""
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            if home == module.__name__ or (package and home.startswith("fakes.flashinfer")):
+                names.add(name)
+        elif name.isupper() and isinstance(obj, (int, str, tuple)):
+            names.add(name)
+    return names
+
+
+def _compare_reexports(loader: _RealLoader, rows: dict) -> None:
+    dotted = f"flashinfer.{REEXPORTING}"
+    real, fake = loader(dotted), _import_fake(dotted)
+    sources = {f"flashinfer.{s.module}" for s in SCOPES}
+    real_names = sorted(n for n, (mod, _) in (real.imports.items() if real else ()) if mod in sources)
+    fake_names = []
+    if fake is not None:
+        homes = {"fakes." + s for s in sources}
+        for name in dir(fake):
+            obj = getattr(fake, name)
+            if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", "") in homes:
+                fake_names.append(name)
+    rows[f"{dotted} re-exports"] = (repr(real_names), repr(sorted(fake_names)))
+
+
+_CONSTANT = re.compile(r"static\s+constexpr\s+int\s+(kMax\w+|kRankMaskWords)\s*=\s*(\d+)")
+_METAINFO = re.compile(r'\{"MOE_A2A_(\w+?)(?:_OFFSET_INDEX)?",')
+_SWITCH = re.compile(r"#define\s+SWITCH_TOP_K\(.*?(?=\n\s*\n|\n#)", re.S)
+
+
+def _compare_kernel_constants(source: Source, profile, rows: dict) -> None:
+    header = source.find("moeAlltoAllKernels.h")
+    kernels = source.find("moeAlltoAllKernels.cu")
+    meta = source.find("moeAlltoAllMeta.h")
+    if header is None and kernels is None and meta is None:
+        return  # a release without the TRT-LLM one-sided kernels
+    from fakes.flashinfer.comm import moe_a2a_kernels
+
+    real = dict(_CONSTANT.findall(header or ""))
+    fake = {"kMaxTopK": profile.k_max_top_k, "kMaxPayloads": profile.k_max_payloads,
+            "kMaxRanks": profile.k_max_ranks, "kRankMaskWords": moe_a2a_kernels.RANK_MASK_WORDS}
+    for name, value in fake.items():
+        if name in real or name != "kRankMaskWords":
+            rows[f"csrc {name}"] = (real.get(name, MISSING), str(value))
+    fields = [f for f in _METAINFO.findall(meta or "") if f != "NUM_METAINFO_FIELDS"]
+    rows["csrc metainfo fields"] = (repr(fields), repr(list(moe_a2a_kernels.metainfo_fields(profile))))
+    switch = _SWITCH.search(kernels or "")
+    cases = sorted(int(c) for c in re.findall(r"case\s+(\d+)\s*:", switch.group(0))) if switch else []
+    rows["csrc SWITCH_TOP_K cases"] = (repr(cases), repr(sorted(profile.top_k_kernels)))
+
+
+def format_report(report: Report) -> str:
+    """The differences as a table, then the fake-only names and a one-line verdict."""
+    lines = [f"flashinfer {report.version} against fake profile {report.profile}: "
+             f"{report.compared} entries compared, {len(report.differences)} differ"]
+    if report.differences:
+        width = max(len(d.key) for d in report.differences)
+        lines.append(f"{'name':<{width}}  real | fake")
+        for d in report.differences:
+            lines.append(f"{d.key:<{width}}  {d.real}\n{'':<{width}}  {d.fake}")
+    if report.fake_only:
+        lines.append("fake-only (testbed hooks, not compared): " + ", ".join(report.fake_only))
+    return "\n".join(lines)

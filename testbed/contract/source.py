@@ -1,0 +1,124 @@
+"""Where a real FlashInfer's source comes from: a release number, a wheel or a directory.
+
+Nothing here imports the real package (it needs CUDA): files are read as text, from the
+wheel's zip or from disk. A release number is fetched once with ``pip download --no-deps``
+into ``$A2A_TESTBED_CACHE`` (default ``~/.cache/a2a-testbed``) and read from there after.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+PACKAGE = "flashinfer-python"
+
+
+class SourceError(Exception):
+    """The FlashInfer source cannot be obtained or is not a FlashInfer."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Read-only access to one FlashInfer release's files, by path under ``flashinfer/``."""
+
+    version: str
+    origin: str
+    _zip: Optional[zipfile.ZipFile] = None
+    _root: Optional[Path] = None
+
+    def read(self, rel: str) -> Optional[str]:
+        """Text of ``flashinfer/<rel>``, or None when the release has no such file."""
+        if self._zip is not None:
+            try:
+                return self._zip.read(f"flashinfer/{rel}").decode()
+            except KeyError:
+                return None
+        path = self._root / rel
+        return path.read_text() if path.is_file() else None
+
+    def find(self, basename: str) -> Optional[str]:
+        """Text of the one file named ``basename`` anywhere under ``flashinfer/data/csrc``
+        (releases move the C++ sources between folders), or None."""
+        if self._zip is not None:
+            names = [n for n in self._zip.namelist()
+                     if n.startswith("flashinfer/data/csrc/") and n.rsplit("/", 1)[-1] == basename]
+            return self._zip.read(sorted(names)[0]).decode() if names else None
+        hits = sorted((self._root / "data" / "csrc").rglob(basename))
+        return hits[0].read_text() if hits else None
+
+
+def open_source(spec: str) -> Source:
+    """A FlashInfer release's source from ``spec``.
+
+    Parameters
+    ----------
+    spec : str
+        A release number (``0.7.2.post1``; downloaded once and cached), a ``.whl`` file, or a
+        directory: an unpacked wheel, a ``site-packages``, or the ``flashinfer`` package itself.
+
+    Returns
+    -------
+    Source
+
+    Raises
+    ------
+    SourceError
+        The wheel cannot be downloaded, or the path holds no ``flashinfer`` package.
+    """
+    path = Path(spec)
+    if path.is_dir():
+        root = path if (path / "__init__.py").is_file() and path.name == "flashinfer" else path / "flashinfer"
+        if not (root / "__init__.py").is_file():
+            raise SourceError(f"--flashinfer {spec}: no flashinfer/__init__.py under this directory")
+        return Source(_dir_version(root), str(root), _root=root)
+    if spec.endswith(".whl"):
+        if not path.is_file():
+            raise SourceError(f"--flashinfer {spec}: no such wheel")
+        return _wheel(path)
+    if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+|rc\d+)?", spec):
+        raise SourceError(f"--flashinfer {spec!r}: expected a release number, a .whl file or a directory")
+    return _wheel(_download(spec))
+
+
+def _wheel(path: Path) -> Source:
+    zf = zipfile.ZipFile(path)
+    match = re.match(r"flashinfer_python-([^-]+)-", path.name)
+    if match is None or "flashinfer/__init__.py" not in zf.namelist():
+        raise SourceError(f"{path}: not a flashinfer-python wheel")
+    return Source(match.group(1), str(path), _zip=zf)
+
+
+def _download(version: str) -> Path:
+    cache = Path(os.environ.get("A2A_TESTBED_CACHE", Path.home() / ".cache" / "a2a-testbed")) / "wheels"
+    hits = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
+    if hits:
+        return hits[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(cache),
+         f"{PACKAGE}=={version}"],
+        capture_output=True, text=True, timeout=900,
+    )
+    hits = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
+    if proc.returncode != 0 or not hits:
+        raise SourceError(f"pip download {PACKAGE}=={version} failed: {proc.stderr.strip()[-800:]}")
+    return hits[0]
+
+
+def _dir_version(root: Path) -> str:
+    dist = sorted(root.parent.glob("flashinfer_python-*.dist-info"))
+    if dist:
+        return dist[0].name[len("flashinfer_python-"):-len(".dist-info")]
+    for rel in ("_build_meta.py", "version.py", "__init__.py"):
+        f = root / rel
+        if f.is_file():
+            m = re.search(r"__version__\s*=\s*[\"']([^\"']+)", f.read_text())
+            if m:
+                return m.group(1)
+    return "unknown"

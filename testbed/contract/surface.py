@@ -1,0 +1,307 @@
+"""A public API as comparable text: the real one read with ``ast``, the fake's with ``inspect``.
+
+Both sides are rendered to the same strings, so a difference is a difference in what a caller
+meets (``inspect.signature``, keyword-only markers, defaults, method kinds, the shape of what
+is returned), never in how it is written:
+
+- function or method: ``"<kind> (<params>) -> <form>"``, ``<kind>`` one of ``def``,
+  ``method``, ``classmethod``, ``staticmethod``; ``property`` alone for a property;
+- class: ``"class <traits>"`` (``abc``, ``protocol``, ``runtime_checkable``,
+  ``dataclass(frozen)``), its members under ``Class.member`` keys;
+- constant: its ``repr``.
+
+``<form>`` is the set of shapes of the ``return`` statements (``None``, ``tuple[n]``,
+``value``): a release that returns a 3-tuple where another returns a list differs there.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import inspect
+import textwrap
+import typing
+from typing import Callable, Optional
+
+Describe = dict[str, str]
+
+
+# ---- the real side: source text ------------------------------------------------------------
+
+class RealModule:
+    """One real module's top level, with imported names followed inside the same release."""
+
+    def __init__(self, tree: ast.Module, name: str, is_package: bool,
+                 load: Callable[[str], Optional["RealModule"]]):
+        self.name = name
+        self.is_package = is_package
+        self._load = load
+        self.defs: dict[str, ast.AST] = {}
+        self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, name)
+        self.all: Optional[list[str]] = None
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.defs[node.name] = node
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                target = node.targets[0].id
+                if target == "__all__":
+                    self.all = [ast.literal_eval(e) for e in node.value.elts]
+                else:
+                    self.defs[target] = node
+            elif isinstance(node, ast.ImportFrom) and node.level > 0:
+                base = self._relative(node.module, node.level)
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = (base, alias.name)
+
+    def _relative(self, module: Optional[str], level: int) -> str:
+        parts = self.name.split(".")
+        if not self.is_package:
+            parts = parts[:-1]
+        parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
+        return ".".join(parts + ([module] if module else []))
+
+    def public(self) -> set[str]:
+        """``__all__`` when the module has one, else its public top-level definitions."""
+        if self.all is not None:
+            return set(self.all)
+        return {n for n in self.defs if not n.startswith("_")}
+
+    def resolve(self, name: str) -> Optional[tuple["RealModule", ast.AST]]:
+        if name in self.defs:
+            return self, self.defs[name]
+        if name in self.imports:
+            module, orig = self.imports[name]
+            other = self._load(module)
+            return other.resolve(orig) if other is not None else None
+        return None
+
+
+def describe_real(module: RealModule, name: str) -> Describe:
+    """The description of ``module.name`` (and, for a class, of its public members)."""
+    found = module.resolve(name)
+    if found is None:
+        return {}
+    home, node = found
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {name: f"def {_ast_params(node.args)} -> {_return_form(node)}"}
+    if isinstance(node, ast.Assign):
+        try:
+            return {name: repr(ast.literal_eval(node.value))}
+        except ValueError:
+            return {name: ast.unparse(node.value)}
+    out = {name: "class " + _ast_class_traits(node)}
+    for member, desc in _ast_members(home, node).items():
+        out[f"{name}.{member}"] = desc
+    return out
+
+
+def _ast_members(home: RealModule, node: ast.ClassDef) -> dict[str, str]:
+    members: dict[str, str] = {}
+    for base in node.bases:  # inherited members first, so the class's own override them
+        if isinstance(base, ast.Name):
+            found = home.resolve(base.id)
+            if found is not None and isinstance(found[1], ast.ClassDef):
+                members.update(_ast_members(*found))
+    fields = []
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_public_member(item.name):
+            kind = _ast_method_kind(item)
+            form = "None" if item.name == "__init__" else _return_form(item)
+            members[item.name] = "property" if kind == "property" else f"{kind} {_ast_params(item.args)} -> {form}"
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            if "ClassVar" not in ast.unparse(item.annotation):
+                fields.append(item)
+    if _ast_dataclass(node) is not None and "__init__" not in members:
+        params = ["self"] + [
+            item.target.id + ("" if item.value is None else "=" + _ast_default(_field_default(item.value)))
+            for item in fields
+        ]
+        members["__init__"] = f"method ({', '.join(params)}) -> None"
+    return members
+
+
+def _field_default(value: ast.expr) -> ast.expr:
+    # field(default=x) reads as x; default_factory has no literal default
+    if isinstance(value, ast.Call) and ast.unparse(value.func).endswith("field"):
+        for kw in value.keywords:
+            if kw.arg == "default":
+                return kw.value
+            if kw.arg == "default_factory":
+                return ast.Constant("<factory>")
+    return value
+
+
+def _ast_dataclass(node: ast.ClassDef) -> Optional[bool]:
+    """None when not a dataclass, else whether it is frozen."""
+    for dec in node.decorator_list:
+        text = ast.unparse(dec)
+        if text.split("(")[0].split(".")[-1] == "dataclass":
+            return isinstance(dec, ast.Call) and any(
+                kw.arg == "frozen" and ast.unparse(kw.value) == "True" for kw in dec.keywords)
+    return None
+
+
+def _ast_class_traits(node: ast.ClassDef) -> str:
+    traits = []
+    bases = {ast.unparse(b).split(".")[-1] for b in node.bases}
+    decorators = {ast.unparse(d).split("(")[0].split(".")[-1] for d in node.decorator_list}
+    if "ABC" in bases:
+        traits.append("abc")
+    if "Protocol" in bases:
+        traits.append("protocol")
+    if "runtime_checkable" in decorators:
+        traits.append("runtime_checkable")
+    frozen = _ast_dataclass(node)
+    if frozen is not None:
+        traits.append("dataclass(frozen)" if frozen else "dataclass")
+    return " ".join(traits) or "plain"
+
+
+def _ast_method_kind(node: ast.FunctionDef) -> str:
+    names = {ast.unparse(d).split("(")[0].split(".")[-1] for d in node.decorator_list}
+    for kind in ("property", "classmethod", "staticmethod"):
+        if kind in names:
+            return kind
+    return "method"
+
+
+def _ast_params(args: ast.arguments) -> str:
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    parts = []
+    for i, (arg, default) in enumerate(zip(positional, defaults)):
+        parts.append(arg.arg + ("" if default is None else "=" + _ast_default(default)))
+        if args.posonlyargs and i == len(args.posonlyargs) - 1:
+            parts.append("/")
+    if args.vararg:
+        parts.append("*" + args.vararg.arg)
+    elif args.kwonlyargs:
+        parts.append("*")
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        parts.append(arg.arg + ("" if default is None else "=" + _ast_default(default)))
+    if args.kwarg:
+        parts.append("**" + args.kwarg.arg)
+    return "(" + ", ".join(parts) + ")"
+
+
+def _ast_default(node: ast.expr) -> str:
+    try:
+        return repr(ast.literal_eval(node))
+    except ValueError:
+        pass
+    if all(isinstance(n, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.operator, ast.unaryop))
+           for n in ast.walk(ast.Expression(node))):
+        return repr(eval(compile(ast.Expression(node), "<default>", "eval"), {"__builtins__": {}}))  # arithmetic only
+    return ast.unparse(node)
+
+
+def _return_form(node: ast.FunctionDef) -> str:
+    forms = set()
+    stack = list(node.body)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(item, ast.Return):
+            value = item.value
+            if value is None or (isinstance(value, ast.Constant) and value.value is None):
+                forms.add("None")
+            elif isinstance(value, ast.Tuple):
+                forms.add(f"tuple[{len(value.elts)}]")
+            else:
+                forms.add("value")
+        stack.extend(ast.iter_child_nodes(item))
+    return "|".join(sorted(forms)) or "None"
+
+
+def _is_public_member(name: str) -> bool:
+    return name == "__init__" or not name.startswith("_")
+
+
+# ---- the fake side: live objects --------------------------------------------------------
+
+def describe_fake(name: str, obj: object) -> Describe:
+    """The description of the fake's ``obj`` exported as ``name``, in :func:`describe_real`'s form."""
+    if inspect.isclass(obj):
+        out = {name: "class " + _class_traits(obj)}
+        for member in sorted(_members(obj)):
+            out[f"{name}.{member}"] = _member(obj, member)
+        return out
+    if callable(obj):
+        return {name: f"def {_params(obj)} -> {_source_return_form(obj)}"}
+    return {name: repr(obj)}
+
+
+def _members(cls: type) -> set[str]:
+    names = set()
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("fakes."):
+            names |= {n for n in vars(klass) if _is_public_member(n)
+                      and (inspect.isfunction(vars(klass)[n]) or isinstance(vars(klass)[n], (classmethod, staticmethod, property)))}
+    return names
+
+
+def _member(cls: type, name: str) -> str:
+    raw = inspect.getattr_static(cls, name)
+    if isinstance(raw, property):
+        return "property"
+    kind, fn = "method", raw
+    if isinstance(raw, (classmethod, staticmethod)):
+        kind, fn = type(raw).__name__, raw.__func__
+    form = "None" if name == "__init__" else _source_return_form(fn)
+    return f"{kind} {_params(fn)} -> {form}"
+
+
+def _class_traits(cls: type) -> str:
+    traits = []
+    if any(b.__name__ == "ABC" and b.__module__ == "abc" for b in cls.__bases__):
+        traits.append("abc")
+    if typing.Protocol in cls.__bases__:
+        traits.append("protocol")
+    if getattr(cls, "_is_runtime_protocol", False):
+        traits.append("runtime_checkable")
+    if dataclasses.is_dataclass(cls):
+        traits.append("dataclass(frozen)" if cls.__dataclass_params__.frozen else "dataclass")
+    return " ".join(traits) or "plain"
+
+
+def _params(fn: Callable) -> str:
+    parts = []
+    kinds = inspect.Parameter
+    seen_kw_marker = False
+    params = list(inspect.signature(fn).parameters.values())
+    for i, p in enumerate(params):
+        if p.kind is kinds.KEYWORD_ONLY and not seen_kw_marker:
+            parts.append("*")
+            seen_kw_marker = True
+        text = p.name
+        if p.kind is kinds.VAR_POSITIONAL:
+            text, seen_kw_marker = "*" + p.name, True
+        elif p.kind is kinds.VAR_KEYWORD:
+            text = "**" + p.name
+        elif p.default is not p.empty:
+            text += "=" + _value(p.default)
+        parts.append(text)
+        if p.kind is kinds.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind is not kinds.POSITIONAL_ONLY):
+            parts.append("/")
+    return "(" + ", ".join(parts) + ")"
+
+
+def _value(value: object) -> str:
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, (type(None), bool, int, float, str, bytes, tuple, list, dict)):
+        return repr(value)
+    if dataclasses.is_dataclass(value) is False and type(value).__name__ == "dtype":
+        return str(value)  # torch.bfloat16
+    return repr(value)
+
+
+def _source_return_form(fn: Callable) -> str:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError):
+        return "?"
+    node = tree.body[0]
+    return _return_form(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else "?"
