@@ -40,24 +40,27 @@ class QuantizedWeights:
 Weights = Union[torch.Tensor, QuantizedWeights]
 
 
-def _shuffled_block_major(fm, w_LMK: torch.Tensor, tile: int, gated: bool) -> torch.Tensor:
+# The row shuffle and scale interleave are exported by ``flashinfer`` itself (not by
+# ``flashinfer.fused_moe``, which has only the gated reorder and the block layout).
+
+def _shuffled_block_major(api: FlashInferAPI, w_LMK: torch.Tensor, tile: int, gated: bool) -> torch.Tensor:
     """Per expert: the gated row reorder, the epilogue-tile shuffle, then BlockMajorK."""
-    out = []
+    fm, out = api.fused_moe, []
     for w in w_LMK:
         raw = w.view(torch.uint8)
         raw = fm.reorder_rows_for_gated_act_gemm(raw) if gated else raw
-        out.append(fm.convert_to_block_layout(fm.shuffle_matrix_a(raw, tile), BLOCK_MAJOR_K_BYTES).view(w.dtype))
+        out.append(fm.convert_to_block_layout(api.root.shuffle_matrix_a(raw, tile), BLOCK_MAJOR_K_BYTES).view(w.dtype))
     return torch.stack(out)
 
 
-def _shuffled_fp4(fm, q: QuantizedWeights, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    tile, values, scales = EPILOGUE_TILE_M["nvfp4"], [], []
+def _shuffled_fp4(api: FlashInferAPI, q: QuantizedWeights, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    fm, tile, values, scales = api.fused_moe, EPILOGUE_TILE_M["nvfp4"], [], []
     for v, s in zip(q.values, q.scales):
         s = s.view(torch.uint8)
         if gated:
             v, s = fm.reorder_rows_for_gated_act_gemm(v), fm.reorder_rows_for_gated_act_gemm(s)
-        values.append(fm.shuffle_matrix_a(v, tile))
-        scales.append(fm.shuffle_matrix_sf_a(s, tile).view(torch.float8_e4m3fn).reshape(s.shape))
+        values.append(api.root.shuffle_matrix_a(v, tile))
+        scales.append(api.root.shuffle_matrix_sf_a(s, tile).view(torch.float8_e4m3fn).reshape(s.shape))
     return torch.stack(values), torch.stack(scales)
 
 
@@ -100,21 +103,20 @@ class TrtLlmExperts:
         self.api, self.fmt, self.num_experts, self.top_k = api, fmt, num_experts, top_k
         self.local_expert_offset, self.weighted, self.a1_gscale = local_expert_offset, weighted, a1_gscale
         self.packed_routing = packed_routing
-        fm = api.fused_moe
         tile = EPILOGUE_TILE_M[fmt]
         if fmt == "bf16":
             self.local_num_experts, self.intermediate = w1.size(0), w1.size(1) // 2
-            self.w1 = _shuffled_block_major(fm, w1.bfloat16(), tile, gated=True)
-            self.w2 = _shuffled_block_major(fm, w2.bfloat16(), tile, gated=False)
+            self.w1 = _shuffled_block_major(api, w1.bfloat16(), tile, gated=True)
+            self.w2 = _shuffled_block_major(api, w2.bfloat16(), tile, gated=False)
         elif fmt == "fp8_block":
             self.local_num_experts, self.intermediate = w1.values.size(0), w1.values.size(1) // 2
-            self.w1 = _shuffled_block_major(fm, w1.values, tile, gated=False)
-            self.w2 = _shuffled_block_major(fm, w2.values, tile, gated=False)
+            self.w1 = _shuffled_block_major(api, w1.values, tile, gated=False)
+            self.w2 = _shuffled_block_major(api, w2.values, tile, gated=False)
             self.s1, self.s2 = w1.scales.float(), w2.scales.float()
         else:
             self.local_num_experts, self.intermediate = w1.values.size(0), w1.values.size(1) // 2
-            self.w1, self.s1 = _shuffled_fp4(fm, w1, gated=True)
-            self.w2, self.s2 = _shuffled_fp4(fm, w2, gated=False)
+            self.w1, self.s1 = _shuffled_fp4(api, w1, gated=True)
+            self.w2, self.s2 = _shuffled_fp4(api, w2, gated=False)
             self.scale1 = (1.0 / (a1_gscale.float() * w1.global_scale.float())).float()
             self.scale2 = (1.0 / w2.global_scale.float()).float()
 

@@ -8,8 +8,10 @@ import inspect
 import pytest
 import torch
 
+import fakes.flashinfer as fi
 import fakes.flashinfer.fused_moe as fm
 from fakes.flashinfer import set_profile
+from fakes.flashinfer.fused_moe.core import PERMUTE_TILE
 from fakes.flashinfer.comm import moe_a2a_kernels
 from impl.quant import dequantize_fp8_block, dequantize_nvfp4, nvfp4_global_scale, quantize_fp8_block, quantize_nvfp4
 
@@ -51,7 +53,7 @@ def _bf16_kernel_weights(w1, w2, tile=64):
     def prep(w, gated):
         w = w.bfloat16()
         w = fm.reorder_rows_for_gated_act_gemm(w) if gated else w
-        w = fm.shuffle_matrix_a(w.view(torch.uint8), tile)
+        w = fi.shuffle_matrix_a(w.view(torch.uint8), tile)
         return fm.convert_to_block_layout(w, 128).view(torch.bfloat16)
     return (torch.stack([prep(w, True) for w in w1]), torch.stack([prep(w, False) for w in w2]))
 
@@ -67,12 +69,12 @@ def _bf16_routed(topk_ids, x, g1, g2, **kw):
 def test_fused_moe_layout_helpers_match_the_real_maps():
     # srcToDstBlk16RowMap of flashinfer/utils.py: source row i goes to row MAP[i].
     MAP16 = [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]
-    rows = fm.shuffle_matrix_a(torch.arange(32)[:, None], 64)[:, 0]
+    rows = fi.shuffle_matrix_a(torch.arange(32)[:, None], 64)[:, 0]
     for src in range(32):
         assert int(rows[src // 16 * 16 + MAP16[src % 16]]) == src
     assert fm.reorder_rows_for_gated_act_gemm(torch.arange(6)[:, None])[:, 0].tolist() == [0, 3, 1, 4, 2, 5]
     sf = torch.arange(256 * 8, dtype=torch.int32).reshape(256, 8).to(torch.uint8)
-    flat = fm.block_scale_interleave(sf)
+    flat = fi.block_scale_interleave(sf)
     for (r, c), pos in {(0, 0): 0, (0, 1): 1, (1, 0): 16, (32, 0): 4, (0, 4): 512, (128, 0): 1024}.items():
         assert flat[pos] == sf[r, c], (r, c)
 
@@ -107,7 +109,7 @@ def test_fused_moe_unfinalized_output_contract():
     assert perm.dtype == torch.int32 and perm.shape == (T * K,)
     local = ((ids >= OFF) & (ids < OFF + L)).flatten()
     assert torch.equal(perm >= 0, local)
-    assert gemm2.shape[0] % fm.PERMUTE_TILE == 0 and gemm2.shape[1] == H
+    assert gemm2.shape[0] % PERMUTE_TILE == 0 and gemm2.shape[1] == H
     used = set(perm[perm >= 0].tolist())
     assert len(used) == int(local.sum())
     padding = [r for r in range(gemm2.shape[0]) if r not in used]
@@ -179,8 +181,8 @@ def test_fused_moe_fp4_block_scale_routed_matches_dense_reference():
         for q, s in qs:
             if gated:
                 q, s = fm.reorder_rows_for_gated_act_gemm(q), fm.reorder_rows_for_gated_act_gemm(s)
-            kernel_w.append(fm.shuffle_matrix_a(q, 128))
-            kernel_sf.append(fm.shuffle_matrix_sf_a(s.view(torch.uint8), 128).view(torch.float8_e4m3fn)
+            kernel_w.append(fi.shuffle_matrix_a(q, 128))
+            kernel_sf.append(fi.shuffle_matrix_sf_a(s.view(torch.uint8), 128).view(torch.float8_e4m3fn)
                              .reshape(s.shape))
         return torch.stack(kernel_w), torch.stack(kernel_sf), torch.stack(gs), deq
     g1, sf1, gs1, d1 = q_weights(w1, True)

@@ -2,6 +2,8 @@
 
 from enum import IntEnum
 
+from fakes.flashinfer import profiles
+
 
 class SfLayout(IntEnum):
     """Layout of scale factors for quantization."""
@@ -11,44 +13,69 @@ class SfLayout(IntEnum):
     layout_linear = 2
 
 
-class RoutingMethodType(IntEnum):
-    Default = 0  # Softmax -> TopK
-    Renormalize = 1  # TopK -> Softmax
-    DeepSeekV3 = 2
-    Llama4 = 3
-    RenormalizeNaive = 4  # Softmax -> TopK -> Renormalize
-    TopK = 5
-    SigmoidRenorm = 6
-    MiniMax2 = 7
-    Sigmoid = 8
-    TopKSigmoid = 9
-    Unspecified = 10
-
-
-class ActivationType(IntEnum):
-    Gelu = 0
-    Relu = 1
-    Silu = 2
-    Swiglu = 3
-    Geglu = 4
-    SwigluBias = 5
-    Relu2 = 6
-    SwigluStep = 7
-    GegluTanh = 8
-    Identity = 9
-    Situ = 10
-    InvalidType = 11
-
-
 class WeightLayout(IntEnum):
     MajorK = 0  # [Mn, K]
     MajorMn = 1  # [K, Mn]
     BlockMajorK = 2  # [K / blockK, Mn, blockK], blockK = 128 bytes
 
 
-class Fp8QuantizationType(IntEnum):
-    NoneFp8 = 0
-    DeepSeekFp8 = 1
-    MxFp8 = 2
-    PerTensorFp8 = 3
-    PerChannelFp8 = 4
+# The per-release enums: members were added between releases and shifted the values after
+# them (0.6.8's Unspecified is 8, 0.7.2's is 10), so an integer means what its release says.
+_ROUTING = ["Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "SigmoidRenorm", "MiniMax2"]
+_ACTIVATION = ["Gelu", "Relu", "Silu", "Swiglu", "Geglu", "SwigluBias", "Relu2"]
+_GATED = ("Swiglu", "Geglu", "SwigluBias", "SwigluStep", "GegluTanh", "Situ")
+_FP8 = ["NoneFp8", "DeepSeekFp8", "MxFp8"]
+_MEMBERS = {
+    "0.6.8": {
+        "RoutingMethodType": _ROUTING + ["Unspecified"],
+        "ActivationType": _ACTIVATION + ["Identity", "InvalidType"],
+        "Fp8QuantizationType": _FP8,
+    },
+    "0.6.14": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "InvalidType"],
+        "Fp8QuantizationType": _FP8,
+    },
+    "0.6.16": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "Situ", "InvalidType"],
+        "Fp8QuantizationType": _FP8,
+    },
+    "0.7.2": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "TopKSigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "Situ", "InvalidType", "ClampedRelu2"],
+        "Fp8QuantizationType": _FP8 + ["PerTensorFp8", "PerChannelFp8"],
+    },
+}
+
+
+def _repr(self) -> str:
+    return f"{type(self).__name__}.{self.name}"
+
+
+def _is_gated(self) -> bool:
+    """True for activations that consume a gate branch (SwiGLU family)."""
+    return self.name in _GATED
+
+
+def _build(profile: str, name: str) -> type:
+    cls = IntEnum(name, [(m, i) for i, m in enumerate(_MEMBERS[profile][name])], module=__name__)
+    if profile != "0.6.8":  # eval-safe repr and is_gated from 0.6.14 on
+        cls.__repr__ = _repr
+        if name == "ActivationType":
+            cls.is_gated = property(_is_gated)
+    return cls
+
+
+_BY_PROFILE = {p: {n: _build(p, n) for n in members} for p, members in _MEMBERS.items()}
+
+
+def __getattr__(name: str):
+    table = _BY_PROFILE[profiles.active().name]
+    if name in table:
+        return table[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_BY_PROFILE[profiles.active().name]))

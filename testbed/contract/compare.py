@@ -36,6 +36,7 @@ class Scope:
 
 
 SCOPES = (
+    Scope("", whole=False),
     Scope("comm.trtllm_moe_alltoall", whole=True),
     Scope("comm.trtllm_alltoall", whole=False),
     Scope("comm.mnnvl", whole=False),
@@ -98,7 +99,7 @@ class _RealLoader:
     def __call__(self, dotted: str) -> Optional[RealModule]:
         if dotted not in self._cache:
             rel = dotted.split(".", 1)[1].replace(".", "/") if "." in dotted else ""
-            module, package = self.source.read(f"{rel}.py" if rel else "__init__.py"), False
+            module, package = (self.source.read(f"{rel}.py"), False) if rel else (None, True)
             if module is None:
                 module, package = self.source.read(f"{rel}/__init__.py" if rel else "__init__.py"), True
             self._cache[dotted] = None if module is None else RealModule(
@@ -117,7 +118,7 @@ def _import_fake(dotted: str):
 
 
 def _compare_module(scope: Scope, loader: _RealLoader, rows: dict, fake_only: list) -> None:
-    dotted = f"flashinfer.{scope.module}"
+    dotted = f"flashinfer.{scope.module}".rstrip(".")
     real, fake = loader(dotted), _import_fake(dotted)
     rows[f"{dotted} (module)"] = ("present" if real else MISSING, "present" if fake else MISSING)
     if real is None or fake is None:
@@ -160,7 +161,7 @@ def _fake_public(module) -> set[str]:
 def _compare_reexports(loader: _RealLoader, rows: dict) -> None:
     dotted = f"flashinfer.{REEXPORTING}"
     real, fake = loader(dotted), _import_fake(dotted)
-    sources = {f"flashinfer.{s.module}" for s in SCOPES}
+    sources = {f"flashinfer.{s.module}" for s in SCOPES if s.module}
     real_names = sorted(n for n, (mod, _) in (real.imports.items() if real else ()) if mod in sources)
     fake_names = []
     if fake is not None:

@@ -67,13 +67,14 @@ class RealModule:
             return set(self.all)
         return {n for n in self.defs if not n.startswith("_")}
 
-    def resolve(self, name: str) -> Optional[tuple["RealModule", ast.AST]]:
+    def resolve(self, name: str, _seen: frozenset = frozenset()) -> Optional[tuple["RealModule", ast.AST]]:
+        """Where ``name`` is defined, following relative imports (an import cycle resolves to None)."""
         if name in self.defs:
             return self, self.defs[name]
-        if name in self.imports:
+        if name in self.imports and (self.name, name) not in _seen:
             module, orig = self.imports[name]
             other = self._load(module)
-            return other.resolve(orig) if other is not None else None
+            return other.resolve(orig, _seen | {(self.name, name)}) if other is not None else None
         return None
 
 
@@ -84,7 +85,7 @@ def describe_real(module: RealModule, name: str) -> Describe:
         return {}
     home, node = found
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return {name: f"def {_ast_params(node.args)} -> {_return_form(node)}"}
+        return {name: f"def {_ast_params(node.args, home)} -> {_return_form(node)}"}
     if isinstance(node, ast.Assign):
         try:
             return {name: repr(ast.literal_eval(node.value))}
@@ -104,17 +105,27 @@ def _ast_members(home: RealModule, node: ast.ClassDef) -> dict[str, str]:
             if found is not None and isinstance(found[1], ast.ClassDef):
                 members.update(_ast_members(*found))
     fields = []
+    enum = any(ast.unparse(b).split(".")[-1] in ("Enum", "IntEnum", "IntFlag", "Flag") for b in node.bases)
     for item in node.body:
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_public_member(item.name):
+        if enum and isinstance(item, ast.Assign) and isinstance(item.targets[0], ast.Name) \
+                and not item.targets[0].id.startswith("_"):
+            value = item.value
+            if isinstance(value, ast.Tuple) and len(value.elts) == 1:  # `Name = (0,)`: IntEnum(0)
+                value = value.elts[0]
+            members[item.targets[0].id] = "member " + _ast_default(value, home)
+            continue
+        accessor = isinstance(item, ast.FunctionDef) and any(
+            isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter") for d in item.decorator_list)
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_public_member(item.name) and not accessor:
             kind = _ast_method_kind(item)
             form = "None" if item.name == "__init__" else _return_form(item)
-            members[item.name] = "property" if kind == "property" else f"{kind} {_ast_params(item.args)} -> {form}"
+            members[item.name] = "property" if kind == "property" else f"{kind} {_ast_params(item.args, home)} -> {form}"
         elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
             if "ClassVar" not in ast.unparse(item.annotation):
                 fields.append(item)
     if _ast_dataclass(node) is not None and "__init__" not in members:
         params = ["self"] + [
-            item.target.id + ("" if item.value is None else "=" + _ast_default(_field_default(item.value)))
+            item.target.id + ("" if item.value is None else "=" + _ast_default(_field_default(item.value), home))
             for item in fields
         ]
         members["__init__"] = f"method ({', '.join(params)}) -> None"
@@ -166,12 +177,12 @@ def _ast_method_kind(node: ast.FunctionDef) -> str:
     return "method"
 
 
-def _ast_params(args: ast.arguments) -> str:
+def _ast_params(args: ast.arguments, home: "RealModule") -> str:
     positional = args.posonlyargs + args.args
     defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
     parts = []
     for i, (arg, default) in enumerate(zip(positional, defaults)):
-        parts.append(arg.arg + ("" if default is None else "=" + _ast_default(default)))
+        parts.append(arg.arg + ("" if default is None else "=" + _ast_default(default, home)))
         if args.posonlyargs and i == len(args.posonlyargs) - 1:
             parts.append("/")
     if args.vararg:
@@ -179,21 +190,42 @@ def _ast_params(args: ast.arguments) -> str:
     elif args.kwonlyargs:
         parts.append("*")
     for arg, default in zip(args.kwonlyargs, args.kw_defaults):
-        parts.append(arg.arg + ("" if default is None else "=" + _ast_default(default)))
+        parts.append(arg.arg + ("" if default is None else "=" + _ast_default(default, home)))
     if args.kwarg:
         parts.append("**" + args.kwarg.arg)
     return "(" + ", ".join(parts) + ")"
 
 
-def _ast_default(node: ast.expr) -> str:
+def _ast_default(node: ast.expr, home: "RealModule") -> str:
     try:
         return repr(ast.literal_eval(node))
     except ValueError:
         pass
+    member = _enum_member_value(node, home)
+    if member is not None:
+        return member
     if all(isinstance(n, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.operator, ast.unaryop))
            for n in ast.walk(ast.Expression(node))):
         return repr(eval(compile(ast.Expression(node), "<default>", "eval"), {"__builtins__": {}}))  # arithmetic only
     return ast.unparse(node)
+
+
+def _enum_member_value(node: ast.expr, home: "RealModule") -> Optional[str]:
+    """``Cls.Member.value`` -> the member's literal value, as the fake's default holds it."""
+    parts = ast.unparse(node).split(".")
+    if len(parts) != 3 or parts[2] != "value":
+        return None
+    found = home.resolve(parts[0])
+    if found is None or not isinstance(found[1], ast.ClassDef):
+        return None
+    for item in found[1].body:
+        if (isinstance(item, ast.Assign) and len(item.targets) == 1
+                and isinstance(item.targets[0], ast.Name) and item.targets[0].id == parts[1]):
+            try:
+                return repr(ast.literal_eval(item.value))
+            except ValueError:
+                return None
+    return None
 
 
 def _return_form(node: ast.FunctionDef) -> str:
@@ -234,15 +266,20 @@ def describe_fake(name: str, obj: object) -> Describe:
 
 
 def _members(cls: type) -> set[str]:
-    names = set()
+    names = set(getattr(cls, "__members__", {})) if issubclass(cls, enum.Enum) else set()
     for klass in cls.__mro__:
         if klass.__module__.startswith("fakes."):
-            names |= {n for n in vars(klass) if _is_public_member(n)
-                      and (inspect.isfunction(vars(klass)[n]) or isinstance(vars(klass)[n], (classmethod, staticmethod, property)))}
+            for n, raw in vars(klass).items():
+                fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+                if _is_public_member(n) and (isinstance(raw, property) or (
+                        inspect.isfunction(fn) and fn.__module__.startswith("fakes."))):
+                    names.add(n)
     return names
 
 
 def _member(cls: type, name: str) -> str:
+    if issubclass(cls, enum.Enum) and name in cls.__members__:
+        return "member " + repr(cls.__members__[name].value)
     raw = inspect.getattr_static(cls, name)
     if isinstance(raw, property):
         return "property"

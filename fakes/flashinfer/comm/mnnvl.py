@@ -1,7 +1,7 @@
 """Fake ``flashinfer.comm.mnnvl``: the communicator interface FlashInfer calls for its
 collective set-up, and NVLink "fabric" memory backed by the testbed's shared-memory arena.
 
-A ``MnnvlMemory`` of ``size`` bytes is one arena segment that every rank of the
+A ``_MnnvlMemory`` of ``size`` bytes is one arena segment that every rank of the
 communicator maps; ``as_torch_strided_tensor`` views it as ``[comm_size, size]`` with a
 row stride rounded up to the allocation granularity, as the real one is (its stride is
 the fabric page, not ``size``): code that assumes a contiguous workspace breaks here too.
@@ -13,6 +13,7 @@ import abc
 import itertools
 import uuid
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
@@ -88,8 +89,9 @@ class _AllocationRecord:
     mapped: bool = True
 
 
-class MnnvlMemory:
-    """Memory every rank of the communicator can read and write (one-sided puts)."""
+class _MnnvlMemory:
+    """Memory every rank of the communicator can read and write (one-sided puts); the class
+    state (``allocated_map``, ``comm``) is this base's, shared by every release's subclass."""
 
     initialized: bool = False
     comm: Optional[CommBackend] = None
@@ -101,11 +103,11 @@ class MnnvlMemory:
     def __init__(self, mapping: Mapping, size: int):
         self.mapping = mapping
         self.segment_size = size
-        self.ptr, self.rank_stride = MnnvlMemory.open_mnnvl_memory(mapping, size)
+        self.ptr, self.rank_stride = _MnnvlMemory.open_mnnvl_memory(mapping, size)
 
     def as_torch_strided_tensor(self, dtype: torch.dtype) -> torch.Tensor:
         """``[comm_size, segment_size / itemsize]`` view whose row stride is the rank stride."""
-        record = MnnvlMemory.allocated_map[self.ptr]
+        record = _MnnvlMemory.allocated_map[self.ptr]
         item = torch.empty((), dtype=dtype).element_size()
         return torch.as_strided(
             record.segment.view(dtype),
@@ -115,31 +117,31 @@ class MnnvlMemory:
 
     @staticmethod
     def initialize() -> None:
-        MnnvlMemory.initialized = True
+        _MnnvlMemory.initialized = True
 
     @staticmethod
     def set_comm_from_config(mapping: Mapping, config: MnnvlConfig = None) -> None:
         if config is None or config.comm_backend is None:
             raise RuntimeError(
-                "fake MnnvlMemory has no MPI fallback: pass MnnvlConfig(comm_backend=...)"
+                "fake _MnnvlMemory has no MPI fallback: pass MnnvlConfig(comm_backend=...)"
             )
-        MnnvlMemory.config = config
-        MnnvlMemory.comm = config.comm_backend.Split(
+        _MnnvlMemory.config = config
+        _MnnvlMemory.comm = config.comm_backend.Split(
             mapping.pp_rank * mapping.cp_size + mapping.cp_rank, mapping.tp_rank
         )
 
     @staticmethod
     def get_comm(mapping: Mapping) -> CommBackend:
-        if MnnvlMemory.comm is None:
+        if _MnnvlMemory.comm is None:
             raise RuntimeError(
-                "MnnvlMemory has no communicator: the real one would fall back to MPI "
+                "_MnnvlMemory has no communicator: the real one would fall back to MPI "
                 "(mpi4py); pass mnnvl_config=MnnvlConfig(comm_backend=...) instead"
             )
-        return MnnvlMemory.comm
+        return _MnnvlMemory.comm
 
     @staticmethod
     def open_mnnvl_memory(mapping: Mapping, size: int) -> tuple[int, int]:
-        comm = MnnvlMemory.get_comm(mapping)
+        comm = _MnnvlMemory.get_comm(mapping)
         comm_rank, comm_size = comm.Get_rank(), comm.Get_size()
         sizes = comm.allgather(size)
         assert len(sizes) == comm_size
@@ -155,11 +157,11 @@ class MnnvlMemory:
         comm.barrier()  # every rank mapped it before anyone may drop the name
         if comm_rank == 0:
             arena.unlink(key)  # mappings live on; nothing is left if a rank dies later
-        ptr = next(MnnvlMemory._next_ptr)
-        MnnvlMemory.allocated_map[ptr] = _AllocationRecord(comm, comm_size, comm_rank, segment, stride)
-        if MnnvlMemory._watched_arena is not arena:
-            MnnvlMemory._watched_arena = arena
-            arena.on_close(MnnvlMemory._forget_scenario)
+        ptr = next(_MnnvlMemory._next_ptr)
+        _MnnvlMemory.allocated_map[ptr] = _AllocationRecord(comm, comm_size, comm_rank, segment, stride)
+        if _MnnvlMemory._watched_arena is not arena:
+            _MnnvlMemory._watched_arena = arena
+            arena.on_close(_MnnvlMemory._forget_scenario)
         return ptr, stride
 
     @staticmethod
@@ -176,7 +178,11 @@ class MnnvlMemory:
 
     @staticmethod
     def get_allocation_prop(dev_id):
-        raise NotImplementedError("the CPU fake has no CUmemAllocationProp: it maps shared memory, not CUDA VMM")
+        """What the real one asks CUDA VMM for: pinned device memory exported as a fabric handle."""
+        prop = SimpleNamespace(type="CU_MEM_ALLOCATION_TYPE_PINNED",
+                               location=SimpleNamespace(type="CU_MEM_LOCATION_TYPE_DEVICE", id=dev_id),
+                               requestedHandleTypes="CU_MEM_HANDLE_TYPE_FABRIC")
+        return prop
 
     @staticmethod
     def new_mnnvl_memory_address(mapping, size):
@@ -184,16 +190,16 @@ class MnnvlMemory:
 
     @staticmethod
     def close_mnnvl_memory(ptr: int) -> None:
-        MnnvlMemory.allocated_map.pop(ptr, None)
+        _MnnvlMemory.allocated_map.pop(ptr, None)
 
     @staticmethod
     def _forget_scenario() -> None:
         """The scenario's processes and segments are gone: drop every handle to them."""
-        MnnvlMemory.allocated_map.clear()
-        MnnvlMemory._watched_arena = None
-        MnnvlMemory.comm = None
-        MnnvlMemory.config = None
-        MnnvlMemory.initialized = False
+        _MnnvlMemory.allocated_map.clear()
+        _MnnvlMemory._watched_arena = None
+        _MnnvlMemory.comm = None
+        _MnnvlMemory.config = None
+        _MnnvlMemory.initialized = False
         for hook in _SCENARIO_END_HOOKS:
             hook()
 
@@ -206,14 +212,31 @@ def on_scenario_end(hook) -> None:
     _SCENARIO_END_HOOKS.append(hook)
 
 
+class _MnnvlMemory_0_6(_MnnvlMemory):
+    pass
+
+
+class _MnnvlMemory_0_6_16(_MnnvlMemory):
+    @property
+    def mapped(self) -> bool:
+        """False between ``MoeAlltoAll.checkpoint_prepare`` and ``checkpoint_restore``."""
+        return _MnnvlMemory.allocated_map[self.ptr].mapped
+
+
+for _cls in (_MnnvlMemory_0_6, _MnnvlMemory_0_6_16):
+    _cls.__name__ = _cls.__qualname__ = "MnnvlMemory"
+
 __fake_only__ = ("on_scenario_end",)
 
 
 def __getattr__(name: str):
+    new = profiles.active().eplb_and_rank_mask  # 0.6.16 on
     if name == "CommBackend":
-        return _CommBackendProtocol if profiles.active().eplb_and_rank_mask else _CommBackendABC
+        return _CommBackendProtocol if new else _CommBackendABC
+    if name == "MnnvlMemory":
+        return _MnnvlMemory_0_6_16 if new else _MnnvlMemory_0_6
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"CommBackend"})
+    return sorted(set(globals()) | {"CommBackend", "MnnvlMemory"})

@@ -20,7 +20,8 @@ import torch
 
 from fakes.flashinfer._check import icheck, icheck_eq
 from fakes.flashinfer.comm.mapping import Mapping
-from fakes.flashinfer.comm.mnnvl import MnnvlConfig, MnnvlMemory, on_scenario_end
+from fakes.flashinfer.comm import mnnvl
+from fakes.flashinfer.comm.mnnvl import MnnvlConfig, _MnnvlMemory, on_scenario_end
 
 _MAX_TOP_K = 32
 _FIFO_BYTES = 256 << 10  # per peer and direction; the size is the fake's, the role is real
@@ -35,7 +36,7 @@ def get_moe_prepare_workspace_size_per_rank(ep_size: int) -> int:
 
 
 def _comm_of(workspace: torch.Tensor):
-    for record in MnnvlMemory.allocated_map.values():
+    for record in _MnnvlMemory.allocated_map.values():
         if record.segment.data_ptr() == workspace.data_ptr():
             return record.comm
     raise RuntimeError("workspace is not an MNNVL allocation of this scenario (use MnnvlMoe.get_moe_workspaces)")
@@ -160,8 +161,8 @@ class MoEAlltoallInfo:
 class MnnvlMoe:
     """NVLink two-sided MoE all-to-all-v over MNNVL workspaces (static methods only)."""
 
-    moe_workspace: MnnvlMemory = None
-    moe_prepare_workspace: MnnvlMemory = None
+    moe_workspace: _MnnvlMemory = None
+    moe_prepare_workspace: _MnnvlMemory = None
     moe_workspace_tensor: torch.Tensor = None
     moe_prepare_workspace_tensor: torch.Tensor = None
     moe_mapping: Mapping = None
@@ -173,8 +174,8 @@ class MnnvlMoe:
             return MnnvlMoe.moe_workspace_tensor
         MnnvlMoe.moe_mapping = mapping
         if config:
-            MnnvlMemory.set_comm_from_config(mapping, config)
-        MnnvlMoe.moe_workspace = MnnvlMemory(mapping, get_moe_commworkspace_size_per_rank(mapping.tp_size))
+            _MnnvlMemory.set_comm_from_config(mapping, config)
+        MnnvlMoe.moe_workspace = mnnvl.MnnvlMemory(mapping, get_moe_commworkspace_size_per_rank(mapping.tp_size))
         MnnvlMoe.moe_workspace_tensor = MnnvlMoe.moe_workspace.as_torch_strided_tensor(torch.uint64)
         return MnnvlMoe.moe_workspace_tensor
 
@@ -184,8 +185,8 @@ class MnnvlMoe:
             assert mapping == MnnvlMoe.moe_mapping, "only one moe mapping supported now"
             return MnnvlMoe.moe_prepare_workspace_tensor
         if config:
-            MnnvlMemory.set_comm_from_config(mapping, config)
-        MnnvlMoe.moe_prepare_workspace = MnnvlMemory(
+            _MnnvlMemory.set_comm_from_config(mapping, config)
+        MnnvlMoe.moe_prepare_workspace = mnnvl.MnnvlMemory(
             mapping, get_moe_prepare_workspace_size_per_rank(mapping.tp_size)
         )
         MnnvlMoe.moe_prepare_workspace_tensor = MnnvlMoe.moe_prepare_workspace.as_torch_strided_tensor(torch.uint64)

@@ -16,7 +16,8 @@ import torch
 from fakes.flashinfer import profiles
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from fakes.flashinfer.comm.mapping import Mapping
-from fakes.flashinfer.comm.mnnvl import MnnvlConfig, MnnvlMemory, on_scenario_end
+from fakes.flashinfer.comm import mnnvl
+from fakes.flashinfer.comm.mnnvl import MnnvlConfig, _MnnvlMemory, on_scenario_end
 from fakes.flashinfer.tllm_enums import SfLayout
 
 def _active_rank_mask(active_ranks: Sequence[int], ep_size: int) -> torch.Tensor:
@@ -289,14 +290,14 @@ class _MoeAlltoAllBase:
         if profile.backend_kw:
             key += ("trtllm",)
         if key not in cls._WORKSPACE_CACHE:
-            mem = MnnvlMemory(mapping, workspace_size_per_rank)
+            mem = mnnvl.MnnvlMemory(mapping, workspace_size_per_rank)
             workspace = mem.as_torch_strided_tensor(torch.uint8)
             metainfo = _initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts)
             # A peer must not publish into this rank's row before its memset is done: 0.7.x
             # barriers here; earlier releases leave it to the caller (a late memset then erases
             # a fast peer's first dispatch, see moe_a2a_kernels.Hooks.before_initialize_zero).
             if profile.init_barrier:
-                MnnvlMemory.allocated_map[mem.ptr].comm.barrier()
+                _MnnvlMemory.allocated_map[mem.ptr].comm.barrier()
             cls._WORKSPACE_CACHE[key] = {
                 "workspace_size_per_rank": workspace_size_per_rank,
                 "max_num_tokens": max_num_tokens,
@@ -329,9 +330,9 @@ class _MoeAlltoAllBase:
                 mapping.moe_ep_size, top_k, max_num_tokens, hidden_size,
                 eplb_stats_num_experts=eplb_stats_num_experts,
             )
-        MnnvlMemory.initialize()
+        _MnnvlMemory.initialize()
         if mnnvl_config:
-            MnnvlMemory.set_comm_from_config(mapping, mnnvl_config)
+            _MnnvlMemory.set_comm_from_config(mapping, mnnvl_config)
         self.workspace_size_per_rank = workspace_size_per_rank
         self.max_num_tokens = max_num_tokens
         self.ep_size = mapping.moe_ep_size
@@ -365,7 +366,7 @@ class _MoeAlltoAllBase:
     def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
                   invalid_token_expert_id=None, expert_id_payload_index=None,
                   eplb_local_stats=None, active_rank_mask=None) -> list[torch.Tensor]:
-        if not MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
+        if not _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         assert self._state.phase == "idle", "dispatch called twice without combine"
         assert runtime_max_tokens_per_rank <= self.max_num_tokens, (
@@ -400,7 +401,7 @@ class _MoeAlltoAllBase:
     def _combine(self, payload, runtime_max_tokens_per_rank, payload_in_workspace=False,
                  output_dtype=None, output_scales=None, output=None, use_low_precision=False,
                  active_rank_mask=None) -> torch.Tensor:
-        if not MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
+        if not _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         assert self._state.phase == "dispatched", "combine called before successful dispatch"
         assert runtime_max_tokens_per_rank <= self.max_num_tokens, (
@@ -418,7 +419,7 @@ class _MoeAlltoAllBase:
 
     def get_combine_payload_tensor_in_workspace(self, runtime_max_tokens_per_rank, hidden_size, dtype):
         """``[ep_size, runtime_max_tokens_per_rank, hidden_size]`` view of this rank's combine region."""
-        if not MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
+        if not _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         if self._state.phase != "dispatched":
             raise RuntimeError(
@@ -523,7 +524,7 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
 
     def checkpoint_prepare(self) -> None:
         """Unmap MNNVL handles for checkpointing; repeated calls are no-ops."""
-        record = MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
+        record = _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
         if not record.mapped:
             return
         if self._state.phase != "idle":
@@ -535,7 +536,7 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
     def checkpoint_restore(self, comm_backend: CommBackend) -> None:
         """Remap MNNVL handles after restore (initialize zeroes this rank's row again);
         repeated calls are no-ops."""
-        record = MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
+        record = _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
         if record.mapped:
             return
         comm_size, comm_rank = comm_backend.Get_size(), comm_backend.Get_rank()
@@ -545,7 +546,7 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
                 f"graph-visible allocation layout: rank/size {comm_rank}/{comm_size} != "
                 f"{record.comm_rank}/{record.comm_size}"
             )
-        record.comm = MnnvlMemory.comm = comm_backend
+        record.comm = _MnnvlMemory.comm = comm_backend
         record.mapped = True
         refreshed = _initialize(self.workspace, self.ep_rank, self.ep_size, self.max_num_tokens,
                                        self.eplb_stats_num_experts)

@@ -26,17 +26,11 @@ import inspect
 
 import torch
 
-from fakes.flashinfer import profiles
+from fakes.flashinfer import profiles, tllm_enums
 from fakes.flashinfer._check import icheck
 from fakes.flashinfer.comm.moe_a2a_kernels import SlotOrder
 from fakes.flashinfer.fused_moe import layouts
-from fakes.flashinfer.tllm_enums import (
-    ActivationType,
-    Fp8QuantizationType,
-    RoutingMethodType,
-    SfLayout,
-    WeightLayout,
-)
+from fakes.flashinfer.tllm_enums import SfLayout, WeightLayout
 
 PERMUTE_TILE = 8
 EPILOGUE_TILE_M = {"bf16": 64, "fp8": 64, "fp4": 128}
@@ -75,20 +69,20 @@ def _precomputed_routing(topk_ids, top_k: int, num_experts: int):
 
 def _routing_from_logits(logits_TE, bias, top_k: int, method: int, norm_topk_prob: bool):
     scores = logits_TE.float() + (0 if bias is None else bias.float())
-    if method == RoutingMethodType.Default:
+    if method == tllm_enums.RoutingMethodType.Default:
         w, ids = torch.softmax(scores, -1).topk(top_k, -1)
-    elif method == RoutingMethodType.Renormalize:
+    elif method == tllm_enums.RoutingMethodType.Renormalize:
         w, ids = scores.topk(top_k, -1)
         w = torch.softmax(w, -1)
-    elif method == RoutingMethodType.RenormalizeNaive:
+    elif method == tllm_enums.RoutingMethodType.RenormalizeNaive:
         w, ids = torch.softmax(scores, -1).topk(top_k, -1)
         if norm_topk_prob:
             w = w / w.sum(-1, keepdim=True)
-    elif method == RoutingMethodType.TopK:
+    elif method == tllm_enums.RoutingMethodType.TopK:
         w, ids = scores.topk(top_k, -1)
     else:
         raise NotImplementedError(f"the CPU fake implements routing methods Default, Renormalize, "
-                                  f"RenormalizeNaive and TopK; got {RoutingMethodType(method).name}")
+                                  f"RenormalizeNaive and TopK; got {tllm_enums.RoutingMethodType(method).name}")
     return ids, w
 
 
@@ -133,10 +127,10 @@ def _fp8_block(w, scale) -> torch.Tensor:
 # --- the MoE ---------------------------------------------------------------------------------
 
 def _activate(h_PM, activation_type: int, I: int, e: int, alpha, beta, clamp, lin_scale, gate_scale):
-    if activation_type == ActivationType.Relu2:
+    if activation_type == tllm_enums.ActivationType.Relu2:
         return torch.relu(h_PM * lin_scale[e]) ** 2
-    if activation_type != ActivationType.Swiglu:
-        raise NotImplementedError(f"the CPU fake implements Swiglu and Relu2; got {ActivationType(activation_type).name}")
+    if activation_type != tllm_enums.ActivationType.Swiglu:
+        raise NotImplementedError(f"the CPU fake implements Swiglu and Relu2; got {tllm_enums.ActivationType(activation_type).name}")
     x1, x2 = h_PM[:, :I] * lin_scale[e], h_PM[:, I:] * gate_scale[e]
     if clamp is not None:
         x1, x2 = x1.clamp(-float(clamp[e]), float(clamp[e])), x2.clamp(max=float(clamp[e]))
@@ -195,7 +189,7 @@ def _run(x_TH, ids_TK, w_TK, w1_LMH, w2_LHI, *, num_experts, local_expert_offset
 
 def _gemm1_rows(activation_type: int, intermediate_size: int) -> tuple[bool, int]:
     """Whether GEMM1 is gated (linear and gate halves) and its output rows per expert."""
-    gated = activation_type != ActivationType.Relu2
+    gated = activation_type != tllm_enums.ActivationType.Relu2
     return gated, (2 if gated else 1) * intermediate_size
 
 
@@ -229,7 +223,7 @@ def trtllm_bf16_moe(routing_logits, routing_bias, hidden_states, gemm1_weights, 
                     top_k, n_group, topk_group, intermediate_size, local_expert_offset, local_num_experts,
                     routed_scaling_factor=None, routing_method_type=0, use_shuffled_weight=True,
                     weight_layout=WeightLayout.BlockMajorK, do_finalize=True, enable_pdl=True,
-                    tune_max_num_tokens=8192, activation_type=ActivationType.Swiglu.value, norm_topk_prob=True,
+                    tune_max_num_tokens=8192, activation_type=tllm_enums.ActivationType.Swiglu.value, norm_topk_prob=True,
                     routing_replay_out=None, gemm1_alpha=None, gemm1_beta=None, gemm1_clamp_limit=None, output=None):
     ids_TK, w_TK = _routing_from_logits(routing_logits, routing_bias, top_k, routing_method_type, norm_topk_prob)
     if routing_replay_out is not None:
@@ -244,7 +238,7 @@ def trtllm_bf16_routed_moe(topk_ids, hidden_states, gemm1_weights, gemm2_weights
                            routed_scaling_factor=None, routing_method_type=0, use_shuffled_weight=True,
                            weight_layout=WeightLayout.BlockMajorK, do_finalize=True, enable_pdl=True,
                            gemm1_lora_delta=None, tune_max_num_tokens=8192,
-                           activation_type=ActivationType.Swiglu.value, routing_replay_out=None, gemm1_alpha=None,
+                           activation_type=tllm_enums.ActivationType.Swiglu.value, routing_replay_out=None, gemm1_alpha=None,
                            gemm1_beta=None, gemm1_clamp_limit=None, output=None):
     _no_lora(gemm1_lora_delta)
     ids_TK, w_TK = _precomputed_routing(topk_ids, top_k, num_experts)
@@ -260,13 +254,13 @@ def trtllm_fp8_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
                                       use_shuffled_weight=False, weight_layout=0, do_finalize=True,
                                       enable_pdl=None, gemm1_lora_delta=None, output=None,
                                       tune_max_num_tokens=8192,
-                                      fp8_quantization_type=Fp8QuantizationType.DeepSeekFp8,
-                                      activation_type=ActivationType.Swiglu.value, gemm1_alpha=None,
+                                      fp8_quantization_type=tllm_enums.Fp8QuantizationType.DeepSeekFp8,
+                                      activation_type=tllm_enums.ActivationType.Swiglu.value, gemm1_alpha=None,
                                       gemm1_beta=None, gemm1_clamp_limit=None, valid_hidden_size=None,
                                       valid_intermediate_size=None):
     _no_lora(gemm1_lora_delta)
-    if fp8_quantization_type != Fp8QuantizationType.DeepSeekFp8:
-        raise NotImplementedError(f"the CPU fake implements DeepSeekFp8 only; got {Fp8QuantizationType(fp8_quantization_type).name}")
+    if fp8_quantization_type != tllm_enums.Fp8QuantizationType.DeepSeekFp8:
+        raise NotImplementedError(f"the CPU fake implements DeepSeekFp8 only; got {tllm_enums.Fp8QuantizationType(fp8_quantization_type).name}")
     ids_TK, w_TK = _precomputed_routing(topk_ids, top_k, num_experts)
     T, H = hidden_states.shape
     icheck(hidden_states.dtype == torch.float8_e4m3fn, "hidden_states.dtype() == dl_float8_e4m3fn",
@@ -300,7 +294,7 @@ def trtllm_fp4_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
                                       n_group, topk_group, intermediate_size, local_expert_offset,
                                       local_num_experts, routed_scaling_factor, routing_method_type=0,
                                       do_finalize=True, enable_pdl=None,
-                                      activation_type=ActivationType.Swiglu.value, per_token_scale=None,
+                                      activation_type=tllm_enums.ActivationType.Swiglu.value, per_token_scale=None,
                                       output=None, tune_max_num_tokens=8192, gemm1_lora_delta=None,
                                       valid_hidden_size=None, valid_intermediate_size=None,
                                       num_fused_shared_experts=None, hidden_states_scale_layout=None):

@@ -1,0 +1,1 @@
+"""Fake ``flashinfer.quantization``: the weight-layout helpers FlashInfer exports at its root."""
