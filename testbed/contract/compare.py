@@ -33,8 +33,17 @@ from testbed.contract.surface import RealModule, describe_fake, describe_real
 class Scope:
     module: str  # dotted, under ``flashinfer``
     whole: bool  # every public name of the release, both ways; else the fake's names only
+    required: tuple[str, ...] = ()  # names the fake must imitate wherever the release has them
+    imitated_from: Optional[str] = None  # earlier profiles do not imitate the module (reported)
 
 
+# The names of flashinfer.moe_ep an NVLink integration uses (issue 10); moe_ep also holds the
+# NCCL-EP/NIXL-EP transports and the mega kernels, which the fake does not imitate.
+MOE_EP_NVLINK = (
+    "BootstrapConfig", "MoEEpCommParams", "MoEEpCommunication", "MoEEpDispatchResult",
+    "NVLinkOneSidedAlltoAll", "NVLinkOneSidedConfig", "NVLinkTwoSidedAlltoAll", "NVLinkTwoSidedConfig",
+    "available_communication_backends", "create_communication", "register_communication",
+)
 SCOPES = (
     Scope("", whole=False),
     Scope("comm.trtllm_moe_alltoall", whole=True),
@@ -42,7 +51,7 @@ SCOPES = (
     Scope("comm.mnnvl", whole=False),
     Scope("comm.mapping", whole=False),
     Scope("fused_moe", whole=False),
-    Scope("moe_ep", whole=False),
+    Scope("moe_ep", whole=False, required=MOE_EP_NVLINK, imitated_from="0.7.2"),
 )
 REEXPORTING = "comm"  # the package whose re-exports of the modules above are compared
 
@@ -58,9 +67,18 @@ class Difference:
 class Report:
     version: str
     profile: str
-    differences: tuple[Difference, ...]
+    entries: tuple[Difference, ...]  # every comparison, equal or not
     fake_only: tuple[str, ...]
-    compared: int  # entries compared, so an empty comparison cannot pass unnoticed
+    not_imitated: tuple[str, ...]  # what the release has that the comparison left out, and why
+
+    @property
+    def differences(self) -> tuple[Difference, ...]:
+        return tuple(e for e in self.entries if e.real != e.fake)
+
+    @property
+    def compared(self) -> int:
+        """Entries compared, so an empty comparison cannot pass unnoticed."""
+        return len(self.entries)
 
 
 def profile_for(version: str) -> str:
@@ -81,14 +99,15 @@ def compare(source: Source, profile: Optional[str] = None) -> Report:
     loader = _RealLoader(source)
     rows: dict[str, tuple[str, str]] = {}
     fake_only: list[str] = []
+    not_imitated: list[str] = []
     with install(profile):
         for scope in SCOPES:
-            _compare_module(scope, loader, rows, fake_only)
+            _compare_module(scope, profile, loader, rows, fake_only, not_imitated)
         _compare_reexports(loader, rows)
         from fakes.flashinfer.profiles import active
         _compare_kernel_constants(source, active(), rows)
-    diffs = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()) if r != f)
-    return Report(source.version, profile, diffs, tuple(sorted(fake_only)), len(rows))
+    entries = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()))
+    return Report(source.version, profile, entries, tuple(sorted(fake_only)), tuple(not_imitated))
 
 
 class _RealLoader:
@@ -117,16 +136,33 @@ def _import_fake(dotted: str):
         return None
 
 
-def _compare_module(scope: Scope, loader: _RealLoader, rows: dict, fake_only: list) -> None:
+def _compare_module(scope: Scope, profile: str, loader: _RealLoader, rows: dict, fake_only: list,
+                    not_imitated: list) -> None:
+    from fakes.flashinfer.profiles import PROFILES
+
     dotted = f"flashinfer.{scope.module}".rstrip(".")
-    real, fake = loader(dotted), _import_fake(dotted)
+    real = loader(dotted)
+    if scope.imitated_from and list(PROFILES).index(profile) < list(PROFILES).index(scope.imitated_from):
+        if real is not None:
+            not_imitated.append(f"{dotted}: the fake imitates it from profile {scope.imitated_from} on")
+        return
+    fake = _import_fake(dotted)
     rows[f"{dotted} (module)"] = ("present" if real else MISSING, "present" if fake else MISSING)
-    if real is None or fake is None:
+    if real is None:
+        return
+    if fake is None:  # every name the fake had to imitate is missing
+        for name in sorted(set(scope.required) & real.public()):
+            for key, desc in describe_real(real, name).items():
+                rows[f"{dotted}.{key}"] = (desc, MISSING)
         return
     extras = set(getattr(fake, "__fake_only__", ()))
     fake_only.extend(f"{dotted}.{n}" for n in sorted(extras))
     fake_names = _fake_public(fake) - extras
-    names = set(fake_names)
+    names = set(fake_names) | (set(scope.required) & real.public())
+    if not scope.whole:
+        left = len(real.public() - names)
+        if left:
+            not_imitated.append(f"{dotted}: {left} of its {len(real.public())} public names")
     if scope.whole:
         names |= real.public() | {n for n, node in real.defs.items() if not n.startswith("_")
                                   and (not isinstance(node, ast.Assign) or n.isupper())}
@@ -136,7 +172,16 @@ def _compare_module(scope: Scope, loader: _RealLoader, rows: dict, fake_only: li
         real_desc = describe_real(real, name)
         fake_desc = describe_fake(name, getattr(fake, name)) if name in fake_names else {}
         for key in set(real_desc) | set(fake_desc):
-            rows[f"{dotted}.{key}"] = (real_desc.get(key, MISSING), fake_desc.get(key, MISSING))
+            real_text, fake_text = real_desc.get(key, MISSING), fake_desc.get(key, MISSING)
+            rows[f"{dotted}.{key}"] = (real_text, _unknown_form_matches(real_text, fake_text))
+
+
+def _unknown_form_matches(real: str, fake: str) -> str:
+    """A real function that returns what another call returns (form ``value``) may return
+    anything, so any fake form matches it; ``None`` and ``tuple[n]`` must match exactly."""
+    if real.endswith(" -> value") and " -> " in fake:
+        return fake.rsplit(" -> ", 1)[0] + " -> value"
+    return fake
 
 
 def _fake_public(module) -> set[str]:
@@ -210,4 +255,6 @@ def format_report(report: Report) -> str:
             lines.append(f"{d.key:<{width}}  {d.real}\n{'':<{width}}  {d.fake}")
     if report.fake_only:
         lines.append("fake-only (testbed hooks, not compared): " + ", ".join(report.fake_only))
+    for item in report.not_imitated:
+        lines.append(f"not imitated: {item}")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -31,26 +31,32 @@ class Source:
     origin: str
     _zip: Optional[zipfile.ZipFile] = None
     _root: Optional[Path] = None
+    read_paths: dict = field(default_factory=dict)  # rel path -> text, of every file read
 
     def read(self, rel: str) -> Optional[str]:
         """Text of ``flashinfer/<rel>``, or None when the release has no such file."""
         if self._zip is not None:
             try:
-                return self._zip.read(f"flashinfer/{rel}").decode()
+                text = self._zip.read(f"flashinfer/{rel}").decode()
             except KeyError:
                 return None
-        path = self._root / rel
-        return path.read_text() if path.is_file() else None
+        else:
+            path = self._root / rel
+            if not path.is_file():
+                return None
+            text = path.read_text()
+        self.read_paths[rel] = text
+        return text
 
     def find(self, basename: str) -> Optional[str]:
         """Text of the one file named ``basename`` anywhere under ``flashinfer/data/csrc``
         (releases move the C++ sources between folders), or None."""
         if self._zip is not None:
-            names = [n for n in self._zip.namelist()
-                     if n.startswith("flashinfer/data/csrc/") and n.rsplit("/", 1)[-1] == basename]
-            return self._zip.read(sorted(names)[0]).decode() if names else None
-        hits = sorted((self._root / "data" / "csrc").rglob(basename))
-        return hits[0].read_text() if hits else None
+            names = sorted(n[len("flashinfer/"):] for n in self._zip.namelist()
+                           if n.startswith("flashinfer/data/csrc/") and n.rsplit("/", 1)[-1] == basename)
+        else:
+            names = sorted(str(p.relative_to(self._root)) for p in (self._root / "data" / "csrc").rglob(basename))
+        return self.read(names[0]) if names else None
 
 
 def open_source(spec: str) -> Source:

@@ -124,12 +124,18 @@ def _ast_members(home: RealModule, node: ast.ClassDef) -> dict[str, str]:
             if "ClassVar" not in ast.unparse(item.annotation):
                 fields.append(item)
     if _ast_dataclass(node) is not None and "__init__" not in members:
-        params = ["self"] + [
-            item.target.id + ("" if item.value is None else "=" + _ast_default(_field_default(item.value), home))
-            for item in fields
-        ]
+        positional, keyword = ["self"], []
+        for item in fields:
+            text = item.target.id + ("" if item.value is None else "=" + _ast_default(_field_default(item.value), home))
+            (keyword if _kw_only_field(item.value) else positional).append(text)
+        params = positional + (["*"] + keyword if keyword else [])
         members["__init__"] = f"method ({', '.join(params)}) -> None"
     return members
+
+
+def _kw_only_field(value: Optional[ast.expr]) -> bool:
+    return isinstance(value, ast.Call) and ast.unparse(value.func).endswith("field") and any(
+        kw.arg == "kw_only" and ast.unparse(kw.value) == "True" for kw in value.keywords)
 
 
 def _field_default(value: ast.expr) -> ast.expr:

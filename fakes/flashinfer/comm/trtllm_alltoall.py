@@ -99,7 +99,7 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
     statics = None
     if experts_statics is not None:
         statics = torch.stack([gathered[src][1] for src in range(ep_size)])
-    prepared = (
+    return (
         prepared_ids,
         prepared_scales,
         send_counts.cumsum(0).to(torch.int32),
@@ -109,7 +109,6 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
         _fill(wide, torch.cat(backward).to(torch.int32), -1),
         statics,
     )
-    return prepared  # one value, as the compiled op returns (the contract compares forms)
 
 
 def moe_comm(input, send_rank_cum_sum, send_indices, output, recv_rank_cum_sum, recv_indices,
@@ -145,6 +144,120 @@ def moe_comm(input, send_rank_cum_sum, send_indices, output, recv_rank_cum_sum, 
                 "rows: the real kernel does not check and would write outside it (top_k or token_count "
                 "differs from moe_prepare's)")
         output[at] = rows
+
+
+def _segment(r: int, M: int, cumsum) -> range:
+    """Rows of the gathered arrays that hold rank ``r``'s tokens: all ``M`` of its block, or
+    ``[cs[r-1], cs[r])`` with an inclusive count cumsum (a negative span is no tokens)."""
+    if cumsum is None:
+        return range(r * M, r * M + M)
+    start = 0 if r == 0 else cumsum[r - 1]
+    return range(start, max(cumsum[r], start))
+
+
+def moe_comm_prepare_indices(gathered_target_rank_ids, real_rank_token_count_cum_sum,
+                             max_token_count_per_rank, expert_count, top_k, ep_rank, ep_size):
+    """Send and receive index lists from every rank's gathered target ranks ``[N, K]`` int32
+    (rank-major; without a cumsum every one of a rank's ``M`` rows counts as a token, padding
+    included). Returns six int32 vectors, -1 past their valid prefix: ``local_gather_indices
+    [M*W]`` (global gathered rows received, by source then token), ``send_rank_count_cum_sum
+    [W]`` and ``recv_rank_count_cum_sum [W]`` (inclusive), ``send_rank_local_indices [M*S]``
+    (local token indices by destination), ``recv_rank_local_indices [M*W]`` (0, 1, ...) and
+    ``backward_recv_rank_local_indice [M*S]`` (``i*K + k`` of the lowest lane on that
+    destination), ``S = max(W, K)``."""
+    M, W, K, R = max_token_count_per_rank, ep_size, top_k, ep_rank
+    T = gathered_target_rank_ids
+    icheck_eq(T.dtype, torch.int32, "gatheredTargetRankIds.dtype()", "dl_int32",
+              "Inconsistency of Tensor type: gatheredTargetRankIds")
+    icheck_eq(T.dim(), 2, "gatheredTargetRankIds.ndim()", "2", "gatheredTargetRankIds must be a 2D tensor")
+    icheck_eq(T.size(1), K, "gatheredTargetRankIds.size(1)", "topK", "gatheredTargetRankIds must have topK columns")
+    cumsum = None
+    if real_rank_token_count_cum_sum is not None:
+        cs = real_rank_token_count_cum_sum
+        icheck_eq(cs.dim(), 1, "realRankTokenCountCumSum.value().ndim()", "1",
+                  "realRankTokenCountCumSum must be a 1D tensor")
+        icheck_eq(cs.dtype, torch.int32, "realRankTokenCountCumSum.value().dtype()", "dl_int32",
+                  "Inconsistency of Tensor type: realRankTokenCountCumSum.value()")
+        icheck_eq(cs.size(0), W, "realRankTokenCountCumSum.value().size(0)", "epSize",
+                  "realRankTokenCountCumSum must have epSize elements")
+        cumsum = cs.tolist()
+    else:
+        icheck_eq(T.size(0), W * M, "gatheredTargetRankIds.size(0)", "epSize * maxTokenCountPerRank",
+                  "gatheredTargetRankIds should have shape (epSize * maxTokenCountPerRank, topK)")
+    icheck(M > 0, "maxTokenCountPerRank > 0", "maxTokenCountPerRank must be greater than 0")
+    icheck(expert_count > 0, "expertCount > 0", "expertCount must be greater than 0")
+    icheck(K > 0, "topK > 0", "topK must be greater than 0")
+    icheck(K <= expert_count, "topK <= expertCount", "topK must be less than or equal to expertCount")
+    icheck(0 <= R < W, "epRank >= 0 && epRank < epSize", "epRank must be in the range [0, epSize)")
+    if W > 1024:
+        raise RuntimeError("Only worldInfo.epSize less than or equal to 1024 supported now.")
+    if K > 32:
+        raise RuntimeError("Only topK less than or equal to 32 supported now.")
+    S = max(W, K)
+    mine = _segment(R, M, cumsum)
+    send_idx, backward, send_counts = [], [], []
+    for r in range(W):
+        for i, row in enumerate(mine):
+            lanes = (T[row] == r).nonzero().flatten()
+            if lanes.numel():
+                send_idx.append(i)
+                backward.append(i * K + int(lanes[0]))
+        send_counts.append(len(send_idx))
+    gather, recv_counts = [], []
+    for r in range(W):
+        gather.extend(row for row in _segment(r, M, cumsum) if bool((T[row] == R).any()))
+        recv_counts.append(len(gather))
+    as_i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return (
+        _fill(M * W, as_i32(gather), -1),
+        as_i32(send_counts),
+        _fill(M * S, as_i32(send_idx), -1),
+        as_i32(recv_counts),
+        _fill(M * W, torch.arange(len(gather), dtype=torch.int32), -1),
+        _fill(M * S, as_i32(backward), -1),
+    )
+
+
+def moe_local_gather(recv_rank_cum_sum, local_gather_indices, gathered_expert_ids, gathered_scales,
+                     local_expert_ids, local_scales, max_token_count_per_rank, expert_count, top_k,
+                     ep_rank, ep_size) -> None:
+    """Rows below the received count copy the gathered ids and scales of their source row
+    (ids stay global, every lane); the rest get ``expert_count`` and 0.0. In place."""
+    for name, t, dt in (("recvRankCumSum", recv_rank_cum_sum, torch.int32),
+                        ("localGatherIndices", local_gather_indices, torch.int32),
+                        ("gatheredExpertIds", gathered_expert_ids, torch.int32),
+                        ("gatheredScales", gathered_scales, torch.float32),
+                        ("localExpertIds", local_expert_ids, torch.int32),
+                        ("localScales", local_scales, torch.float32)):
+        icheck_eq(t.dtype, dt, f"{name}.dtype()", str(dt), f"Inconsistency of Tensor type: {name}")
+    icheck(max_token_count_per_rank > 0, "maxTokenCountPerRank > 0", "maxTokenCountPerRank must be greater than 0")
+    icheck(expert_count > 0, "expertCount > 0", "expertCount must be greater than 0")
+    icheck(top_k > 0, "topK > 0", "topK must be greater than 0")
+    icheck(top_k <= expert_count, "topK <= expertCount", "topK must be less than or equal to expertCount")
+    icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize", "epRank must be in the range [0, epSize)")
+    icheck_eq(recv_rank_cum_sum.dim(), 1, "recvRankCumSum.ndim()", "1", "recvRankCumSum must be a 1D tensor")
+    icheck_eq(recv_rank_cum_sum.size(0), ep_size, "recvRankCumSum.size(0)", "epSize",
+              "recvRankCumSum must have epSize elements")
+    icheck_eq(local_gather_indices.dim(), 1, "localGatherIndices.ndim()", "1", "localGatherIndices must be a 1D tensor")
+    for name, t in (("gatheredExpertIds", gathered_expert_ids), ("gatheredScales", gathered_scales),
+                    ("localExpertIds", local_expert_ids), ("localScales", local_scales)):
+        icheck_eq(t.dim(), 2, f"{name}.ndim()", "2", f"{name} must be a 2D tensor")
+    for name, t in (("gatheredExpertIds", gathered_expert_ids), ("gatheredScales", gathered_scales),
+                    ("localExpertIds", local_expert_ids), ("localScales", local_scales)):
+        icheck_eq(t.size(1), top_k, f"{name}.size(1)", "topK", f"{name} must have topK columns")
+    L = local_gather_indices.size(0)
+    icheck_eq(local_expert_ids.size(0), L, "localExpertIds.size(0)", "localMaxTokenCount",
+              "localExpertIds must have localMaxTokenCount rows")
+    icheck_eq(local_scales.size(0), L, "localScales.size(0)", "localMaxTokenCount",
+              "localScales must have localMaxTokenCount rows")
+    if top_k > 32:
+        raise RuntimeError("Only topK less than or equal to 32 supported now.")
+    n = min(int(recv_rank_cum_sum[-1]), L)
+    rows = local_gather_indices[:n].long()
+    local_expert_ids.fill_(expert_count)
+    local_scales.zero_()
+    local_expert_ids[:n] = gathered_expert_ids[rows]
+    local_scales[:n] = gathered_scales[rows]
 
 
 @dataclass
@@ -196,6 +309,22 @@ class MnnvlMoe:
     def compute_target_rank_id(token_selected_experts: torch.Tensor, expert_count: int, ep_size: int):
         assert expert_count % ep_size == 0, "expert_count should be divisible by ep_size"
         return token_selected_experts // (expert_count // ep_size)
+
+    @staticmethod
+    def mnnvl_moe_alltoallv_prepare(gathered_target_rank_ids, real_rank_token_count_cumsum,
+                                    gathered_expert_ids, gathered_scales, max_token_count_per_rank,
+                                    expert_count, top_k, ep_rank, ep_size):
+        """The routing exchange when the caller all-gathered the routing itself."""
+        (gather, send_cumsum, send_idx, recv_cumsum, recv_idx, backward) = moe_comm_prepare_indices(
+            gathered_target_rank_ids, real_rank_token_count_cumsum, max_token_count_per_rank,
+            expert_count, top_k, ep_rank, ep_size)
+        rows = max_token_count_per_rank * ep_size
+        local_expert_ids = torch.empty(rows, top_k, dtype=torch.int32)
+        local_scales = torch.empty(rows, top_k, dtype=torch.float32)
+        moe_local_gather(recv_cumsum, gather, gathered_expert_ids, gathered_scales, local_expert_ids,
+                         local_scales, max_token_count_per_rank, expert_count, top_k, ep_rank, ep_size)
+        info = MoEAlltoallInfo(gather, send_cumsum, send_idx, recv_cumsum, recv_idx, backward, rows)
+        return info, local_expert_ids, local_scales
 
     @staticmethod
     def mnnvl_moe_alltoallv_prepare_without_allgather(expert_ids, scales, expert_statics, workspace,
