@@ -6,6 +6,7 @@
   fault there and checks it was caught the expected way).
 - ``fuzz``: Hypothesis over the scenario model; each failure printed as its ``run`` line.
 - ``mutants``: the catalogue of mutants of ``impl``, each run until a scenario kills it.
+- ``contract``: the fake's surface against a real FlashInfer release, read as source.
 - ``version``.
 """
 
@@ -63,6 +64,20 @@ def _parser() -> argparse.ArgumentParser:
     mu.add_argument("--list", action="store_true", help="list the mutants and exit")
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
     mu.add_argument("--json", metavar="PATH", help="write the table as JSON")
+    ct = sub.add_parser(
+        "contract", help="compare the fake with a real FlashInfer release (CPU only, no CUDA import)",
+        description=(
+            "Reads a real FlashInfer's Python with ast and its C++ sources for kMaxTopK, kMaxPayloads, "
+            "kMaxRanks, the metainfo fields and the SWITCH_TOP_K cases, and compares every public name, "
+            "signature, default, keyword-only marker, return form and constant with the fake profile "
+            "of the same release. Prints the differences; exit 1 on any."))
+    ct.add_argument("--flashinfer", action="append", required=True, metavar="VERSION|WHEEL|DIR",
+                    help="a release number (pip download --no-deps, cached), a .whl, or an unpacked or "
+                         "installed copy; repeatable")
+    ct.add_argument("--profile", help="the fake profile to compare with (default: the release's own)")
+    ct.add_argument("--all", action="store_true", help="print every entry compared, not only differences")
+    ct.add_argument("--write-excerpt", metavar="DIR",
+                    help="also write the excerpt of each release read (DIR/<version>/flashinfer/...)")
     return parser
 
 
@@ -74,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
-    if args.command in ("run", "fuzz", "mutants"):
+    if args.command in ("run", "fuzz", "mutants", "contract"):
         try:
-            return {"run": _run, "fuzz": _fuzz, "mutants": _mutants}[args.command](args)
+            return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract}[args.command](args)
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
             return 2
@@ -91,6 +106,28 @@ class UsageError(ValueError):
 def _positive(flag: str, value) -> None:
     if value is not None and not value > 0:
         raise UsageError(f"{flag}: must be > 0, got {value}")
+
+
+def _contract(args) -> int:
+    from pathlib import Path
+
+    from testbed.contract import SourceError, compare, format_report, open_source
+    from testbed.contract.excerpt import write_excerpt
+
+    failed = 0
+    for spec in args.flashinfer:
+        try:
+            source = open_source(spec)
+            report = compare(source, args.profile)
+        except (SourceError, ValueError) as e:
+            print(f"--flashinfer {spec}: {e}", flush=True)
+            failed += 1
+            continue
+        print(format_report(report, everything=args.all), flush=True)
+        if args.write_excerpt:
+            write_excerpt(source, Path(args.write_excerpt) / source.version, args.profile)
+        failed += bool(report.differences)
+    return 1 if failed else 0
 
 
 def _run(args) -> int:

@@ -91,12 +91,13 @@ def profile_for(version: str) -> str:
     return name
 
 
-def compare(source: Source, profile: Optional[str] = None) -> Report:
-    """Compare ``source`` with the fake's ``profile`` (default: the one for its version)."""
+def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealTree"] = None) -> Report:
+    """Compare ``source`` with the fake's ``profile`` (default: the one for its version);
+    ``tree`` is where the release's modules are parsed (given, it keeps what was read)."""
     from fakes.flashinfer import install
 
     profile = profile or profile_for(source.version)
-    loader = _RealLoader(source)
+    loader = tree or RealTree(source)
     rows: dict[str, tuple[str, str]] = {}
     fake_only: list[str] = []
     not_imitated: list[str] = []
@@ -110,17 +111,26 @@ def compare(source: Source, profile: Optional[str] = None) -> Report:
     return Report(source.version, profile, entries, tuple(sorted(fake_only)), tuple(not_imitated))
 
 
-class _RealLoader:
+class RealTree:
+    """The release's Python modules, parsed on first use, by dotted name."""
+
     def __init__(self, source: Source):
         self.source = source
         self._cache: dict[str, Optional[RealModule]] = {}
+        self.paths: dict[str, str] = {}  # dotted name -> path under flashinfer/
+
+    def modules(self) -> list[tuple[str, RealModule]]:
+        return [(self.paths[name], m) for name, m in sorted(self._cache.items()) if m is not None]
 
     def __call__(self, dotted: str) -> Optional[RealModule]:
         if dotted not in self._cache:
             rel = dotted.split(".", 1)[1].replace(".", "/") if "." in dotted else ""
-            module, package = (self.source.read(f"{rel}.py"), False) if rel else (None, True)
+            path, package = f"{rel}.py", False
+            module = self.source.read(path) if rel else None
             if module is None:
-                module, package = self.source.read(f"{rel}/__init__.py" if rel else "__init__.py"), True
+                path, package = (f"{rel}/__init__.py" if rel else "__init__.py"), True
+                module = self.source.read(path)
+            self.paths[dotted] = path
             self._cache[dotted] = None if module is None else RealModule(
                 ast.parse(module), dotted, package, self)
         return self._cache[dotted]
@@ -136,7 +146,7 @@ def _import_fake(dotted: str):
         return None
 
 
-def _compare_module(scope: Scope, profile: str, loader: _RealLoader, rows: dict, fake_only: list,
+def _compare_module(scope: Scope, profile: str, loader: RealTree, rows: dict, fake_only: list,
                     not_imitated: list) -> None:
     from fakes.flashinfer.profiles import PROFILES
 
@@ -203,11 +213,13 @@ def _fake_public(module) -> set[str]:
     return names
 
 
-def _compare_reexports(loader: _RealLoader, rows: dict) -> None:
+def _compare_reexports(loader: RealTree, rows: dict) -> None:
     dotted = f"flashinfer.{REEXPORTING}"
     real, fake = loader(dotted), _import_fake(dotted)
     sources = {f"flashinfer.{s.module}" for s in SCOPES if s.module}
     real_names = sorted(n for n, (mod, _) in (real.imports.items() if real else ()) if mod in sources)
+    for name in real_names:
+        real.used.add(name)  # part of the comparison: an excerpt keeps the import
     fake_names = []
     if fake is not None:
         homes = {"fakes." + s for s in sources}
@@ -221,6 +233,7 @@ def _compare_reexports(loader: _RealLoader, rows: dict) -> None:
 _CONSTANT = re.compile(r"static\s+constexpr\s+int\s+(kMax\w+|kRankMaskWords)\s*=\s*(\d+)")
 _METAINFO = re.compile(r'\{"MOE_A2A_(\w+?)(?:_OFFSET_INDEX)?",')
 _SWITCH = re.compile(r"#define\s+SWITCH_TOP_K\(.*?(?=\n\s*\n|\n#)", re.S)
+CONSTANT_PATTERNS = (_CONSTANT, _METAINFO, _SWITCH)  # what an excerpt of a C++ file keeps
 
 
 def _compare_kernel_constants(source: Source, profile, rows: dict) -> None:
@@ -244,15 +257,18 @@ def _compare_kernel_constants(source: Source, profile, rows: dict) -> None:
     rows["csrc SWITCH_TOP_K cases"] = (repr(cases), repr(sorted(profile.top_k_kernels)))
 
 
-def format_report(report: Report) -> str:
-    """The differences as a table, then the fake-only names and a one-line verdict."""
+def format_report(report: Report, everything: bool = False) -> str:
+    """A verdict line, the differences (``everything``: every entry) as a table with the
+    real value over the fake's, then the fake-only and not-imitated names."""
     lines = [f"flashinfer {report.version} against fake profile {report.profile}: "
              f"{report.compared} entries compared, {len(report.differences)} differ"]
-    if report.differences:
-        width = max(len(d.key) for d in report.differences)
-        lines.append(f"{'name':<{width}}  real | fake")
-        for d in report.differences:
-            lines.append(f"{d.key:<{width}}  {d.real}\n{'':<{width}}  {d.fake}")
+    shown = report.entries if everything else report.differences
+    if shown:
+        width = max(len(d.key) for d in shown)
+        lines.append(f"{'name':<{width}}  real / fake")
+        for d in shown:
+            mark = "  " if d.real == d.fake else "!="
+            lines.append(f"{d.key:<{width}}  {d.real}\n{'':<{width - 2}}{mark}  {d.fake}")
     if report.fake_only:
         lines.append("fake-only (testbed hooks, not compared): " + ", ".join(report.fake_only))
     for item in report.not_imitated:

@@ -22,7 +22,7 @@ import enum
 import inspect
 import textwrap
 import typing
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 Describe = dict[str, str]
 
@@ -36,6 +36,7 @@ class RealModule:
                  load: Callable[[str], Optional["RealModule"]]):
         self.name = name
         self.is_package = is_package
+        self.used: set[str] = set()  # names resolved here (what an excerpt must keep whole)
         self._load = load
         self.defs: dict[str, ast.AST] = {}
         self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, name)
@@ -70,8 +71,10 @@ class RealModule:
     def resolve(self, name: str, _seen: frozenset = frozenset()) -> Optional[tuple["RealModule", ast.AST]]:
         """Where ``name`` is defined, following relative imports (an import cycle resolves to None)."""
         if name in self.defs:
+            self.used.add(name)
             return self, self.defs[name]
         if name in self.imports and (self.name, name) not in _seen:
+            self.used.add(name)
             module, orig = self.imports[name]
             other = self._load(module)
             return other.resolve(orig, _seen | {(self.name, name)}) if other is not None else None
@@ -234,13 +237,20 @@ def _enum_member_value(node: ast.expr, home: "RealModule") -> Optional[str]:
     return None
 
 
-def _return_form(node: ast.FunctionDef) -> str:
-    forms = set()
-    stack = list(node.body)
+def own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``fn``'s body, not those of the functions or classes nested in it."""
+    stack = list(ast.iter_child_nodes(fn))
     while stack:
         item = stack.pop()
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
+        yield item
+        stack.extend(ast.iter_child_nodes(item))
+
+
+def _return_form(node: ast.FunctionDef) -> str:
+    forms = set()
+    for item in own_nodes(node):
         if isinstance(item, ast.Return):
             value = item.value
             if value is None or (isinstance(value, ast.Constant) and value.value is None):
@@ -249,7 +259,6 @@ def _return_form(node: ast.FunctionDef) -> str:
                 forms.add(f"tuple[{len(value.elts)}]")
             else:
                 forms.add("value")
-        stack.extend(ast.iter_child_nodes(item))
     return "|".join(sorted(forms)) or "None"
 
 

@@ -1,0 +1,24 @@
+// Excerpt of FlashInfer 0.7.2.post1 (data/csrc/nv_internal/tensorrt_llm/thop/moeAlltoAllMeta.h), Apache-2.0, (c) the FlashInfer authors:
+// signatures, constants and return statements only, for the fake's contract test.
+{"MOE_A2A_FLAG_VAL_OFFSET_INDEX",
+
+{"MOE_A2A_LOCAL_TOKEN_COUNTER_OFFSET_INDEX",
+
+{"MOE_A2A_SEND_COUNTERS_OFFSET_INDEX",
+
+{"MOE_A2A_RECV_COUNTERS_OFFSET_INDEX",
+
+{"MOE_A2A_DISPATCH_COMPLETION_FLAGS_OFFSET_INDEX",
+
+{"MOE_A2A_COMBINE_COMPLETION_FLAGS_OFFSET_INDEX",
+
+{"MOE_A2A_TOPK_TARGET_RANKS_OFFSET_INDEX",
+
+{"MOE_A2A_TOPK_SEND_INDICES_OFFSET_INDEX",
+
+{"MOE_A2A_EPLB_GATHERED_STATS_OFFSET_INDEX",
+
+{"MOE_A2A_PAYLOAD_DATA_OFFSET_INDEX",
+
+{"MOE_A2A_NUM_METAINFO_FIELDS",
+

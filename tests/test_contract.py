@@ -1,0 +1,172 @@
+"""The fake against the real releases' sources (checked-in excerpts, no network), the comparer
+finding each kind of difference, and ``import flashinfer`` resolving to the fake."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fakes.flashinfer import install, profiles
+from testbed.contract import compare, open_source
+from testbed.contract.compare import MISSING, SCOPES
+from testbed.contract.excerpt import excerpt_dirs, write_excerpt
+
+EXCERPTS = Path(__file__).parent / "data" / "flashinfer_excerpts"
+RELEASES = {p.name: p for p in excerpt_dirs(EXCERPTS)}
+# What the fake does not imitate yet (issue 10): the moe_ep NVLink classes of 0.7.2.
+OPEN_GAPS = {"0.7.2.post1": "flashinfer.moe_ep"}
+
+
+def test_contract_excerpts_cover_every_profile():
+    assert {re.sub(r"\.post\d+$", "", v) for v in RELEASES} == set(profiles.PROFILES)
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_contract_release_matches_its_profile(version):
+    report = compare(open_source(str(RELEASES[version])))
+    assert report.version == version
+    assert report.compared > 100  # an empty comparison must not pass
+    gap = OPEN_GAPS.get(version)
+    unexpected = [d for d in report.differences if not (gap and d.key.startswith(gap))]
+    assert not unexpected, "\n".join(f"{d.key}: real {d.real} / fake {d.fake}" for d in unexpected)
+    if gap:  # the open gap is exactly the missing module, nothing the fake has wrong
+        assert all(d.fake == MISSING and d.real != MISSING for d in report.differences)
+
+
+def _mutated(tmp_path: Path, version: str, rel: str, old: str, new: str) -> str:
+    root = tmp_path / version
+    shutil.copytree(RELEASES[version], root)
+    path = root / "flashinfer" / rel
+    text = path.read_text()
+    assert old in text, f"{old!r} not in the excerpt of {rel}"
+    path.write_text(text.replace(old, new, 1))
+    return str(root)
+
+
+A2A = "comm/trtllm_moe_alltoall.py"
+KERNELS_H = "data/csrc/nv_internal/tensorrt_llm/kernels/communicationKernels/moeAlltoAllKernels.h"
+KERNELS_CU = "data/csrc/nv_internal/tensorrt_llm/kernels/communicationKernels/moeAlltoAllKernels.cu"
+MUTATIONS = [  # (what changes in the release, file, old, new, the entry that must differ)
+    ("parameter renamed", A2A, "def moe_a2a_initialize(workspace:", "def moe_a2a_initialize(ws:",
+     "flashinfer.comm.trtllm_moe_alltoall.moe_a2a_initialize"),
+    ("default changed", A2A, "extra_payload_bytes_per_token: int=0", "extra_payload_bytes_per_token: int=16",
+     "flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll.get_moe_workspace_size_per_rank"),
+    ("keyword-only marker", A2A, "=None, *, use_low_precision", "=None, use_low_precision",
+     "flashinfer.comm.trtllm_moe_alltoall.moe_a2a_combine"),
+    ("return form", A2A, "return (output_payloads, combine_payload_offset, eplb_gathered_stats)",
+     "return (output_payloads, combine_payload_offset)", "flashinfer.comm.trtllm_moe_alltoall.moe_a2a_dispatch"),
+    ("public name added", A2A, "'MoeAlltoAll',", "'MoeAlltoAll', 'moe_a2a_new',",
+     "flashinfer.comm.trtllm_moe_alltoall.__all__"),
+    ("constant", KERNELS_H, "kMaxTopK = 22", "kMaxTopK = 16", "csrc kMaxTopK"),
+    ("top_k instantiations", KERNELS_CU, "case 18:", "case 20:", "csrc SWITCH_TOP_K cases"),
+    ("enum value", "tllm_enums.py", "Unspecified = (10,)", "Unspecified = (11,)",
+     "flashinfer.fused_moe.RoutingMethodType.Unspecified"),
+    ("class kind", "comm/abstractions.py", "class CommBackend(Protocol)", "class CommBackend(ABC)",
+     "flashinfer.comm.mnnvl.CommBackend"),
+    ("method became a property", "comm/mapping.py", "def has_tp(self)", "@property\n    def has_tp(self)",
+     "flashinfer.comm.mapping.Mapping.has_tp"),
+]
+
+
+@pytest.mark.parametrize("what, rel, old, new, key", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_contract_finds_a_changed_release(tmp_path, what, rel, old, new, key):
+    report = compare(open_source(_mutated(tmp_path, "0.7.2.post1", rel, old, new)))
+    differing = {d.key for d in report.differences}
+    assert key in differing, f"{what}: {key} not among {sorted(differing)}"
+
+
+def test_contract_finds_a_fake_that_drifted(monkeypatch):
+    # The fake's 0.6.16 profile with 0.6.8's top_k kernels: a fidelity bug the contract must see.
+    drifted = dataclasses.replace(profiles.PROFILES["0.6.16"], top_k_kernels=profiles.PROFILES["0.6.8"].top_k_kernels)
+    monkeypatch.setitem(profiles.PROFILES, "0.6.16", drifted)
+    report = compare(open_source(str(RELEASES["0.6.16"])))
+    assert [d.key for d in report.differences] == ["csrc SWITCH_TOP_K cases"]
+
+
+def test_contract_reports_what_it_does_not_imitate():
+    report = compare(open_source(str(RELEASES["0.6.14"])))
+    assert "flashinfer.moe_ep: the fake imitates it from profile 0.7.2 on" in report.not_imitated
+    assert not any(d.key.startswith("flashinfer.moe_ep") for d in report.entries)
+    assert {s.module for s in SCOPES} >= {"comm.trtllm_moe_alltoall", "moe_ep"}
+
+
+def test_contract_excerpt_rewrite_keeps_the_comparison(tmp_path):
+    source = open_source(str(RELEASES["0.6.16"]))
+    write_excerpt(source, tmp_path / "again")
+    before, after = compare(open_source(str(RELEASES["0.6.16"]))), compare(open_source(str(tmp_path / "again")))
+    assert before.entries == after.entries and before.not_imitated == after.not_imitated
+
+
+def test_contract_bad_source_is_a_clear_error(tmp_path):
+    from testbed.contract import SourceError
+
+    with pytest.raises(SourceError, match="no flashinfer/__init__.py"):
+        open_source(str(tmp_path))
+    with pytest.raises(SourceError, match="expected a release number"):
+        open_source("latest")
+    with pytest.raises(ValueError, match="no fake profile imitates flashinfer 0.7.4"):
+        from testbed.contract import profile_for
+
+        profile_for("0.7.4")
+
+
+def test_install_resolves_flashinfer_to_the_fake(tmp_path, monkeypatch):
+    # An engine's own module, importing FlashInfer by its real names.
+    (tmp_path / "engine_a2a.py").write_text(textwrap.dedent("""
+        import inspect
+        import flashinfer
+        from flashinfer.comm import Mapping, MoeAlltoAll
+        from flashinfer.comm.trtllm_moe_alltoall import moe_a2a_get_workspace_size_per_rank
+        COMBINE_KWS = set(inspect.signature(MoeAlltoAll.combine).parameters)
+        SIZE = moe_a2a_get_workspace_size_per_rank(8, 16, 256, 128)
+        ROOT = flashinfer
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for profile, has_output_kw in (("0.6.8", False), ("0.7.2", True)):
+        with install(profile):
+            engine = importlib.import_module("engine_a2a")
+            from fakes.flashinfer.comm import trtllm_moe_alltoall as fake
+
+            assert engine.ROOT is sys.modules["fakes.flashinfer"]
+            assert ("output" in engine.COMBINE_KWS) is has_output_kw
+            assert engine.SIZE == fake.moe_a2a_get_workspace_size_per_rank(8, 16, 256, 128) > 0
+        del sys.modules["engine_a2a"]
+        assert not any(n == "flashinfer" or n.startswith("flashinfer.") for n in sys.modules)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("flashinfer")  # nothing left behind (no real FlashInfer here)
+
+
+def test_install_refuses_what_the_release_does_not_ship():
+    with install("0.6.8"):
+        with pytest.raises(ModuleNotFoundError, match="flashinfer.moe_ep"):
+            importlib.import_module("flashinfer.moe_ep")
+        with pytest.raises(ImportError):
+            from flashinfer.comm import moe_a2a_active_rank_mask  # noqa: F401  (0.6.16 on)
+        with pytest.raises(RuntimeError, match="already active"):
+            with install("0.7.2"):
+                pass
+    with pytest.raises(ValueError, match="unknown FlashInfer profile"):
+        with install("0.9"):
+            pass
+
+
+def test_install_pytest_plugin_option(tmp_path):
+    (tmp_path / "test_engine.py").write_text(textwrap.dedent("""
+        def test_engine_sees_the_fake():
+            import flashinfer
+            from flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
+            assert flashinfer.__version__ == "0.6.14"
+            assert "output" not in MoeAlltoAll.combine.__code__.co_varnames
+    """))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--fake-flashinfer=0.6.14", str(tmp_path / "test_engine.py")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
