@@ -357,3 +357,49 @@ def slot_order_probe(ctx, mode: str):
         return [[int(v) - 100 * src for v in recv_x[src, (recv_ids[src, :, 0] != -1), 0]] for src in range(R)]
     finally:
         kernels.SlotOrder.mode = "shuffled"
+
+
+def moe_ep_round_trip(ctx, case: Case, backend: str, workspace_output: bool):
+    """0.7.2's ``flashinfer.moe_ep``: dispatch through ``create_communication``, the weighted
+    experts on the received rows, combine. Returns the combined ``[T, H]`` output, how many rows
+    arrived with a token and whether every other row carries the invalid id in every slot."""
+    set_profile("0.7.2")
+    from fakes.flashinfer import moe_ep
+
+    R, me, S, E = ctx.layout.ep_size, ctx.coords.ep_rank, case.rtm, case.num_experts
+    bootstrap = moe_ep.BootstrapConfig(world_size=R, rank=me, process_group=ctx.groups["ep"])
+    params = moe_ep.MoEEpCommParams(num_experts=E, top_k=case.top_k, max_tokens_per_rank=S,
+                                    hidden_size=case.hidden, dtype=case.dtype)
+    # The one-sided backend builds its own communicator over the bootstrap's group (its
+    # default); the two-sided one is handed the testbed's.
+    config = (moe_ep.NVLinkOneSidedConfig() if backend == "nvlink_one_sided"
+              else moe_ep.NVLinkTwoSidedConfig(comm_backend=ep_mapping_and_config(ctx)[1].comm_backend))
+    comm = moe_ep.create_communication(bootstrap, params, config)
+    x_TH, ids_TK, w_TK = rank_inputs(case, me)
+    got = comm.dispatch(x_TH, ids_TK, w_TK, max_tokens_per_rank=S)
+    assert got.hidden_states.shape == (R * S, case.hidden) and got.tokens_per_rank == S
+    out_NH = comm.get_combine_input_buffer(case.dtype) if workspace_output else None
+    if out_NH is None:
+        out_NH = torch.zeros(R * S, case.hidden, dtype=case.dtype)
+    local = set(local_experts(E, R, me))
+    with_token = 0
+    for i in range(R * S):
+        ids_K = got.topk_ids[i].tolist()
+        if all(e == params.invalid_expert_id for e in ids_K):
+            out_NH[i] = 0
+            continue
+        with_token += 1
+        acc = torch.zeros(case.hidden)
+        for k, e in enumerate(ids_K):
+            if e in local:
+                acc += got.topk_weights[i, k].float() * expert_fn(got.hidden_states[i], e)
+        out_NH[i] = acc.to(case.dtype)
+    out_TH = comm.combine(out_NH)
+    comm.destroy()
+    return out_TH, with_token
+
+
+def targets_of(case: Case, dst: int) -> int:
+    """How many tokens of all ranks have at least one expert on ``dst``."""
+    R = len(case.tokens_per_rank)
+    return sum(len(expected_rows(case, dst, src)) for src in range(R))

@@ -170,3 +170,23 @@ def test_install_pytest_plugin_option(tmp_path):
                            "--fake-flashinfer=0.6.14", str(tmp_path / "test_engine.py")],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_fake_deprecation_warnings_only_on_0_7():
+    import warnings
+
+    from fakes.flashinfer.comm import trtllm_alltoall, trtllm_moe_alltoall
+
+    calls = {"MoeAlltoAll": lambda: trtllm_moe_alltoall.MoeAlltoAll(None, 4, 2, 8, hidden_size=16),
+             "MnnvlMoe": lambda: trtllm_alltoall.MnnvlMoe.get_moe_workspaces(None)}
+    for profile in ("0.6.16", "0.7.2"):
+        for name, call in calls.items():
+            with profiles.fake_profile(profile), warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                with pytest.raises(Exception):  # no communicator here: only the warning matters
+                    call()
+            deprecations = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+            if profile == "0.7.2":
+                assert deprecations and deprecations[0].startswith(f"{name} is deprecated; use flashinfer.moe_ep")
+            else:
+                assert deprecations == [], (profile, name)

@@ -26,7 +26,9 @@ class Profile:
     backend_kw: bool  # backend="trtllm" keyword (0.7.x)
     top_k_kernels: tuple[int, ...]  # the top_k values SWITCH_TOP_K instantiates (moeAlltoAllKernels.cu)
     init_barrier: bool  # MoeAlltoAll barriers after zeroing its workspace row (0.7.x); before, the caller must
-    absent_modules: tuple[str, ...]  # modules under flashinfer this release does not ship
+    # Modules under flashinfer the fake does not provide for this release: not shipped, or not
+    # imitated (0.6.14/0.6.16's moe_ep is the NCCL-EP/NIXL-EP API, which holds no NVLink class).
+    absent_modules: tuple[str, ...]
 
 
 _TOP_K_0_6_8 = (1, 2, 4, 6, 8, 10, 16, 22)
@@ -35,8 +37,8 @@ PROFILES = {
     p.name: p
     for p in (
         Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, ("moe_ep",)),
-        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, ()),
-        Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False, ()),
+        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, ("moe_ep",)),
+        Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False, ("moe_ep",)),
         Profile("0.7.2", 22, 6, 64, False, True, True, True, True, _TOP_K_0_6_16, True, ()),
     )
 }

@@ -13,6 +13,7 @@ real buffers are uninitialised): code that reads them gets caught.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -260,6 +261,19 @@ def moe_local_gather(recv_rank_cum_sum, local_gather_indices, gathered_expert_id
     local_scales[:n] = gathered_scales[rows]
 
 
+# 0.7.2 deprecates MnnvlMoe in favour of flashinfer.moe_ep; the class is never instantiated,
+# so the warning comes from the workspace getters every caller goes through first.
+_DEPRECATION = ("MnnvlMoe is deprecated; use flashinfer.moe_ep.NVLinkTwoSidedAlltoAll. "
+               "Its implementation will move into that class.")
+
+
+def _warn_deprecated() -> None:
+    from fakes.flashinfer import profiles
+
+    if profiles.active().backend_kw:  # 0.7.x
+        warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
+
+
 @dataclass
 class MoEAlltoallInfo:
     local_gather_indices: torch.Tensor
@@ -282,6 +296,7 @@ class MnnvlMoe:
 
     @staticmethod
     def get_moe_workspaces(mapping: Mapping, config: Optional[MnnvlConfig] = None):
+        _warn_deprecated()
         if MnnvlMoe.moe_workspace is not None:
             assert mapping == MnnvlMoe.moe_mapping, "only one moe mapping supported now"
             return MnnvlMoe.moe_workspace_tensor
@@ -294,6 +309,7 @@ class MnnvlMoe:
 
     @staticmethod
     def get_moe_prepare_workspace(mapping: Mapping, config: Optional[MnnvlConfig] = None):
+        _warn_deprecated()
         if MnnvlMoe.moe_prepare_workspace_tensor is not None:
             assert mapping == MnnvlMoe.moe_mapping, "only one moe mapping supported now"
             return MnnvlMoe.moe_prepare_workspace_tensor

@@ -7,6 +7,7 @@ are those of that FlashInfer release. The data path lives in ``moe_a2a_kernels``
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional, Sequence
@@ -19,6 +20,12 @@ from fakes.flashinfer.comm.mapping import Mapping
 from fakes.flashinfer.comm import mnnvl
 from fakes.flashinfer.comm.mnnvl import MnnvlConfig, _MnnvlMemory, on_scenario_end
 from fakes.flashinfer.tllm_enums import SfLayout
+
+# 0.7.2 deprecates the class in favour of flashinfer.moe_ep (typing_extensions.deprecated:
+# a DeprecationWarning on every instantiation).
+_DEPRECATION = ("MoeAlltoAll is deprecated; use flashinfer.moe_ep.NVLinkOneSidedAlltoAll "
+               "(CakeAlltoAll for backend='cake'). Its implementation will move into those classes.")
+
 
 def _active_rank_mask(active_ranks: Sequence[int], ep_size: int) -> torch.Tensor:
     """CPU ``uint64 [MOE_A2A_RANK_MASK_WORDS]`` mask with bit ``i`` set per active rank ``i``."""
@@ -577,6 +584,7 @@ class _MoeAlltoAll_0_7_2(_MoeAlltoAll_0_6_16):
                  workspace_size_per_rank: int = None, hidden_size: int = None,
                  mnnvl_config: Optional[MnnvlConfig] = None, eplb_stats_num_experts: int = 0,
                  enable_rank_mask: bool = False, *, backend: str = "trtllm"):
+        warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=2)
         _check_backend(backend)
         self._setup(mapping, max_num_tokens, top_k, num_experts, workspace_size_per_rank,
                     hidden_size, mnnvl_config, eplb_stats_num_experts, enable_rank_mask)
