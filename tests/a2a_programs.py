@@ -193,6 +193,15 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
         elif what.startswith("top_k_"):  # top_k_<K>: a top_k the kernels may lack
             k = int(what.rsplit("_", 1)[1])
             _make(ctx, profile, top_k=k).dispatch(_ids(T, k, 4, me), [x], 4)
+        elif what == "combine_fp8_payload":  # fp8 combine payloads from 0.6.14 on
+            a2a = _make(ctx, profile)
+            recv = a2a.dispatch(ids, [x], 4)
+            a2a.combine(recv[0].to(torch.float8_e4m3fn), 4)
+        elif what == "combine_low_precision_fp32":  # accepted: the output is bf16
+            a2a = _make(ctx, profile, workspace_size_per_rank=1 << 16)  # room for fp32 rows
+            recv = a2a.dispatch(ids, [x.float()], 4)
+            out = a2a.combine(recv[0], 4, use_low_precision=True)
+            assert out.dtype == torch.bfloat16 and out.shape == (T, H), (out.dtype, out.shape)
         elif what == "rank_mask_not_enabled":
             a2a = _make(ctx, profile)  # sets the profile, which decides what the module exports
             from fakes.flashinfer.comm.trtllm_moe_alltoall import moe_a2a_active_rank_mask

@@ -33,7 +33,11 @@ CASES = [
     ("top_k_3", "0.7.2", "RuntimeError", ": Unsupported top_k"),
     ("top_k_12", "0.6.14", "RuntimeError", "Unsupported top_k"),
     ("rank_mask_not_enabled", "0.7.2", "ValueError", "active_rank_mask requires the instance"),
+    ("combine_fp8_payload", "0.6.8", "TypeError", "Unsupported dtype for MoE combine"),
 ]
+# What the real kernels accept, which the fake must not refuse.
+ACCEPTED = [("combine_fp8_payload", "0.6.14"), ("combine_low_precision_fp32", "0.7.2"),
+            ("combine_low_precision_fp32", "0.6.16")]
 
 
 @pytest.mark.parametrize("what, profile, kind, text", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -125,3 +129,8 @@ def test_fake_a2a_metainfo_offsets_spec_example():
     assert metainfo_offsets(8, 10, 0, 22) == [0, 4, 8, 40, 128, 256, 384, 1280, 2176, 2176]
     # with 5 EPLB experts the stats take 8 * 5 * 4 = 160 bytes at 2176
     assert metainfo_offsets(8, 10, 5, 22)[-2:] == [2176, 2432]
+
+
+@pytest.mark.parametrize("what, profile", ACCEPTED, ids=[f"{w}-{p}" for w, p in ACCEPTED])
+def test_fake_a2a_accepts_what_real_accepts(cluster, what, profile):
+    assert cluster.run(trigger, ParallelLayout(2, dp=2), (what, profile), timeout_s=60) == [None, None]

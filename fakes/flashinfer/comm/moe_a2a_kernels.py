@@ -384,18 +384,18 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
         icheck(payload_RSH.data_ptr() == region_start.data_ptr(), "payload.data_ptr() == expectedPtr",
                f"payload_in_workspace is True but tensor pointer mismatch: {hex(payload_RSH.data_ptr())} "
                f"!= {hex(region_start.data_ptr())}")
-    if payload_RSH.dtype not in _COMBINE_DTYPES:
+    # toNvDataType: fp8 payloads from 0.6.14 on (the release that added quantized combine).
+    if payload_RSH.dtype not in _COMBINE_DTYPES or (
+            payload_RSH.dtype == torch.float8_e4m3fn and not profile.combine_quant_kws):
         raise TypeError("Unsupported dtype for MoE combine")
     if output_dtype is not None and output_dtype != payload_RSH.dtype or output_scales is not None:
         raise NotImplementedError(
             "quantized combine output (output_dtype/output_scales) needs SM>=100 kernels; "
             "the CPU fake does not emulate it"
         )
+    # Low precision moves fp8 and upcasts to a bf16 output whatever the payload dtype (the
+    # fp16/bf16-only rule is for quantized outputs, which the fake does not emulate).
     out_dtype = torch.bfloat16 if use_low_precision else payload_RSH.dtype
-    if use_low_precision:
-        icheck(payload_RSH.dtype in (torch.bfloat16, torch.float16),
-               "payload.dtype() == dl_bfloat16 || payload.dtype() == dl_float16",
-               "Quantization only supports for fp16 or bf16 inputs")
     if output is not None:
         icheck_eq(output.dim(), 2, "output.ndim()", "2", "output must be a 2D tensor")
         icheck_eq(output.size(0), T, "output.size(0)", "output_shape[0]")
