@@ -49,10 +49,10 @@ def _unlink_all(paths) -> list[str]:
 
 def _owner_gone(name: str) -> bool:
     parts = name.split("-")
-    return len(parts) >= 3 and parts[1].isdigit() and not _pid_alive(int(parts[1]))
+    return len(parts) >= 3 and parts[1].isdigit() and not pid_alive(int(parts[1]))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

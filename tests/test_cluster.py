@@ -5,6 +5,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -14,10 +15,12 @@ import pytest
 import rankprogs
 from testbed.cluster import faults, selfcheck
 from testbed.cluster.pool import (
+    STACKS_PREFIX,
     RankFailedError,
     RankPool,
     ScenarioSetupError,
     ScenarioTimeoutError,
+    sweep_stack_dirs,
 )
 from testbed.cluster.layout import ParallelLayout
 from vllm_groups import EXPECTED_GROUPS, group_containing
@@ -210,6 +213,10 @@ def test_cluster_parent_death_leaves_no_ranks_or_segments(how):
         for pid in workers:
             assert _wait_gone(pid, 30), f"rank process {pid} outlived its parent"
         assert not [s for s in segments if s.exists()], "shared-memory segments survived"
+        # A killed parent cannot remove its scratch directory; the next pool's start does.
+        sweep_stack_dirs()
+        left = list(Path(tempfile.gettempdir()).glob(f"{STACKS_PREFIX}{parent.pid}-*"))
+        assert not left, f"the dead parent's scratch directory survived: {left}"
         if how == signal.SIGINT:
             assert code != 0 and b"KeyboardInterrupt" in parent.stderr.read()
     finally:

@@ -31,10 +31,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from testbed.cluster import worker as worker_mod
-from fakes.arena import scenario_prefix, sweep_orphans, unlink_prefix
+from fakes.arena import pid_alive, scenario_prefix, sweep_orphans, unlink_prefix
 from testbed.cluster.layout import ParallelLayout
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -173,6 +174,21 @@ def worker_context():
     return ctx
 
 
+
+STACKS_PREFIX = "a2atb-stacks-"  # + owner pid: a pool's scratch (stack dumps, store file)
+
+
+def sweep_stack_dirs() -> list[str]:
+    """Remove the scratch directories of pools whose process died without closing them (a
+    SIGKILLed parent cannot clean up after itself)."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(STACKS_PREFIX + "*"):
+        owner = path.name[len(STACKS_PREFIX):].split("-")[0]
+        if owner.isdigit() and not pid_alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
 class RankPool:
     """A reusable set of rank processes.
 
@@ -193,13 +209,14 @@ class RankPool:
         self._mp = worker_context()
         self._start_timeout_s = start_timeout_s
         self._initializer = initializer
-        self._dump_dir = tempfile.mkdtemp(prefix="a2atb-stacks-")
+        self._dump_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
         self._workers: list[_Worker] = []
         self._spawned = 0
         self._lock = threading.Lock()
         self._closed = False
         self.scenarios_run = 0
         sweep_orphans()
+        sweep_stack_dirs()
         atexit.register(self.close)
 
     @property
