@@ -25,7 +25,8 @@ def test_bench_cluster_prints_json_line():
 def test_bench_a2a_prints_json_line():
     result = _bench("a2a", "--ranks", "2", "--hidden", "256", "--tokens", "16", "--iters", "2")
     assert result["bench"] == "a2a"
-    for key in ("fake_gbps", "gloo_gbps", "memcpy_gbps", "fake_vs_gloo", "fake_vs_memcpy", "memcpy_all_ranks_gbps"):
+    for key in ("fake_gbps", "gloo_gbps", "memcpy_gbps", "fake_vs_gloo", "fake_vs_memcpy", "memcpy_all_ranks_gbps",
+                "fake_vs_ceiling"):
         assert result[key] > 0, key
     assert result["fake_vs_gloo"] == pytest.approx(result["fake_gbps"] / result["gloo_gbps"], rel=0.02)
 
