@@ -112,20 +112,22 @@ def _contract(args) -> int:
     from pathlib import Path
 
     from testbed.contract import SourceError, compare, format_report, open_source
+    from testbed.contract.compare import RealTree
     from testbed.contract.excerpt import write_excerpt
 
     failed = 0
     for spec in args.flashinfer:
         try:
             source = open_source(spec)
-            report = compare(source, args.profile)
+            tree = RealTree(source)
+            report = compare(source, args.profile, tree)
         except (SourceError, ValueError) as e:
             print(f"--flashinfer {spec}: {e}", flush=True)
             failed += 1
             continue
         print(format_report(report, everything=args.all), flush=True)
         if args.write_excerpt:
-            write_excerpt(source, Path(args.write_excerpt) / source.version, args.profile)
+            write_excerpt(tree, Path(args.write_excerpt) / source.version)
         failed += bool(report.differences)
     return 1 if failed else 0
 

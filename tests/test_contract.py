@@ -16,13 +16,11 @@ import pytest
 
 from fakes.flashinfer import install, profiles
 from testbed.contract import compare, open_source
-from testbed.contract.compare import MISSING, SCOPES
+from testbed.contract.compare import SCOPES, RealTree
 from testbed.contract.excerpt import excerpt_dirs, write_excerpt
 
 EXCERPTS = Path(__file__).parent / "data" / "flashinfer_excerpts"
 RELEASES = {p.name: p for p in excerpt_dirs(EXCERPTS)}
-# What the fake does not imitate yet (issue 10): the moe_ep NVLink classes of 0.7.2.
-OPEN_GAPS = {"0.7.2.post1": "flashinfer.moe_ep"}
 
 
 def test_contract_excerpts_cover_every_profile():
@@ -34,11 +32,7 @@ def test_contract_release_matches_its_profile(version):
     report = compare(open_source(str(RELEASES[version])))
     assert report.version == version
     assert report.compared > 100  # an empty comparison must not pass
-    gap = OPEN_GAPS.get(version)
-    unexpected = [d for d in report.differences if not (gap and d.key.startswith(gap))]
-    assert not unexpected, "\n".join(f"{d.key}: real {d.real} / fake {d.fake}" for d in unexpected)
-    if gap:  # the open gap is exactly the missing module, nothing the fake has wrong
-        assert all(d.fake == MISSING and d.real != MISSING for d in report.differences)
+    assert not report.differences, "\n".join(f"{d.key}: real {d.real} / fake {d.fake}" for d in report.differences)
 
 
 def _mutated(tmp_path: Path, version: str, rel: str, old: str, new: str) -> str:
@@ -100,8 +94,10 @@ def test_contract_reports_what_it_does_not_imitate():
 
 def test_contract_excerpt_rewrite_keeps_the_comparison(tmp_path):
     source = open_source(str(RELEASES["0.6.16"]))
-    write_excerpt(source, tmp_path / "again")
-    before, after = compare(open_source(str(RELEASES["0.6.16"]))), compare(open_source(str(tmp_path / "again")))
+    tree = RealTree(source)
+    before = compare(source, tree=tree)
+    write_excerpt(tree, tmp_path / "again")
+    after = compare(open_source(str(tmp_path / "again")))
     assert before.entries == after.entries and before.not_imitated == after.not_imitated
 
 

@@ -230,7 +230,7 @@ def _compare_reexports(loader: RealTree, rows: dict) -> None:
     rows[f"{dotted} re-exports"] = (repr(real_names), repr(sorted(fake_names)))
 
 
-_CONSTANT = re.compile(r"static\s+constexpr\s+int\s+(kMax\w+|kRankMaskWords)\s*=\s*(\d+)")
+_CONSTANT = re.compile(r"static\s+constexpr\s+int\s+(kMax\w+)\s*=\s*(\d+)")
 _METAINFO = re.compile(r'\{"MOE_A2A_(\w+?)(?:_OFFSET_INDEX)?",')
 _SWITCH = re.compile(r"#define\s+SWITCH_TOP_K\(.*?(?=\n\s*\n|\n#)", re.S)
 CONSTANT_PATTERNS = (_CONSTANT, _METAINFO, _SWITCH)  # what an excerpt of a C++ file keeps
@@ -246,10 +246,9 @@ def _compare_kernel_constants(source: Source, profile, rows: dict) -> None:
 
     real = dict(_CONSTANT.findall(header or ""))
     fake = {"kMaxTopK": profile.k_max_top_k, "kMaxPayloads": profile.k_max_payloads,
-            "kMaxRanks": profile.k_max_ranks, "kRankMaskWords": moe_a2a_kernels.RANK_MASK_WORDS}
+            "kMaxRanks": profile.k_max_ranks}
     for name, value in fake.items():
-        if name in real or name != "kRankMaskWords":
-            rows[f"csrc {name}"] = (real.get(name, MISSING), str(value))
+        rows[f"csrc {name}"] = (real.get(name, MISSING), str(value))
     fields = [f for f in _METAINFO.findall(meta or "") if f != "NUM_METAINFO_FIELDS"]
     rows["csrc metainfo fields"] = (repr(fields), repr(list(moe_a2a_kernels.metainfo_fields(profile))))
     switch = _SWITCH.search(kernels or "")

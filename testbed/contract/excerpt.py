@@ -11,27 +11,27 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from testbed.contract.compare import CONSTANT_PATTERNS, RealTree, compare
-from testbed.contract.source import Source
+from testbed.contract.compare import CONSTANT_PATTERNS, RealTree
 from testbed.contract.surface import RealModule, own_nodes
 
-HEADER = ("# Excerpt of FlashInfer {version} ({path}), Apache-2.0, (c) the FlashInfer authors:\n"
-          "# signatures, constants and return statements only, for the fake's contract test.\n")
+HEADER = ("Excerpt of FlashInfer {version} ({path}), Apache-2.0, (c) the FlashInfer authors:\n"
+          "signatures, constants and return statements only, for the fake's contract test.")
 
 
-def write_excerpt(source: Source, out: Path, profile: str | None = None) -> list[Path]:
-    """Compare ``source`` with the fake (to learn which files are read), then write the
-    excerpt of each file read under ``out/flashinfer``; returns the files written."""
-    tree = RealTree(source)
-    compare(source, profile, tree)
+def write_excerpt(tree: RealTree, out: Path) -> list[Path]:
+    """Write, under ``out/flashinfer``, the excerpt of each file a comparison over ``tree``
+    (``compare(source, profile, tree)``) read; returns the files written."""
+    source = tree.source
     modules = {path: module for path, module in tree.modules()}
     written = []
     for rel, text in sorted(source.read_paths.items()):
-        body = _python_excerpt(text, modules[rel]) if rel.endswith(".py") else _cpp_excerpt(text)
+        python = rel.endswith(".py")
+        body = _python_excerpt(text, modules[rel]) if python else _cpp_excerpt(text)
+        comment = "#" if python else "//"
+        header = "".join(f"{comment} {line}\n" for line in HEADER.format(version=source.version, path=rel).splitlines())
         path = out / "flashinfer" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        comment = "//" if not rel.endswith(".py") else "#"
-        path.write_text(HEADER.format(version=source.version, path=rel).replace("# ", comment + " ") + body)
+        path.write_text(header + body)
         written.append(path)
     dist = out / f"flashinfer_python-{source.version}.dist-info"
     dist.mkdir(parents=True, exist_ok=True)

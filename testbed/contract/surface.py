@@ -238,14 +238,12 @@ def _enum_member_value(node: ast.expr, home: "RealModule") -> Optional[str]:
 
 
 def own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``fn``'s body, not those of the functions or classes nested in it."""
-    stack = list(ast.iter_child_nodes(fn))
-    while stack:
-        item = stack.pop()
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield item
-        stack.extend(ast.iter_child_nodes(item))
+    """The nodes of ``fn``'s body in source order, not those of the functions or classes
+    nested in it."""
+    for item in ast.iter_child_nodes(fn):
+        if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            yield item
+            yield from own_nodes(item)
 
 
 def _return_form(node: ast.FunctionDef) -> str:
@@ -341,12 +339,10 @@ def _params(fn: Callable) -> str:
 
 
 def _value(value: object) -> str:
+    """A default as the real source writes it: enum members by name, the rest (literals,
+    ``torch.bfloat16``) by ``repr``."""
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
-    if isinstance(value, (type(None), bool, int, float, str, bytes, tuple, list, dict)):
-        return repr(value)
-    if dataclasses.is_dataclass(value) is False and type(value).__name__ == "dtype":
-        return str(value)  # torch.bfloat16
     return repr(value)
 
 

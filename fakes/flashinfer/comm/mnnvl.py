@@ -179,10 +179,9 @@ class _MnnvlMemory:
     @staticmethod
     def get_allocation_prop(dev_id):
         """What the real one asks CUDA VMM for: pinned device memory exported as a fabric handle."""
-        prop = SimpleNamespace(type="CU_MEM_ALLOCATION_TYPE_PINNED",
+        return SimpleNamespace(type="CU_MEM_ALLOCATION_TYPE_PINNED",
                                location=SimpleNamespace(type="CU_MEM_LOCATION_TYPE_DEVICE", id=dev_id),
                                requestedHandleTypes="CU_MEM_HANDLE_TYPE_FABRIC")
-        return prop
 
     @staticmethod
     def new_mnnvl_memory_address(mapping, size):

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from fakes.flashinfer import profiles
 from fakes.flashinfer._check import icheck, icheck_eq
 from fakes.flashinfer.comm.mapping import Mapping
 from fakes.flashinfer.comm import mnnvl
@@ -268,8 +269,6 @@ _DEPRECATION = ("MnnvlMoe is deprecated; use flashinfer.moe_ep.NVLinkTwoSidedAll
 
 
 def _warn_deprecated() -> None:
-    from fakes.flashinfer import profiles
-
     if profiles.active().backend_kw:  # 0.7.x
         warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
 

@@ -93,8 +93,8 @@ class MnnvlMemory:
 
     @staticmethod
     def get_comm(mapping: Mapping):
-        return comm
         return MnnvlMemory.comm
+        return comm
 
     @staticmethod
     def get_allocation_prop(dev_id: int):

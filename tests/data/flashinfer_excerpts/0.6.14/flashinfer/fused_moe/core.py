@@ -56,13 +56,13 @@ def _validate_fp8_block_scale_gemm1_activation_params():
 
 @flashinfer_api(trace=trtllm_bf16_moe_trace)
 def trtllm_bf16_moe(routing_logits: torch.Tensor, routing_bias: Optional[torch.Tensor], hidden_states: torch.Tensor, gemm1_weights: torch.Tensor, gemm2_weights: torch.Tensor, num_experts: int, top_k: int, n_group: Optional[int], topk_group: Optional[int], intermediate_size: int, local_expert_offset: int, local_num_experts: int, routed_scaling_factor: Optional[float]=None, routing_method_type: int=0, use_shuffled_weight: bool=True, weight_layout: int=WeightLayout.BlockMajorK, do_finalize: bool=True, enable_pdl: bool=True, tune_max_num_tokens: int=8192, activation_type: int=ActivationType.Swiglu.value, norm_topk_prob: bool=True, routing_replay_out: Optional[torch.Tensor]=None, gemm1_alpha: Optional[torch.Tensor]=None, gemm1_beta: Optional[torch.Tensor]=None, gemm1_clamp_limit: Optional[torch.Tensor]=None, output: Optional[torch.Tensor]=None) -> Union[List[torch.Tensor], torch.Tensor]:
-    return result
     return result[0]
+    return result
 
 @flashinfer_api(trace=trtllm_bf16_routed_moe_trace)
 def trtllm_bf16_routed_moe(topk_ids: torch.Tensor, hidden_states: torch.Tensor, gemm1_weights: torch.Tensor, gemm2_weights: torch.Tensor, num_experts: int, top_k: int, n_group: Optional[int], topk_group: Optional[int], intermediate_size: int, local_expert_offset: int, local_num_experts: int, routed_scaling_factor: Optional[float]=None, routing_method_type: int=0, use_shuffled_weight: bool=True, weight_layout: int=WeightLayout.BlockMajorK, do_finalize: bool=True, enable_pdl: bool=True, gemm1_lora_delta: Optional[torch.Tensor]=None, tune_max_num_tokens: int=8192, activation_type: int=ActivationType.Swiglu.value, routing_replay_out: Optional[torch.Tensor]=None, gemm1_alpha: Optional[torch.Tensor]=None, gemm1_beta: Optional[torch.Tensor]=None, gemm1_clamp_limit: Optional[torch.Tensor]=None, output: Optional[torch.Tensor]=None) -> Union[torch.Tensor, List[torch.Tensor]]:
-    return result
     return result[0]
+    return result
 
 def trtllm_fp8_per_tensor_scale_moe():
     ...
@@ -72,8 +72,8 @@ def trtllm_fp8_block_scale_moe():
 
 @flashinfer_api(trace=trtllm_fp8_block_scale_routed_moe_trace)
 def trtllm_fp8_block_scale_routed_moe(topk_ids: torch.Tensor, routing_bias: Optional[torch.Tensor], hidden_states: torch.Tensor, hidden_states_scale: torch.Tensor, gemm1_weights: torch.Tensor, gemm1_weights_scale: torch.Tensor, gemm2_weights: torch.Tensor, gemm2_weights_scale: torch.Tensor, num_experts: int, top_k: int, n_group: Optional[int], topk_group: Optional[int], intermediate_size: int, local_expert_offset: int, local_num_experts: int, routed_scaling_factor: Optional[float], routing_method_type: int=0, use_shuffled_weight: bool=False, weight_layout: int=0, do_finalize: bool=True, enable_pdl: Optional[bool]=None, gemm1_lora_delta: Optional[torch.Tensor]=None, output: Optional[torch.Tensor]=None, tune_max_num_tokens: int=8192, fp8_quantization_type: Fp8QuantizationType=Fp8QuantizationType.DeepSeekFp8, activation_type: int=ActivationType.Swiglu.value, gemm1_alpha: Optional[torch.Tensor]=None, gemm1_beta: Optional[torch.Tensor]=None, gemm1_clamp_limit: Optional[torch.Tensor]=None) -> Union[List[torch.Tensor], torch.Tensor]:
-    return result
     return result[0]
+    return result
 
 def trtllm_fp4_block_scale_moe():
     ...

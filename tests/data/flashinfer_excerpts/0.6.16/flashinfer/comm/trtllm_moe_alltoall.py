@@ -26,8 +26,8 @@ def moe_a2a_dispatch(token_selected_experts: torch.Tensor, input_payloads: list[
 
 @flashinfer_api
 def moe_a2a_combine(payload: torch.Tensor, local_num_tokens: int, workspace: torch.Tensor, metainfo: torch.Tensor, runtime_max_tokens_per_rank: int, ep_rank: int, ep_size: int, top_k: int, combine_payload_offset: int, payload_in_workspace: bool=False, output_dtype: Optional[torch.dtype]=None, output_scales: Optional[torch.Tensor]=None, output_scalar_scale: float=1.0, sf_layout: SfLayout=SfLayout.layout_linear, output: Optional[torch.Tensor]=None, *, use_low_precision: bool=False, enable_pdl: Optional[bool]=None, enable_rank_mask: bool=False, active_rank_mask: Optional[torch.Tensor]=None) -> torch.Tensor:
-    return output
     return module.moe_a2a_combine(*args)
+    return output
 
 @flashinfer_api
 def moe_a2a_sanitize_expert_ids(expert_ids: torch.Tensor, workspace: torch.Tensor, metainfo: torch.Tensor, ep_rank: int, invalid_expert_id: int, enable_pdl: Optional[bool]=None):

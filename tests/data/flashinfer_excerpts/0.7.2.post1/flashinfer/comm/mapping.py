@@ -6,8 +6,8 @@ class Mapping(object):
         ...
 
     def __eq__(self, other):
-        return self.world_size == other.world_size and self.rank == other.rank and (self.gpus_per_node == other.gpus_per_node) and (self.cp_size == other.cp_size) and (self.tp_size == other.tp_size) and (self.moe_cluster_size == other.moe_cluster_size) and (self.pp_size == other.pp_size) and (self.moe_tp_size == other.moe_tp_size) and (self.moe_ep_size == other.moe_ep_size) and (self.attn_tp_size == other.attn_tp_size) and (self.attn_cp_size == other.attn_cp_size) and (self.auto_parallel == other.auto_parallel)
         return NotImplemented
+        return self.world_size == other.world_size and self.rank == other.rank and (self.gpus_per_node == other.gpus_per_node) and (self.cp_size == other.cp_size) and (self.tp_size == other.tp_size) and (self.moe_cluster_size == other.moe_cluster_size) and (self.pp_size == other.pp_size) and (self.moe_tp_size == other.moe_tp_size) and (self.moe_ep_size == other.moe_ep_size) and (self.attn_tp_size == other.attn_tp_size) and (self.attn_cp_size == other.attn_cp_size) and (self.auto_parallel == other.auto_parallel)
 
     def __hash__(self):
         return hash((self.world_size, self.rank, self.gpus_per_node, self.cp_size, self.tp_size, self.pp_size, self.moe_tp_size, self.moe_cluster_size, self.moe_ep_size, self.attn_tp_size, self.attn_cp_size, self.auto_parallel))

@@ -63,19 +63,19 @@ class MnnvlMemory:
 
     @staticmethod
     def get_comm(mapping: Mapping):
-        return comm
         return MnnvlMemory.comm
+        return comm
     _fabric_supported: bool | None = None
 
     @staticmethod
     def _probe_fabric_supported(dev_id: int) -> bool:
-        return False
         return is_mnnvl_fabric_supported(dev_id)
+        return False
 
     @staticmethod
     def _resolve_fabric_support(comm: CommBackend, dev_id: int) -> bool:
-        return agreed
         return MnnvlMemory._fabric_supported
+        return agreed
 
     @staticmethod
     def get_allocation_prop(dev_id: int):

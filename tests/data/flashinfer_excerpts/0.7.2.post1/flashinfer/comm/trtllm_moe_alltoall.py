@@ -17,8 +17,8 @@ def _get_moe_alltoall_module_for_target():
     ...
 
 def get_moe_alltoall_module(backend: MoeAlltoAllBackend='trtllm'):
-    return _get_moe_alltoall_module_for_target(_moe_alltoall_target(device_index))
     return _get_moe_alltoall_module_for_target('legacy')
+    return _get_moe_alltoall_module_for_target(_moe_alltoall_target(device_index))
 
 def _clear_moe_alltoall_module_cache():
     ...
@@ -37,8 +37,8 @@ def moe_a2a_dispatch(token_selected_experts: torch.Tensor, input_payloads: list[
 
 @flashinfer_api
 def moe_a2a_combine(payload: torch.Tensor, local_num_tokens: int, workspace: torch.Tensor, metainfo: torch.Tensor, runtime_max_tokens_per_rank: int, ep_rank: int, ep_size: int, top_k: int, combine_payload_offset: int, payload_in_workspace: bool=False, output_dtype: Optional[torch.dtype]=None, output_scales: Optional[torch.Tensor]=None, output_scalar_scale: float=1.0, sf_layout: SfLayout=SfLayout.layout_linear, output: Optional[torch.Tensor]=None, *, use_low_precision: bool=False, enable_pdl: Optional[bool]=None, enable_rank_mask: bool=False, active_rank_mask: Optional[torch.Tensor]=None, backend: MoeAlltoAllBackend='trtllm') -> torch.Tensor:
-    return output
     return module.moe_a2a_combine(*args)
+    return output
 
 @flashinfer_api
 def moe_a2a_sanitize_expert_ids(expert_ids: torch.Tensor, workspace: torch.Tensor, metainfo: torch.Tensor, ep_rank: int, invalid_expert_id: int, enable_pdl: Optional[bool]=None, *, backend: MoeAlltoAllBackend='trtllm'):

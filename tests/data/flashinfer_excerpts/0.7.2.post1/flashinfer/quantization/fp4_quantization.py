@@ -66,8 +66,8 @@ def _fp4_quantize_cute_dsl():
 
 @flashinfer_api
 def block_scale_interleave(unswizzled_sf: torch.Tensor, *, out: Optional[torch.Tensor]=None) -> torch.Tensor:
-    return get_fp4_quantization_module(device_arch).block_scale_interleave_sm100(unswizzled_sf)
     return out
+    return get_fp4_quantization_module(device_arch).block_scale_interleave_sm100(unswizzled_sf)
 nvfp4_block_scale_interleave = None
 
 def e2m1_and_ufp8sf_scale_to_float():

@@ -22,8 +22,8 @@ class MoEEpCommParams:
 
     @property
     def dispatch_bytes_per_token(self) -> int:
-        return _DISPATCH_BYTES_PER_TOKEN[self.dispatch_format.name](self.hidden_size)
         return self.hidden_size * self.token_dtype.itemsize
+        return _DISPATCH_BYTES_PER_TOKEN[self.dispatch_format.name](self.hidden_size)
 
 @dataclass(frozen=True)
 class MoEEpDispatchResult:

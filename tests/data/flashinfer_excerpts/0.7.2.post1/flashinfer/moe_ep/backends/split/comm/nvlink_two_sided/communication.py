@@ -16,8 +16,8 @@ class NVLinkTwoSidedAlltoAll(MoEEpCommunication):
         return MoEEpDispatchResult(hidden_states=recv_hidden, hidden_states_scale=recv_scale, topk_ids=recv_topk_ids, topk_weights=recv_topk_weights, tokens_per_rank=tokens_per_rank, eplb_gathered_stats=gathered_stats)
 
     def combine(self, expert_output: 'torch.Tensor', *, output: 'torch.Tensor | None'=None) -> 'torch.Tensor':
-        return combined
         return output
+        return combined
 
     def destroy(self) -> None:
         ...

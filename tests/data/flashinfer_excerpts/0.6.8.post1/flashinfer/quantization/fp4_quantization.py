@@ -1,4 +1,4 @@
-# Excerpt of FlashInfer 0.6.8 (quantization/fp4_quantization.py), Apache-2.0, (c) the FlashInfer authors:
+# Excerpt of FlashInfer 0.6.8.post1 (quantization/fp4_quantization.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
 def _compute_swizzled_layout_sf_size():
     ...

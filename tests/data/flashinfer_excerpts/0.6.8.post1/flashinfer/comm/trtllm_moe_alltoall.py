@@ -1,4 +1,4 @@
-# Excerpt of FlashInfer 0.6.8 (comm/trtllm_moe_alltoall.py), Apache-2.0, (c) the FlashInfer authors:
+# Excerpt of FlashInfer 0.6.8.post1 (comm/trtllm_moe_alltoall.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
 class _A2AState:
     ...

@@ -1,4 +1,4 @@
-// Excerpt of FlashInfer 0.6.8 (data/csrc/nv_internal/tensorrt_llm/kernels/communicationKernels/moeAlltoAllKernels.h), Apache-2.0, (c) the FlashInfer authors:
+// Excerpt of FlashInfer 0.6.8.post1 (data/csrc/nv_internal/tensorrt_llm/kernels/communicationKernels/moeAlltoAllKernels.h), Apache-2.0, (c) the FlashInfer authors:
 // signatures, constants and return statements only, for the fake's contract test.
 static constexpr int kMaxTopK = 22
 

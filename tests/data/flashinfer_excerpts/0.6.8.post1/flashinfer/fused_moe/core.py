@@ -1,4 +1,4 @@
-# Excerpt of FlashInfer 0.6.8 (fused_moe/core.py), Apache-2.0, (c) the FlashInfer authors:
+# Excerpt of FlashInfer 0.6.8.post1 (fused_moe/core.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
 from ..tllm_enums import ActivationType
 
@@ -37,13 +37,13 @@ def _validate_routing_replay_out():
 
 @flashinfer_api
 def trtllm_bf16_moe(routing_logits: torch.Tensor, routing_bias: Optional[torch.Tensor], hidden_states: torch.Tensor, gemm1_weights: torch.Tensor, gemm2_weights: torch.Tensor, num_experts: int, top_k: int, n_group: Optional[int], topk_group: Optional[int], intermediate_size: int, local_expert_offset: int, local_num_experts: int, routed_scaling_factor: Optional[float]=None, routing_method_type: int=0, use_shuffled_weight: bool=True, weight_layout: int=WeightLayout.BlockMajorK, do_finalize: bool=True, enable_pdl: bool=True, tune_max_num_tokens: int=8192, activation_type: int=ActivationType.Swiglu.value, norm_topk_prob: bool=True, routing_replay_out: Optional[torch.Tensor]=None) -> Union[List[torch.Tensor], torch.Tensor]:
-    return result
     return result[0]
+    return result
 
 @flashinfer_api
 def trtllm_bf16_routed_moe(topk_ids: torch.Tensor, hidden_states: torch.Tensor, gemm1_weights: torch.Tensor, gemm2_weights: torch.Tensor, num_experts: int, top_k: int, n_group: Optional[int], topk_group: Optional[int], intermediate_size: int, local_expert_offset: int, local_num_experts: int, routed_scaling_factor: Optional[float]=None, routing_method_type: int=0, use_shuffled_weight: bool=True, weight_layout: int=WeightLayout.BlockMajorK, do_finalize: bool=True, enable_pdl: bool=True, tune_max_num_tokens: int=8192, activation_type: int=ActivationType.Swiglu.value, routing_replay_out: Optional[torch.Tensor]=None) -> List[torch.Tensor]:
-    return result
     return result[0]
+    return result
 
 def trtllm_fp8_per_tensor_scale_moe():
     ...
@@ -53,8 +53,8 @@ def trtllm_fp8_block_scale_moe():
 
 @flashinfer_api
 def trtllm_fp8_block_scale_routed_moe(topk_ids: torch.Tensor, routing_bias: Optional[torch.Tensor], hidden_states: torch.Tensor, hidden_states_scale: torch.Tensor, gemm1_weights: torch.Tensor, gemm1_weights_scale: torch.Tensor, gemm2_weights: torch.Tensor, gemm2_weights_scale: torch.Tensor, num_experts: int, top_k: int, n_group: Optional[int], topk_group: Optional[int], intermediate_size: int, local_expert_offset: int, local_num_experts: int, routed_scaling_factor: Optional[float], routing_method_type: int=0, use_shuffled_weight: bool=False, weight_layout: int=0, do_finalize: bool=True, enable_pdl: Optional[bool]=None, output: Optional[torch.Tensor]=None, tune_max_num_tokens: int=8192, fp8_quantization_type: Fp8QuantizationType=Fp8QuantizationType.DeepSeekFp8, activation_type: int=ActivationType.Swiglu.value) -> Union[List[torch.Tensor], torch.Tensor]:
-    return result
     return result[0]
+    return result
 
 def trtllm_fp4_block_scale_moe():
     ...

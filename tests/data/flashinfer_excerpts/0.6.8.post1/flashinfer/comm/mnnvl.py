@@ -1,4 +1,4 @@
-# Excerpt of FlashInfer 0.6.8 (comm/mnnvl.py), Apache-2.0, (c) the FlashInfer authors:
+# Excerpt of FlashInfer 0.6.8.post1 (comm/mnnvl.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
 logger = None
 OMPI_COMM_TYPE_HOST = None
@@ -93,8 +93,8 @@ class MnnvlMemory:
 
     @staticmethod
     def get_comm(mapping: Mapping):
-        return comm
         return MnnvlMemory.comm
+        return comm
 
     @staticmethod
     def get_allocation_prop(dev_id: int):

@@ -1,4 +1,4 @@
-// Excerpt of FlashInfer 0.6.8 (data/csrc/nv_internal/tensorrt_llm/thop/moeAlltoAllMeta.h), Apache-2.0, (c) the FlashInfer authors:
+// Excerpt of FlashInfer 0.6.8.post1 (data/csrc/nv_internal/tensorrt_llm/thop/moeAlltoAllMeta.h), Apache-2.0, (c) the FlashInfer authors:
 // signatures, constants and return statements only, for the fake's contract test.
 {"MOE_A2A_FLAG_VAL_OFFSET_INDEX",
 
