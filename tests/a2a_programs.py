@@ -368,11 +368,11 @@ def slot_order_probe(ctx, mode: str):
         kernels.SlotOrder.mode = "shuffled"
 
 
-def moe_ep_round_trip(ctx, case: Case, backend: str, workspace_output: bool):
-    """0.7.2's ``flashinfer.moe_ep``: dispatch through ``create_communication``, the weighted
-    experts on the received rows, combine. Returns the combined ``[T, H]`` output, how many rows
-    arrived with a token and whether every other row carries the invalid id in every slot."""
-    set_profile("0.7.2")
+def moe_ep_round_trip(ctx, case: Case, backend: str, workspace_output: bool, profile: str):
+    """``flashinfer.moe_ep`` of ``profile``: dispatch through ``create_communication``, the
+    weighted experts on the received rows, combine. Returns the combined ``[T, H]`` output and
+    how many rows arrived with a token (every other row carries the invalid id in every slot)."""
+    set_profile(profile)
     from fakes.flashinfer import moe_ep
 
     R, me, S, E = ctx.layout.ep_size, ctx.coords.ep_rank, case.rtm, case.num_experts
@@ -385,7 +385,8 @@ def moe_ep_round_trip(ctx, case: Case, backend: str, workspace_output: bool):
               else moe_ep.NVLinkTwoSidedConfig(comm_backend=ep_mapping_and_config(ctx)[1].comm_backend))
     comm = moe_ep.create_communication(bootstrap, params, config)
     x_TH, ids_TK, w_TK = rank_inputs(case, me)
-    got = comm.dispatch(x_TH, ids_TK, w_TK, max_tokens_per_rank=S)
+    step = {"max_tokens_per_rank" if profile == "0.7.2" else "runtime_max_tokens_per_rank": S}
+    got = comm.dispatch(x_TH, ids_TK, w_TK, **step)
     assert got.hidden_states.shape == (R * S, case.hidden) and got.tokens_per_rank == S
     out_NH = comm.get_combine_input_buffer(case.dtype) if workspace_output else None
     if out_NH is None:

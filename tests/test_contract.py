@@ -108,10 +108,10 @@ def test_contract_bad_source_is_a_clear_error(tmp_path):
         open_source(str(tmp_path))
     with pytest.raises(SourceError, match="expected a release number"):
         open_source("latest")
-    with pytest.raises(ValueError, match="no fake profile imitates flashinfer 0.7.4"):
+    with pytest.raises(ValueError, match="no fake profile imitates flashinfer 0.7.3"):
         from testbed.contract import profile_for
 
-        profile_for("0.7.4")
+        profile_for("0.7.3")
 
 
 def test_install_resolves_flashinfer_to_the_fake(tmp_path, monkeypatch):

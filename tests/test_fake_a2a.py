@@ -83,15 +83,18 @@ def test_fake_a2a_slot_order_deterministic_and_shuffled(cluster):
     assert any(shuf[me][src] != det[me][src] for me in range(R) for src in range(R))
 
 
-@pytest.mark.parametrize("backend, world, workspace_output", [
-    ("nvlink_one_sided", 2, False), ("nvlink_one_sided", 4, True), ("nvlink_two_sided", 2, False),
-    ("nvlink_two_sided", 4, False)])
-def test_fake_moe_ep_round_trip_matches_dense_reference(cluster, backend, world, workspace_output):
+@pytest.mark.parametrize("backend, world, workspace_output, profile, top_k", [
+    ("nvlink_one_sided", 2, False, "0.7.2", 2), ("nvlink_one_sided", 4, True, "0.7.2", 2),
+    ("nvlink_two_sided", 2, False, "0.7.2", 2), ("nvlink_two_sided", 4, False, "0.7.2", 2),
+    ("nvlink_one_sided", 2, True, "0.7.4", 3), ("nvlink_one_sided", 4, False, "0.7.4", 2),
+    ("nvlink_two_sided", 4, False, "0.7.4", 2)])
+def test_fake_moe_ep_round_trip_matches_dense_reference(cluster, backend, world, workspace_output, profile, top_k):
     from a2a_programs import moe_ep_round_trip, targets_of
 
-    case = Case(num_experts=4 * world, top_k=2, hidden=16, tokens_per_rank=(3, 0) + (5,) * (world - 2), seed=world)
-    results = cluster.run(moe_ep_round_trip, ParallelLayout(world, dp=world), (case, backend, workspace_output),
-                          timeout_s=120)
+    case = Case(num_experts=4 * world, top_k=top_k, hidden=16, tokens_per_rank=(3, 0) + (5,) * (world - 2),
+                seed=world)
+    results = cluster.run(moe_ep_round_trip, ParallelLayout(world, dp=world),
+                          (case, backend, workspace_output, profile), timeout_s=120)
     for me, (out, with_token) in enumerate(results):
         ref = reference_output(case, me)
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * _scale(ref))

@@ -26,20 +26,29 @@ class Profile:
     backend_kw: bool  # backend="trtllm" keyword (0.7.x)
     top_k_kernels: tuple[int, ...]  # the top_k values SWITCH_TOP_K instantiates (moeAlltoAllKernels.cu)
     init_barrier: bool  # MoeAlltoAll barriers after zeroing its workspace row (0.7.x); before, the caller must
+    rank_mask_words: int  # uint64 words of an active-rank mask (kRankMaskWords)
     # Modules under flashinfer the fake does not provide for this release: not shipped, or not
     # imitated (0.6.14/0.6.16's moe_ep is the NCCL-EP/NIXL-EP API, which holds no NVLink class).
     absent_modules: tuple[str, ...]
+    # moe_ep's NVLink backends run their own JIT kernels (nvlink_one_sided_alltoall.cu, 0.7.4)
+    # instead of wrapping MoeAlltoAll / MnnvlMoe (0.7.2).
+    moe_ep_kernels: bool = False
 
 
 _TOP_K_0_6_8 = (1, 2, 4, 6, 8, 10, 16, 22)
 _TOP_K_0_6_16 = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 22)
+_TOP_K_0_7_4 = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 22)
+# 0.7.4 removed the one-sided MoeAlltoAll and the two-sided MnnvlMoe: flashinfer.moe_ep's NVLink
+# backends are the only way in, with their own kernels (nvlink_one_sided_alltoall.cu).
+_REMOVED_0_7_4 = ("comm.trtllm_moe_alltoall", "comm.trtllm_alltoall")
 PROFILES = {
     p.name: p
     for p in (
-        Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, ("moe_ep",)),
-        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, ("moe_ep",)),
-        Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False, ("moe_ep",)),
-        Profile("0.7.2", 22, 6, 64, False, True, True, True, True, _TOP_K_0_6_16, True, ()),
+        Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, 1, ("moe_ep",)),
+        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, 1, ("moe_ep",)),
+        Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False, 1, ("moe_ep",)),
+        Profile("0.7.2", 22, 6, 64, False, True, True, True, True, _TOP_K_0_6_16, True, 1, ()),
+        Profile("0.7.4", 22, 4, 256, False, True, True, True, True, _TOP_K_0_7_4, True, 4, _REMOVED_0_7_4, True),
     )
 }
 DEFAULT_PROFILE = "0.7.2"
@@ -56,6 +65,14 @@ def set_profile(name: str) -> Profile:
 
 def active() -> Profile:
     return _active
+
+
+def removed_module(module: str) -> AttributeError:
+    """What reaching into ``module`` (a fake module path) raises under a profile whose release
+    does not ship it: the real ``import`` fails, so the fake's names must not serve either."""
+    path = module.removeprefix("fakes.flashinfer.")
+    return AttributeError(f"flashinfer {_active.name} does not ship flashinfer.{path} "
+                          f"(import flashinfer.{path} fails there)")
 
 
 @contextlib.contextmanager

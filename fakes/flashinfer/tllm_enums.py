@@ -46,6 +46,12 @@ _MEMBERS = {
         "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "Situ", "InvalidType", "ClampedRelu2"],
         "Fp8QuantizationType": _FP8 + ["PerTensorFp8", "PerChannelFp8"],
     },
+    "0.7.4": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "TopKSigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "Situ", "InvalidType", "ClampedRelu2",
+                                         "PowLU"],
+        "Fp8QuantizationType": _FP8 + ["PerTensorFp8", "PerChannelFp8"],
+    },
 }
 
 

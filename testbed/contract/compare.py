@@ -231,7 +231,8 @@ def _compare_reexports(loader: RealTree, rows: dict) -> None:
 
 
 _CONSTANT = re.compile(r"static\s+constexpr\s+int\s+(kMax\w+)\s*=\s*(\d+)")
-_METAINFO = re.compile(r'\{"MOE_A2A_(\w+?)(?:_OFFSET_INDEX)?",')
+# Field indices only: 0.7.4's list goes on with kernel limits (``{"MOE_A2A_MAX_RANKS", kMaxRanks}``).
+_METAINFO = re.compile(r'\{"MOE_A2A_(\w+?)(?:_OFFSET_INDEX)?",\s*(?!k)\w+\}')
 _SWITCH = re.compile(r"#define\s+SWITCH_TOP_K\(.*?(?=\n\s*\n|\n#)", re.S)
 CONSTANT_PATTERNS = (_CONSTANT, _METAINFO, _SWITCH)  # what an excerpt of a C++ file keeps
 
@@ -242,18 +243,26 @@ def _compare_kernel_constants(source: Source, profile, rows: dict) -> None:
     meta = source.find("moeAlltoAllMeta.h")
     if header is None and kernels is None and meta is None:
         return  # a release without the TRT-LLM one-sided kernels
-    from fakes.flashinfer.comm import moe_a2a_kernels
-
     real = dict(_CONSTANT.findall(header or ""))
     fake = {"kMaxTopK": profile.k_max_top_k, "kMaxPayloads": profile.k_max_payloads,
             "kMaxRanks": profile.k_max_ranks}
     for name, value in fake.items():
         rows[f"csrc {name}"] = (real.get(name, MISSING), str(value))
     fields = [f for f in _METAINFO.findall(meta or "") if f != "NUM_METAINFO_FIELDS"]
-    rows["csrc metainfo fields"] = (repr(fields), repr(list(moe_a2a_kernels.metainfo_fields(profile))))
+    rows["csrc metainfo fields"] = (repr(fields), repr(list(_fake_metainfo_fields(profile))))
     switch = _SWITCH.search(kernels or "")
     cases = sorted(int(c) for c in re.findall(r"case\s+(\d+)\s*:", switch.group(0))) if switch else []
     rows["csrc SWITCH_TOP_K cases"] = (repr(cases), repr(sorted(profile.top_k_kernels)))
+
+
+def _fake_metainfo_fields(profile) -> tuple[str, ...]:
+    if profile.moe_ep_kernels:
+        from fakes.flashinfer.moe_ep import one_sided_ops
+
+        return one_sided_ops.METAINFO_FIELDS
+    from fakes.flashinfer.comm import moe_a2a_kernels
+
+    return moe_a2a_kernels.metainfo_fields(profile)
 
 
 def format_report(report: Report, everything: bool = False) -> str:

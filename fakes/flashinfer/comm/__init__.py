@@ -12,7 +12,10 @@ _FROM_A2A = (
 
 
 def _a2a_names() -> tuple[str, ...]:
-    return _FROM_A2A + (("moe_a2a_active_rank_mask",) if profiles.active().eplb_and_rank_mask else ())
+    profile = profiles.active()
+    if "comm.trtllm_moe_alltoall" in profile.absent_modules:
+        return ()
+    return _FROM_A2A + (("moe_a2a_active_rank_mask",) if profile.eplb_and_rank_mask else ())
 
 
 def __getattr__(name: str):

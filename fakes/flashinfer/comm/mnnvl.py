@@ -222,7 +222,30 @@ class _MnnvlMemory_0_6_16(_MnnvlMemory):
         return _MnnvlMemory.allocated_map[self.ptr].mapped
 
 
-for _cls in (_MnnvlMemory_0_6, _MnnvlMemory_0_6_16):
+class _MnnvlMemory_0_7_4(_MnnvlMemory_0_6_16):
+    """0.7.4 chooses FABRIC handles or POSIX file descriptors collectively; the fake's shared
+    memory stands in for FABRIC handles (what CFT counted writes would need)."""
+
+    @property
+    def fabric_handles(self) -> bool:
+        return True
+
+    @property
+    def local_mem_handle(self) -> int:
+        return self.ptr
+
+    @staticmethod
+    def uses_fabric_handles(comm: CommBackend, dev_id: int) -> bool:
+        return all(comm.allgather(True))
+
+    @staticmethod
+    def get_allocation_prop(dev_id, handle_type):
+        return SimpleNamespace(type="CU_MEM_ALLOCATION_TYPE_PINNED",
+                               location=SimpleNamespace(type="CU_MEM_LOCATION_TYPE_DEVICE", id=dev_id),
+                               requestedHandleTypes=handle_type)
+
+
+for _cls in (_MnnvlMemory_0_6, _MnnvlMemory_0_6_16, _MnnvlMemory_0_7_4):
     _cls.__name__ = _cls.__qualname__ = "MnnvlMemory"
 
 __fake_only__ = ("on_scenario_end",)
@@ -233,6 +256,8 @@ def __getattr__(name: str):
     if name == "CommBackend":
         return _CommBackendProtocol if new else _CommBackendABC
     if name == "MnnvlMemory":
+        if profiles.active().moe_ep_kernels:
+            return _MnnvlMemory_0_7_4
         return _MnnvlMemory_0_6_16 if new else _MnnvlMemory_0_6
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

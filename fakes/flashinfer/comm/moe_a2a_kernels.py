@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -29,7 +30,22 @@ NUM_METAINFO_FIELDS = len(METAINFO_FIELDS)
 (FLAG_VAL, LOCAL_TOKEN_COUNTER, SEND_COUNTERS, RECV_COUNTERS, DISPATCH_FLAGS, COMBINE_FLAGS,
  TOPK_TARGET_RANKS, TOPK_SEND_INDICES, EPLB_GATHERED_STATS, PAYLOAD_DATA) = range(NUM_METAINFO_FIELDS)
 ALIGN = 128
-RANK_MASK_WORDS = 1
+
+
+class Regions(NamedTuple):
+    """Byte offsets, in every rank's row, of what the kernels read and write: 0.7.2's metainfo
+    order (so ``regions[FLAG_VAL]`` works too); 0.7.4's layout maps onto the same names."""
+
+    FLAG_VAL: int
+    LOCAL_TOKEN_COUNTER: int
+    SEND_COUNTERS: int
+    RECV_COUNTERS: int
+    DISPATCH_FLAGS: int
+    COMBINE_FLAGS: int
+    TOPK_TARGET_RANKS: int
+    TOPK_SEND_INDICES: int
+    EPLB_GATHERED_STATS: int
+    PAYLOAD_DATA: int
 
 
 def metainfo_fields(profile: Profile) -> tuple[str, ...]:
@@ -151,7 +167,7 @@ def _check_workspace_and_metainfo(workspace, metainfo, ep_size, profile: Profile
     return offsets
 
 
-def _check_rank_mask(mask, ep_rank: int) -> list[bool] | None:
+def _check_rank_mask(mask, ep_rank: int, words: int) -> list[bool] | None:
     """``resolveActiveRankMask``: the active flag of every rank, or None for no mask."""
     if mask is None:
         return None
@@ -159,19 +175,21 @@ def _check_rank_mask(mask, ep_rank: int) -> list[bool] | None:
     icheck(mask.is_contiguous(), "t.IsContiguous()", "active_rank_mask must be contiguous")
     icheck(mask.dtype == torch.uint64, "t.dtype() == dl_uint64", "active_rank_mask must be uint64")
     icheck_eq(mask.dim(), 1, "t.ndim()", "1", "active_rank_mask must be a 1D tensor")
-    icheck_eq(mask.size(0), RANK_MASK_WORDS, "t.size(0)", "kRankMaskWords",
-              f"active_rank_mask must have exactly {RANK_MASK_WORDS} uint64 elements")
-    word = int(mask.view(torch.int64)[0].item()) & 0xFFFFFFFFFFFFFFFF
-    icheck((word >> ep_rank) & 1 == 1, "(out[epRank >> 6] >> (epRank & 63)) & 1ULL",
+    icheck_eq(mask.size(0), words, "t.size(0)", "kRankMaskWords",
+              f"active_rank_mask must have exactly {words} uint64 elements")
+    bits = 0
+    for w, word in enumerate(mask.view(torch.int64).tolist()):
+        bits |= (word & 0xFFFFFFFFFFFFFFFF) << (64 * w)
+    icheck((bits >> ep_rank) & 1 == 1, "(out[epRank >> 6] >> (epRank & 63)) & 1ULL",
            f"active_rank_mask must mark the local ep_rank ({ep_rank}) as active")
-    return [bool((word >> r) & 1) for r in range(64)]
+    return [bool((bits >> r) & 1) for r in range(64 * words)]
 
 
 def _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank):
     if enable_rank_mask:
         icheck(active_rank_mask is not None, "hasActiveRankMask(maskTensor)",
                "active_rank_mask must be defined when enable_rank_mask=True")
-        return _check_rank_mask(active_rank_mask, ep_rank)
+        return _check_rank_mask(active_rank_mask, ep_rank, profile.rank_mask_words)
     icheck(active_rank_mask is None, "!hasActiveRankMask(activeRankMask)",
            "active_rank_mask requires enable_rank_mask=True")
     return None
@@ -184,18 +202,19 @@ def _switch_top_k(top_k: int, launch: str, profile: Profile) -> None:
         raise RuntimeError(f"Error in function '{launch}' at {KERNELS_CU}: Unsupported top_k")
 
 
-def _wait_flags(workspace, ep_rank, offset, peers, expected, phase):
-    """Spin (with back-off) until every peer wrote ``expected`` into our completion flags."""
+def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
+    """Spin (with back-off) until every peer wrote ``expected`` into our completion flags; past
+    ``timeout_s`` the kernel traps."""
     flags = _i32(workspace, ep_rank, offset, workspace.size(0))
     peers_t = torch.tensor(peers, dtype=torch.long)
-    deadline = time.monotonic() + FLAG_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     delay = 20e-6
     while True:
         missing = peers_t[flags[peers_t] != expected]
         if missing.numel() == 0:
             return
         if time.monotonic() > deadline:
-            Trap.reason = (f"{phase}: rank {ep_rank} timed out after {FLAG_TIMEOUT_S:g} s waiting for "
+            Trap.reason = (f"{phase}: rank {ep_rank} timed out after {timeout_s:g} s waiting for "
                            f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})")
             raise CompletionTimeout(Trap.reason)
         time.sleep(delay)
@@ -290,9 +309,32 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
             "does not check and would overwrite the next source rank's slots"
         )
 
-    # moeA2APrepareDispatchKernel
-    me = ep_rank
-    flag = _i32(workspace, me, offsets[FLAG_VAL], 1)
+    local_offsets, off = [], offsets[PAYLOAD_DATA]
+    for size in sizes:
+        local_offsets.append(off)
+        off += size
+    put(ids_TK, payloads, workspace, Regions(*offsets), local_offsets, rtm, ep_rank, ep_size, num_experts,
+        eplb_local_stats, active, recv_parity=None, timeout_s=FLAG_TIMEOUT_S)
+    base = ep_rank * workspace.stride(0)
+    eplb_offset = base + offsets[EPLB_GATHERED_STATS] if n_eplb else -1
+    return [base + o for o in local_offsets], sizes, align(off), eplb_offset, n_eplb
+
+
+def _recv_counters_at(regions: "Regions", ep_size: int, parity: int | None) -> int:
+    """Byte offset of the received-count array: one ``[ep_size]`` array before 0.7.4, then
+    one per round parity (``[2][ep_size]``)."""
+    return regions.RECV_COUNTERS + (0 if parity is None else 4 * ep_size * parity)
+
+
+def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, ep_size, num_experts,
+        eplb_local_stats, active, recv_parity, timeout_s):
+    """``moeA2APrepareDispatchKernel`` and ``moeA2ADispatchKernel`` after the op's checks:
+    put each token's payloads into the rows of the ranks owning its experts (payload ``i`` of
+    source ``me`` at ``recv_offsets[i]`` of the target's row, ``[ep_size, rtm, bytes]``), post
+    the counts and flags, wait for every peer's. ``recv_parity``: which of 0.7.4's two count
+    arrays this round writes (None before 0.7.4). Returns the round's flag value."""
+    T, top_k = ids_TK.shape
+    flag = _i32(workspace, me, regions.FLAG_VAL, 1)
     flag += 1
     expected = int(flag.item())
     peers = [r for r in range(ep_size) if active is None or active[r]]
@@ -318,19 +360,14 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     send_TK = torch.full((T, top_k), -1, dtype=torch.int32)
     send_TK[tok, lane] = slot.to(torch.int32)
     tgt_TK = torch.where(valid_TK, target_TK, -1).to(torch.int32)
-    _i32(workspace, me, offsets[TOPK_TARGET_RANKS], T * top_k)[:] = tgt_TK.flatten()
-    _i32(workspace, me, offsets[TOPK_SEND_INDICES], T * top_k)[:] = send_TK.flatten()
-    _i32(workspace, me, offsets[SEND_COUNTERS], ep_size)[:] = counts_R.to(torch.int32)
+    _i32(workspace, me, regions.TOPK_TARGET_RANKS, T * top_k)[:] = tgt_TK.flatten()
+    _i32(workspace, me, regions.TOPK_SEND_INDICES, T * top_k)[:] = send_TK.flatten()
+    _i32(workspace, me, regions.SEND_COUNTERS, ep_size)[:] = counts_R.to(torch.int32)
 
     # is_contiguous() ignores the strides of size-1 and empty dims (the kernel only needs the
     # row-major bytes); view() does not: read each payload through its row-major strides.
     bytes_TB = [p.as_strided(p.shape, (p.size(1), 1)).view(torch.uint8).reshape(T, p.size(1) * p.element_size())
                 for p in payloads]
-    local_offsets = []
-    off = offsets[PAYLOAD_DATA]
-    for size in sizes:
-        local_offsets.append(off)
-        off += size
     for r in peers:
         sel = dest == r
         n = int(counts_R[r])
@@ -339,19 +376,18 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
         # A target's slots are a permutation of 0..n-1: gather in slot order straight into
         # the peer's contiguous block (index_select copies whole rows).
         by_slot = tok[sel][torch.argsort(slot[sel])]
-        for data_TB, local_off, size in zip(bytes_TB, local_offsets, sizes):
-            region_RSB = workspace[r, local_off:local_off + size].view(ep_size, rtm, -1)
+        for data_TB, at in zip(bytes_TB, recv_offsets):
+            region_RSB = workspace[r, at:at + ep_size * rtm * data_TB.size(1)].view(ep_size, rtm, -1)
             torch.index_select(data_TB, 0, by_slot, out=region_RSB[me, :n])
+    recv_at = _recv_counters_at(regions, ep_size, recv_parity)
+    n_eplb = 0 if eplb_local_stats is None else eplb_local_stats.size(0)
     for r in peers:
-        _i32(workspace, r, offsets[RECV_COUNTERS] + 4 * me, 1)[0] = int(counts_R[r])
+        _i32(workspace, r, recv_at + 4 * me, 1)[0] = int(counts_R[r])
         if n_eplb:
-            _i32(workspace, r, offsets[EPLB_GATHERED_STATS] + 4 * me * n_eplb, n_eplb)[:] = eplb_local_stats
-    _post_flags(workspace, me, offsets[DISPATCH_FLAGS], peers, expected)
-    _wait_flags(workspace, me, offsets[DISPATCH_FLAGS], peers, expected, "dispatch")
-
-    base = me * workspace.stride(0)
-    eplb_offset = base + offsets[EPLB_GATHERED_STATS] if n_eplb else -1
-    return [base + o for o in local_offsets], sizes, align(off), eplb_offset, n_eplb
+            _i32(workspace, r, regions.EPLB_GATHERED_STATS + 4 * me * n_eplb, n_eplb)[:] = eplb_local_stats
+    _post_flags(workspace, me, regions.DISPATCH_FLAGS, peers, expected)
+    _wait_flags(workspace, me, regions.DISPATCH_FLAGS, peers, expected, "dispatch", timeout_s)
+    return expected
 
 
 _COMBINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -404,35 +440,47 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
                f"output dtype must match {'bf16 (use_low_precision)' if use_low_precision else 'payload dtype'} "
                f"(expected {out_dtype}, got {output.dtype})")
     active = _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank)
-    peers = [r for r in range(ep_size) if active is None or active[r]]
+    return get(payload_RSH, T, workspace, Regions(*offsets), combine_offset, me, ep_size, top_k,
+               payload_in_workspace, use_low_precision, active, output, out_dtype, recv_parity=None,
+               timeout_s=FLAG_TIMEOUT_S)
 
-    # moeA2APrepareCombineKernel: stage this rank's results where the sources will read them.
-    flag = _i32(workspace, me, offsets[FLAG_VAL], 1)
+
+def get(payload_RSH, T, workspace, regions: "Regions", combine_offset, me, ep_size, top_k, payload_in_workspace,
+        use_low_precision, active, output, out_dtype, recv_parity, timeout_s):
+    """``moeA2APrepareCombineKernel`` and ``moeA2ACombineKernel`` after the op's checks: stage
+    this rank's expert outputs in its combine region, post and wait for the flags, then sum
+    for each local token the rows its target ranks hold for it. ``[T, H]`` (into ``output``
+    if given)."""
+    H = payload_RSH.size(2)
+    payload_bytes = payload_RSH.numel() * payload_RSH.element_size()
+    peers = [r for r in range(ep_size) if active is None or active[r]]
+    flag = _i32(workspace, me, regions.FLAG_VAL, 1)
     flag += 1
     expected = int(flag.item())
-    region_RSH = workspace[me, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, rtm, H)
-    recv_R = _i32(workspace, me, offsets[RECV_COUNTERS], ep_size).tolist()
+    region_RSH = workspace[me, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, -1, H)
+    recv_R = _i32(workspace, me, _recv_counters_at(regions, ep_size, recv_parity), ep_size).tolist()
     if not payload_in_workspace:
         for src, n in enumerate(recv_R):
-            if n:
+            if n > 0:
                 region_RSH[src, :n] = payload_RSH[src, :n]
     if use_low_precision:
         for src, n in enumerate(recv_R):
-            region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
-    _post_flags(workspace, me, offsets[COMBINE_FLAGS], peers, expected)
-    _wait_flags(workspace, me, offsets[COMBINE_FLAGS], peers, expected, "combine")
+            if n > 0:
+                region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
+    _post_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected)
+    _wait_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected, "combine", timeout_s)
     if Hooks.before_combine_read is not None:
-        Hooks.before_combine_read(workspace, me, offsets)
+        Hooks.before_combine_read(workspace, me, regions)
 
     # moeA2ACombineKernel: sum, per local token, the rows its target ranks hold for it.
-    tgt_TK = _i32(workspace, me, offsets[TOPK_TARGET_RANKS], T * top_k).view(T, top_k)
-    send_TK = _i32(workspace, me, offsets[TOPK_SEND_INDICES], T * top_k).view(T, top_k)
+    tgt_TK = _i32(workspace, me, regions.TOPK_TARGET_RANKS, T * top_k).view(T, top_k)
+    send_TK = _i32(workspace, me, regions.TOPK_SEND_INDICES, T * top_k).view(T, top_k)
     acc_TH = torch.zeros(T, H, dtype=torch.float32)
     for r in peers:
         tok, lane = ((tgt_TK == r) & (send_TK >= 0)).nonzero(as_tuple=True)
         if tok.numel() == 0:
             continue
-        peer_RSH = workspace[r, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, rtm, H)
+        peer_RSH = workspace[r, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, -1, H)
         rows_PH = peer_RSH[me].index_select(0, send_TK[tok, lane].long())
         acc_TH.index_add_(0, tok, rows_PH.float())
     if output is None:

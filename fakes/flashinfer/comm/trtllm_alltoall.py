@@ -41,7 +41,7 @@ def _comm_of(workspace: torch.Tensor):
     for record in _MnnvlMemory.allocated_map.values():
         if record.segment.data_ptr() == workspace.data_ptr():
             return record.comm
-    raise RuntimeError("workspace is not an MNNVL allocation of this scenario (use MnnvlMoe.get_moe_workspaces)")
+    raise RuntimeError("workspace is not an MNNVL allocation of this scenario (use _MnnvlMoe.get_moe_workspaces)")
 
 
 def _fill(n: int, values: torch.Tensor, pad) -> torch.Tensor:
@@ -284,7 +284,7 @@ class MoEAlltoallInfo:
     local_token_allocation_count: int
 
 
-class MnnvlMoe:
+class _MnnvlMoe:
     """NVLink two-sided MoE all-to-all-v over MNNVL workspaces (static methods only)."""
 
     moe_workspace: _MnnvlMemory = None
@@ -296,29 +296,29 @@ class MnnvlMoe:
     @staticmethod
     def get_moe_workspaces(mapping: Mapping, config: Optional[MnnvlConfig] = None):
         _warn_deprecated()
-        if MnnvlMoe.moe_workspace is not None:
-            assert mapping == MnnvlMoe.moe_mapping, "only one moe mapping supported now"
-            return MnnvlMoe.moe_workspace_tensor
-        MnnvlMoe.moe_mapping = mapping
+        if _MnnvlMoe.moe_workspace is not None:
+            assert mapping == _MnnvlMoe.moe_mapping, "only one moe mapping supported now"
+            return _MnnvlMoe.moe_workspace_tensor
+        _MnnvlMoe.moe_mapping = mapping
         if config:
             _MnnvlMemory.set_comm_from_config(mapping, config)
-        MnnvlMoe.moe_workspace = mnnvl.MnnvlMemory(mapping, get_moe_commworkspace_size_per_rank(mapping.tp_size))
-        MnnvlMoe.moe_workspace_tensor = MnnvlMoe.moe_workspace.as_torch_strided_tensor(torch.uint64)
-        return MnnvlMoe.moe_workspace_tensor
+        _MnnvlMoe.moe_workspace = mnnvl.MnnvlMemory(mapping, get_moe_commworkspace_size_per_rank(mapping.tp_size))
+        _MnnvlMoe.moe_workspace_tensor = _MnnvlMoe.moe_workspace.as_torch_strided_tensor(torch.uint64)
+        return _MnnvlMoe.moe_workspace_tensor
 
     @staticmethod
     def get_moe_prepare_workspace(mapping: Mapping, config: Optional[MnnvlConfig] = None):
         _warn_deprecated()
-        if MnnvlMoe.moe_prepare_workspace_tensor is not None:
-            assert mapping == MnnvlMoe.moe_mapping, "only one moe mapping supported now"
-            return MnnvlMoe.moe_prepare_workspace_tensor
+        if _MnnvlMoe.moe_prepare_workspace_tensor is not None:
+            assert mapping == _MnnvlMoe.moe_mapping, "only one moe mapping supported now"
+            return _MnnvlMoe.moe_prepare_workspace_tensor
         if config:
             _MnnvlMemory.set_comm_from_config(mapping, config)
-        MnnvlMoe.moe_prepare_workspace = mnnvl.MnnvlMemory(
+        _MnnvlMoe.moe_prepare_workspace = mnnvl.MnnvlMemory(
             mapping, get_moe_prepare_workspace_size_per_rank(mapping.tp_size)
         )
-        MnnvlMoe.moe_prepare_workspace_tensor = MnnvlMoe.moe_prepare_workspace.as_torch_strided_tensor(torch.uint64)
-        return MnnvlMoe.moe_prepare_workspace_tensor
+        _MnnvlMoe.moe_prepare_workspace_tensor = _MnnvlMoe.moe_prepare_workspace.as_torch_strided_tensor(torch.uint64)
+        return _MnnvlMoe.moe_prepare_workspace_tensor
 
     @staticmethod
     def compute_target_rank_id(token_selected_experts: torch.Tensor, expert_count: int, ep_size: int):
@@ -375,9 +375,24 @@ class MnnvlMoe:
 
     @staticmethod
     def _forget_scenario() -> None:
-        MnnvlMoe.moe_workspace = MnnvlMoe.moe_prepare_workspace = None
-        MnnvlMoe.moe_workspace_tensor = MnnvlMoe.moe_prepare_workspace_tensor = None
-        MnnvlMoe.moe_mapping = None
+        _MnnvlMoe.moe_workspace = _MnnvlMoe.moe_prepare_workspace = None
+        _MnnvlMoe.moe_workspace_tensor = _MnnvlMoe.moe_prepare_workspace_tensor = None
+        _MnnvlMoe.moe_mapping = None
 
 
-on_scenario_end(MnnvlMoe._forget_scenario)
+on_scenario_end(_MnnvlMoe._forget_scenario)
+
+
+_MnnvlMoe.__name__ = _MnnvlMoe.__qualname__ = "MnnvlMoe"
+
+
+def __getattr__(name: str):
+    if name == "MnnvlMoe":
+        if "comm.trtllm_alltoall" in profiles.active().absent_modules:
+            raise profiles.removed_module(__name__)
+        return _MnnvlMoe
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"MnnvlMoe"})

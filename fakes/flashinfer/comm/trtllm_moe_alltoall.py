@@ -34,7 +34,7 @@ def _active_rank_mask(active_ranks: Sequence[int], ep_size: int) -> torch.Tensor
         rank = int(rank)
         assert 0 <= rank < ep_size, f"rank {rank} out of range [0, {ep_size})"
         mask |= 1 << rank
-    words = [(mask >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(kernels.RANK_MASK_WORDS)]
+    words = [(mask >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(profiles.active().rank_mask_words)]
     # torch cannot build uint64 from Python ints >= 2**63; go through int64 bits.
     signed = [w - (1 << 64) if w >= 1 << 63 else w for w in words]
     return torch.tensor(signed, dtype=torch.int64).view(torch.uint64)
@@ -602,7 +602,7 @@ _0_6 = {
 }
 _0_6_16 = {
     **_COMMON,
-    "MOE_A2A_RANK_MASK_WORDS": kernels.RANK_MASK_WORDS,
+    "MOE_A2A_RANK_MASK_WORDS": profiles.PROFILES["0.6.16"].rank_mask_words,
     "get_moe_alltoall_module": _get_moe_alltoall_module_0_6,
     "moe_a2a_active_rank_mask": _moe_a2a_active_rank_mask,
     "moe_a2a_initialize": _moe_a2a_initialize_0_6_16,
@@ -650,7 +650,10 @@ def custom_moe_alltoall(combine, base: str | None = None) -> type:
 
 
 def _names() -> dict:
-    return _BY_PROFILE[profiles.active().name]
+    name = profiles.active().name
+    if name not in _BY_PROFILE:
+        raise profiles.removed_module(__name__)
+    return _BY_PROFILE[name]
 
 
 def __getattr__(name: str):
@@ -664,4 +667,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_names()))
+    return sorted(set(globals()) | set(_BY_PROFILE.get(profiles.active().name, ())))

@@ -219,12 +219,23 @@ def _bf16_moe(ids_TK, w_TK, hidden_states, gemm1_weights, gemm2_weights, num_exp
     return result
 
 
+class _Unset:
+    """0.7.4's default for ``nvfp4_4over6``: not given (the release picks)."""
+
+    def __repr__(self) -> str:
+        return "_UNSET"
+
+
+_UNSET = _Unset()
+
+
 def trtllm_bf16_moe(routing_logits, routing_bias, hidden_states, gemm1_weights, gemm2_weights, num_experts,
                     top_k, n_group, topk_group, intermediate_size, local_expert_offset, local_num_experts,
                     routed_scaling_factor=None, routing_method_type=0, use_shuffled_weight=True,
                     weight_layout=WeightLayout.BlockMajorK, do_finalize=True, enable_pdl=True,
                     tune_max_num_tokens=8192, activation_type=tllm_enums.ActivationType.Swiglu.value, norm_topk_prob=True,
-                    routing_replay_out=None, gemm1_alpha=None, gemm1_beta=None, gemm1_clamp_limit=None, output=None):
+                    routing_replay_out=None, gemm1_alpha=None, gemm1_beta=None, gemm1_clamp_limit=None, output=None,
+                    workspace_buffer=None):
     ids_TK, w_TK = _routing_from_logits(routing_logits, routing_bias, top_k, routing_method_type, norm_topk_prob)
     if routing_replay_out is not None:
         routing_replay_out[: ids_TK.size(0)] = ids_TK.to(routing_replay_out.dtype)
@@ -239,7 +250,7 @@ def trtllm_bf16_routed_moe(topk_ids, hidden_states, gemm1_weights, gemm2_weights
                            weight_layout=WeightLayout.BlockMajorK, do_finalize=True, enable_pdl=True,
                            gemm1_lora_delta=None, tune_max_num_tokens=8192,
                            activation_type=tllm_enums.ActivationType.Swiglu.value, routing_replay_out=None, gemm1_alpha=None,
-                           gemm1_beta=None, gemm1_clamp_limit=None, output=None):
+                           gemm1_beta=None, gemm1_clamp_limit=None, output=None, workspace_buffer=None):
     _no_lora(gemm1_lora_delta)
     ids_TK, w_TK = _precomputed_routing(topk_ids, top_k, num_experts)
     return _bf16_moe(ids_TK, w_TK, hidden_states, gemm1_weights, gemm2_weights, num_experts, intermediate_size,
@@ -257,7 +268,7 @@ def trtllm_fp8_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
                                       fp8_quantization_type=tllm_enums.Fp8QuantizationType.DeepSeekFp8,
                                       activation_type=tllm_enums.ActivationType.Swiglu.value, gemm1_alpha=None,
                                       gemm1_beta=None, gemm1_clamp_limit=None, valid_hidden_size=None,
-                                      valid_intermediate_size=None):
+                                      valid_intermediate_size=None, workspace_buffer=None):
     _no_lora(gemm1_lora_delta)
     if fp8_quantization_type != tllm_enums.Fp8QuantizationType.DeepSeekFp8:
         raise NotImplementedError(f"the CPU fake implements DeepSeekFp8 only; got {tllm_enums.Fp8QuantizationType(fp8_quantization_type).name}")
@@ -297,10 +308,13 @@ def trtllm_fp4_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
                                       activation_type=tllm_enums.ActivationType.Swiglu.value, per_token_scale=None,
                                       output=None, tune_max_num_tokens=8192, gemm1_lora_delta=None,
                                       valid_hidden_size=None, valid_intermediate_size=None,
-                                      num_fused_shared_experts=None, hidden_states_scale_layout=None):
+                                      num_fused_shared_experts=None, hidden_states_scale_layout=None,
+                                      workspace_buffer=None, nvfp4_4over6=_UNSET, routing_metadata=None):
     _no_lora(gemm1_lora_delta)
     if per_token_scale is not None or num_fused_shared_experts:
         raise NotImplementedError("the CPU fake does not implement per_token_scale or fused shared experts")
+    if nvfp4_4over6 not in (_UNSET, False) or routing_metadata is not None:
+        raise NotImplementedError("the CPU fake does not implement nvfp4_4over6 or routing_metadata")
     if hidden_states_scale_layout not in (None, SfLayout.layout_linear):
         raise ValueError("only the linear hidden_states_scale layout is supported")
     ids_TK, w_TK = _precomputed_routing(topk_ids, top_k, num_experts)
@@ -343,17 +357,25 @@ _LATEST = {
 _OA = ("gemm1_alpha", "gemm1_beta", "gemm1_clamp_limit")
 _VALID = ("valid_hidden_size", "valid_intermediate_size")
 _FP4_NEW = ("gemm1_lora_delta",) + _VALID + ("num_fused_shared_experts", "hidden_states_scale_layout")
-# Parameters each release lacks, against 0.7.2 (read from the flashinfer-python wheels).
+_WS = ("workspace_buffer",)
+_FP4_0_7_4 = _WS + ("nvfp4_4over6", "routing_metadata")
+# Parameters each release lacks, against 0.7.4 (read from the flashinfer-python wheels).
 _MISSING = {
     "0.6.8": {
-        "trtllm_bf16_moe": _OA + ("output",),
-        "trtllm_bf16_routed_moe": ("gemm1_lora_delta",) + _OA + ("output",),
-        "trtllm_fp8_block_scale_routed_moe": ("gemm1_lora_delta",) + _OA + _VALID,
-        "trtllm_fp4_block_scale_routed_moe": ("per_token_scale",) + _FP4_NEW,
+        "trtllm_bf16_moe": _OA + ("output",) + _WS,
+        "trtllm_bf16_routed_moe": ("gemm1_lora_delta",) + _OA + ("output",) + _WS,
+        "trtllm_fp8_block_scale_routed_moe": ("gemm1_lora_delta",) + _OA + _VALID + _WS,
+        "trtllm_fp4_block_scale_routed_moe": ("per_token_scale",) + _FP4_NEW + _FP4_0_7_4,
     },
-    "0.6.14": {"trtllm_fp8_block_scale_routed_moe": _VALID, "trtllm_fp4_block_scale_routed_moe": _FP4_NEW},
-    "0.6.16": {"trtllm_fp8_block_scale_routed_moe": _VALID, "trtllm_fp4_block_scale_routed_moe": _FP4_NEW},
-    "0.7.2": {},
+    "0.6.14": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
+               "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
+               "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},
+    "0.6.16": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
+               "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
+               "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},
+    "0.7.2": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS, "trtllm_fp8_block_scale_routed_moe": _WS,
+              "trtllm_fp4_block_scale_routed_moe": _FP4_0_7_4},
+    "0.7.4": {},
 }
 
 

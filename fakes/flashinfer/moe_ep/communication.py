@@ -1,5 +1,5 @@
-"""Fake ``flashinfer.moe_ep.core.comm.communication`` (0.7.2): the backend-neutral sizing,
-the dispatch result, the ``MoEEpCommunication`` base and its registry.
+"""Fake ``flashinfer.moe_ep.core.comm.communication`` (0.7.2, 0.7.4): the backend-neutral
+sizing, the dispatch result, the ``MoEEpCommunication`` base (per release) and its registry.
 
 The row contract every backend keeps: dispatch returns ``ep_size * tokens_per_rank`` rows
 (rank-major; which row a token lands in is the backend's), each token at most once per rank
@@ -15,7 +15,8 @@ from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
-_COMMUNICATION_REGISTRY: dict[str, type["MoEEpCommunication"]] = {}
+# name -> registered classes, oldest first; a release sees the last one that belongs to it.
+_COMMUNICATION_REGISTRY: dict[str, list[type["_Communication"]]] = {}
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -93,11 +94,14 @@ class MoEEpDispatchResult:
     eplb_gathered_stats: Optional[torch.Tensor] = None
 
 
-class MoEEpCommunication(ABC):
-    """One EP group's dispatch/combine backend; one dispatch/combine pair in flight."""
+class _Communication(ABC):
+    """One EP group's dispatch/combine backend; one dispatch/combine pair in flight. What
+    0.7.2's and 0.7.4's bases share; ``fake_profiles`` are the releases a class belongs to
+    (None: every release, as for a backend a user registers)."""
 
     backend_name: ClassVar[str]
     supports_cuda_graph: ClassVar[bool] = True
+    fake_profiles: ClassVar[Optional[tuple[str, ...]]] = None
 
     def __init__(self, bootstrap, params: MoEEpCommParams) -> None:
         if not self.is_platform_supported():
@@ -116,14 +120,6 @@ class MoEEpCommunication(ABC):
     def is_platform_supported(cls) -> bool:
         """Whether this backend can run here (no collective work)."""
 
-    def is_workload_feasible(self, max_tokens_per_rank: int) -> bool:
-        return max_tokens_per_rank <= self.params.max_tokens_per_rank
-
-    @abstractmethod
-    def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
-                 max_tokens_per_rank=None, eplb_local_stats=None) -> MoEEpDispatchResult:
-        """Send each token to the ranks owning its selected experts."""
-
     @abstractmethod
     def combine(self, expert_output, *, output=None):
         """Each token's expert outputs summed over ranks, ``[local_num_tokens, hidden]``."""
@@ -134,6 +130,20 @@ class MoEEpCommunication(ABC):
     def destroy(self) -> None:  # noqa: B027 - the base has nothing to release
         """Release backend resources (collective, idempotent)."""
 
+
+class MoEEpCommunication(_Communication, ABC):
+    """0.7.2's base: ``dispatch(max_tokens_per_rank=...)``."""
+
+    fake_profiles = ("0.7.2",)
+
+    def is_workload_feasible(self, max_tokens_per_rank: int) -> bool:
+        return max_tokens_per_rank <= self.params.max_tokens_per_rank
+
+    @abstractmethod
+    def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
+                 max_tokens_per_rank=None, eplb_local_stats=None) -> MoEEpDispatchResult:
+        """Send each token to the ranks owning its selected experts."""
+
     def _tokens_per_rank_for(self, max_tokens_per_rank: Optional[int]) -> int:
         tokens = self.params.max_tokens_per_rank if max_tokens_per_rank is None else max_tokens_per_rank
         if not 0 < tokens <= self.params.max_tokens_per_rank:
@@ -141,12 +151,34 @@ class MoEEpCommunication(ABC):
         return tokens
 
 
+class MoEEpCommunication_0_7_4(_Communication, ABC):
+    """0.7.4's base: ``dispatch(runtime_max_tokens_per_rank=...)``, at most the capacity."""
+
+    fake_profiles = ("0.7.4",)
+
+    @abstractmethod
+    def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
+                 runtime_max_tokens_per_rank=None, eplb_local_stats=None) -> MoEEpDispatchResult:
+        """Send each token to the ranks owning its selected experts."""
+
+    def _resolve_runtime_max_tokens_per_rank(self, runtime_max_tokens_per_rank: Optional[int]) -> int:
+        capacity = self.params.max_tokens_per_rank
+        if runtime_max_tokens_per_rank is None:
+            return capacity
+        if not 0 < runtime_max_tokens_per_rank <= capacity:
+            raise ValueError(f"runtime_max_tokens_per_rank={runtime_max_tokens_per_rank} must be in (0, {capacity}]")
+        return runtime_max_tokens_per_rank
+
+
+MoEEpCommunication_0_7_4.__name__ = MoEEpCommunication_0_7_4.__qualname__ = "MoEEpCommunication"
+
+
 def register_communication(name: str) -> Callable[[type[MoEEpCommunication]], type[MoEEpCommunication]]:
     """Class decorator registering a backend under ``name`` (the last registration wins)."""
 
     def decorator(cls: type[MoEEpCommunication]) -> type[MoEEpCommunication]:
         cls.backend_name = name
-        _COMMUNICATION_REGISTRY[name] = cls
+        _COMMUNICATION_REGISTRY.setdefault(name, []).append(cls)
         return cls
 
     return decorator
@@ -159,17 +191,31 @@ def communication_backend_name(backend: Any) -> str:
     return name
 
 
+def _registered() -> dict[str, type[_Communication]]:
+    """The backends of the active release, by name."""
+    from fakes.flashinfer.profiles import active
+
+    release = active().name
+    found = {}
+    for name, classes in _COMMUNICATION_REGISTRY.items():
+        mine = [c for c in classes if c.fake_profiles is None or release in c.fake_profiles]
+        if mine:
+            found[name] = mine[-1]
+    return found
+
+
 def available_communication_backends() -> list[str]:
-    return sorted(name for name, cls in _COMMUNICATION_REGISTRY.items() if cls.is_platform_supported())
+    return sorted(name for name, cls in _registered().items() if cls.is_platform_supported())
 
 
 def create_communication(bootstrap, params: MoEEpCommParams, backend: Any, **options: Any) -> MoEEpCommunication:
     """The registered backend named by ``backend`` (a name, or a config with ``backend_name``,
     which is then passed as ``config``)."""
     name = communication_backend_name(backend)
-    cls = _COMMUNICATION_REGISTRY.get(name)
+    registered = _registered()
+    cls = registered.get(name)
     if cls is None:
-        raise KeyError(f"unknown communication backend {name!r}; available: {sorted(_COMMUNICATION_REGISTRY)}")
+        raise KeyError(f"unknown communication backend {name!r}; available: {sorted(registered)}")
     if not isinstance(backend, str):
         options["config"] = backend
     return cls(bootstrap, params, **options)

@@ -176,14 +176,13 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication):
         self._combine_buffer = None
 
 
-@register_communication("nvlink_two_sided")
-class NVLinkTwoSidedAlltoAll(MoEEpCommunication):
-    """Rank-major dispatch/combine with the two-sided all-to-all-v (``MnnvlMoe``); needs
-    ``num_experts % 4 == 0``; weights travel as float32."""
+class TwoSidedRows:
+    """The two-sided all-to-all-v (``MnnvlMoe``'s kernels) both releases' backends run:
+    needs ``num_experts % 4 == 0``; weights travel as float32."""
 
     def __init__(self, bootstrap, params: MoEEpCommParams, config: Optional[NVLinkTwoSidedConfig] = None) -> None:
         from fakes.flashinfer.comm import mnnvl
-        from fakes.flashinfer.comm.trtllm_alltoall import MnnvlMoe
+        from fakes.flashinfer.comm.trtllm_alltoall import _MnnvlMoe as MnnvlMoe
 
         self.config = NVLinkTwoSidedConfig() if config is None else config
         mapping, mnnvl_config = mnnvl_mapping_and_config(bootstrap, self.config.comm_backend)
@@ -201,13 +200,10 @@ class NVLinkTwoSidedAlltoAll(MoEEpCommunication):
     def is_platform_supported(cls) -> bool:
         return nvlink_platform_supported()
 
-    def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
-                 max_tokens_per_rank=None, eplb_local_stats=None):
-        from fakes.flashinfer.comm.trtllm_alltoall import MnnvlMoe
+    def _dispatch_rows(self, hidden_states, topk_ids, topk_weights, hidden_states_scale, tokens_per_rank,
+                       eplb_local_stats) -> MoEEpDispatchResult:
+        from fakes.flashinfer.comm.trtllm_alltoall import _MnnvlMoe as MnnvlMoe
 
-        if self._state is not None:
-            raise RuntimeError("dispatch called twice without an intervening combine")
-        tokens_per_rank = self._tokens_per_rank_for(max_tokens_per_rank)
         if topk_ids.dtype != torch.int32:
             topk_ids = topk_ids.to(torch.int32)
         if topk_weights is not None and topk_weights.dtype != torch.float32:
@@ -227,7 +223,7 @@ class NVLinkTwoSidedAlltoAll(MoEEpCommunication):
                                    eplb_gathered_stats=stats)
 
     def combine(self, expert_output, *, output=None):
-        from fakes.flashinfer.comm.trtllm_alltoall import MnnvlMoe
+        from fakes.flashinfer.comm.trtllm_alltoall import _MnnvlMoe as MnnvlMoe
 
         state = self._state
         if state is None:
@@ -247,3 +243,16 @@ class NVLinkTwoSidedAlltoAll(MoEEpCommunication):
         self._workspace = None
         self._prepare_workspace = None
         self._state = None
+
+
+@register_communication("nvlink_two_sided")
+class NVLinkTwoSidedAlltoAll(TwoSidedRows, MoEEpCommunication):
+    """Rank-major dispatch/combine with the two-sided all-to-all-v (``MnnvlMoe``); needs
+    ``num_experts % 4 == 0``; weights travel as float32."""
+
+    def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
+                 max_tokens_per_rank=None, eplb_local_stats=None):
+        if self._state is not None:
+            raise RuntimeError("dispatch called twice without an intervening combine")
+        return self._dispatch_rows(hidden_states, topk_ids, topk_weights, hidden_states_scale,
+                                   self._tokens_per_rank_for(max_tokens_per_rank), eplb_local_stats)
