@@ -7,16 +7,17 @@ rest of ``impl`` receives a :class:`FlashInferAPI` and reads every FlashInfer sy
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Optional
 
 import torch
 
 BACKENDS = ("fake", "flashinfer")
 FAKE_ROOT = "fakes.flashinfer"
-# The last release with flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll (0.7.4 moved it).
-LAST_SUPPORTED = "0.7.2.post1"
+# Which FlashInfer API carries an all-to-all: ``flashinfer.comm``'s MoeAlltoAll (one-sided) and
+# MnnvlMoe (two-sided), gone in 0.7.4, or ``flashinfer.moe_ep``'s NVLink backends (0.7.2 on).
+A2A_APIS = ("comm", "moe_ep")
 
 
 class FlashInferUnavailableError(ImportError):
@@ -28,15 +29,57 @@ class FlashInferAPI:
     """The FlashInfer modules the integration uses.
 
     Symbols are read from the modules at call time, so a fake whose version profile changes
-    after resolution hands out that profile's classes.
+    after resolution hands out that profile's classes. A module the release does not ship is
+    None; :meth:`has` says which all-to-all APIs it offers.
     """
 
     name: str
     root: ModuleType
-    moe_alltoall: ModuleType  # comm.trtllm_moe_alltoall (one-sided)
-    alltoall: ModuleType  # comm.trtllm_alltoall (two-sided MnnvlMoe)
+    moe_alltoall: Optional[ModuleType]  # comm.trtllm_moe_alltoall (one-sided)
+    alltoall: Optional[ModuleType]  # comm.trtllm_alltoall (two-sided MnnvlMoe)
     mnnvl: ModuleType  # comm.mnnvl
     mapping: ModuleType  # comm.mapping
+    moe_ep: Optional[ModuleType] = None  # moe_ep (NVLink one- and two-sided backends)
+
+    def has(self, a2a_api: str, two_sided: bool = False) -> bool:
+        """Whether this FlashInfer offers the one-sided (or ``two_sided``) all-to-all through
+        ``a2a_api`` (one of :data:`A2A_APIS`): a probe of the symbols, not of the version."""
+        if a2a_api not in A2A_APIS:
+            raise ValueError(f"a2a_api must be one of {A2A_APIS}, got {a2a_api!r}")
+        module, symbol = ((self.alltoall, "MnnvlMoe") if two_sided else (self.moe_alltoall, "MoeAlltoAll")) \
+            if a2a_api == "comm" else \
+            (self.moe_ep, "NVLinkTwoSidedAlltoAll" if two_sided else "NVLinkOneSidedAlltoAll")
+        if module is None:
+            return False
+        try:
+            getattr(module, symbol)
+            getattr(module, "create_communication" if a2a_api == "moe_ep" else symbol)
+        except (AttributeError, ImportError):
+            return False
+        return True
+
+    def a2a_api(self, two_sided: bool = False, prefer: Optional[str] = None) -> str:
+        """The API that carries the one-sided (or ``two_sided``) all-to-all: ``prefer`` if
+        given, else ``comm`` where the release has it (its long-tested path) and ``moe_ep``
+        where it does not.
+
+        Raises
+        ------
+        FlashInferUnavailableError
+            ``prefer`` (or, without it, every API) is missing from this FlashInfer.
+        """
+        kind = "two-sided" if two_sided else "one-sided"
+        if prefer is not None:
+            if not self.has(prefer, two_sided):
+                raise FlashInferUnavailableError(
+                    f"flashinfer {self.version} has no {kind} all-to-all in {_API_HOME[prefer][two_sided]}")
+            return prefer
+        for candidate in A2A_APIS:
+            if self.has(candidate, two_sided):
+                return candidate
+        raise FlashInferUnavailableError(
+            f"flashinfer {self.version} has no {kind} all-to-all: neither {_API_HOME['comm'][two_sided]} "
+            f"nor {_API_HOME['moe_ep'][two_sided]}")
 
     @property
     def version(self) -> str:
@@ -49,11 +92,16 @@ class FlashInferAPI:
 
     @property
     def MoeAlltoAll(self) -> type:
-        return self.moe_alltoall.MoeAlltoAll
+        return self._symbol(self.moe_alltoall, "MoeAlltoAll", two_sided=False)
 
     @property
     def MnnvlMoe(self) -> type:
-        return self.alltoall.MnnvlMoe
+        return self._symbol(self.alltoall, "MnnvlMoe", two_sided=True)
+
+    def _symbol(self, module: Optional[ModuleType], name: str, two_sided: bool) -> type:
+        if not self.has("comm", two_sided):
+            raise FlashInferUnavailableError(f"flashinfer {self.version} has no {_API_HOME['comm'][two_sided]}")
+        return getattr(module, name)
 
     @property
     def Mapping(self) -> type:
@@ -98,8 +146,9 @@ def resolve_backend(name: str, *, profile: str | None = None) -> FlashInferAPI:
     ValueError
         Unknown ``name``, or ``profile`` given for the real package.
     FlashInferUnavailableError
-        ``flashinfer`` is not installed, or is a release without
-        ``flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll``.
+        ``flashinfer`` is not installed, or is a release with neither
+        ``flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll`` nor ``flashinfer.moe_ep``'s
+        ``NVLinkOneSidedAlltoAll``.
     """
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
@@ -115,21 +164,13 @@ def resolve_backend(name: str, *, profile: str | None = None) -> FlashInferAPI:
         root = importlib.import_module("flashinfer")
     except ImportError as e:
         raise FlashInferUnavailableError(
-            "backend 'flashinfer' needs the flashinfer-python package "
-            f"(pip install 'flashinfer-python<={LAST_SUPPORTED}'): {e}"
+            f"backend 'flashinfer' needs the flashinfer-python package (pip install flashinfer-python): {e}"
         ) from e
-    version = getattr(root, "__version__", "unknown")
     try:
         api = _namespace(name, root, "flashinfer")
-        api.MoeAlltoAll  # noqa: B018 - the symbol the integration cannot do without
-    except (ImportError, AttributeError) as e:
-        moved = importlib.util.find_spec("flashinfer.moe_ep") is not None
-        raise FlashInferUnavailableError(
-            f"flashinfer {version} has no flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll"
-            + (" (0.7.4 moved the one-sided all-to-all to flashinfer.moe_ep as "
-               "NVLinkOneSidedAlltoAll, which this integration does not drive yet)" if moved else "")
-            + f"; install flashinfer-python<={LAST_SUPPORTED}: {e}"
-        ) from e
+    except ImportError as e:
+        raise FlashInferUnavailableError(f"flashinfer {getattr(root, '__version__', 'unknown')}: {e}") from e
+    api.a2a_api()  # the one-sided all-to-all, through one API or the other
     return api
 
 
@@ -139,7 +180,25 @@ def default_gpus_per_node(ep_size: int) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else ep_size
 
 
+_API_HOME = {
+    "comm": ("flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll", "flashinfer.comm.trtllm_alltoall.MnnvlMoe"),
+    "moe_ep": ("flashinfer.moe_ep.NVLinkOneSidedAlltoAll", "flashinfer.moe_ep.NVLinkTwoSidedAlltoAll"),
+}
+
+
+def _optional(module: str) -> Optional[ModuleType]:
+    """``module``, or None where this FlashInfer does not ship it (0.7.4 removed the
+    ``comm`` all-to-alls; ``moe_ep`` arrived in 0.7.2)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module.startswith(e.name):
+            return None
+        raise
+
+
 def _namespace(name: str, root: ModuleType, prefix: str) -> FlashInferAPI:
-    sub = lambda mod: importlib.import_module(f"{prefix}.comm.{mod}")  # noqa: E731
-    return FlashInferAPI(name, root, sub("trtllm_moe_alltoall"), sub("trtllm_alltoall"),
-                         sub("mnnvl"), sub("mapping"))
+    return FlashInferAPI(name, root, _optional(f"{prefix}.comm.trtllm_moe_alltoall"),
+                         _optional(f"{prefix}.comm.trtllm_alltoall"),
+                         importlib.import_module(f"{prefix}.comm.mnnvl"),
+                         importlib.import_module(f"{prefix}.comm.mapping"), _optional(f"{prefix}.moe_ep"))

@@ -196,9 +196,7 @@ class OneSidedPrepareFinalize:
     def __init__(self, manager: OneSidedManager, *, max_num_tokens: int, top_k: int, num_experts: int,
                  hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None,
                  invalid_expert_id: int = INVALID_EXPERT_ID):
-        if isinstance(invalid_expert_id, bool) or invalid_expert_id not in (-1, num_experts):
-            raise ValueError(f"invalid_expert_id must be -1 or num_experts={num_experts} (outside the experts, "
-                             f"and skipped by the expert kernels), got {invalid_expert_id!r}")
+        check_invalid_expert_id(invalid_expert_id, num_experts)
         self.invalid_expert_id = invalid_expert_id
         self._workspace_output: Optional[torch.Tensor] = None
         self.manager = manager
@@ -209,16 +207,7 @@ class OneSidedPrepareFinalize:
         self.layout = layout
         self.num_dispatchers_ = num_dispatchers or manager.world_size
         self.runtime_max_tokens_per_rank: Optional[int] = None
-        activation = layout.x_bytes_per_token + layout.x_sf_bytes_per_token
-        if activation % ID_BYTES:
-            # FlashInfer packs each payload right behind the previous one and requires every
-            # payload to start aligned to its element size; the int32 ids follow [x, x_sf], so
-            # an odd total fails whenever ep_size * runtime_max_tokens_per_rank is odd.
-            raise ValueError(
-                f"hidden_size={hidden_size}: the one-sided dispatch needs the activation payload "
-                f"(values + scales = {layout.x_bytes_per_token} + {layout.x_sf_bytes_per_token} bytes per "
-                f"token) to be a multiple of {ID_BYTES} bytes, the int32 ids come right after it; "
-                "choose a hidden size that gives one (or pad the scales, e.g. mx_alignment)")
+        check_activation_alignment(layout, hidden_size)
         manager.initialize(max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
                            hidden_size=hidden_size, x_bytes_per_token=layout.x_bytes_per_token,
                            x_sf_bytes_per_token=layout.x_sf_bytes_per_token)
@@ -240,25 +229,15 @@ class OneSidedPrepareFinalize:
 
         ``expert_map`` is unused: ids travel global and the experts select their own.
         """
-        if a1.dim() != 2 or a1.size(1) != self.hidden_size:
-            raise ValueError(f"a1 must be [tokens, {self.hidden_size}], got {tuple(a1.shape)}")
-        if num_experts != self.num_experts:
-            raise ValueError(f"num_experts={num_experts} but this layer was built for {self.num_experts}")
-        if tuple(topk_ids.shape) != (a1.size(0), self.top_k) or topk_ids.dtype != torch.int32:
-            raise ValueError(f"topk_ids must be int32 [{a1.size(0)}, {self.top_k}], got "
-                             f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
-        if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32:
-            raise ValueError(f"topk_weights must be fp32 {tuple(topk_ids.shape)} (the workspace is sized "
-                             f"for 4-byte weights), got {topk_weights.dtype} {tuple(topk_weights.shape)}")
-        if apply_router_weight_on_input:
-            a1 = scale_input_by_router_weight(a1, topk_weights, topk_ids)
+        a1 = check_prepare_inputs(a1, topk_weights, topk_ids, num_experts, apply_router_weight_on_input,
+                                  hidden_size=self.hidden_size, top_k=self.top_k, layer_experts=self.num_experts)
         S = runtime_max_tokens_per_rank(a1.size(0))
         if S > self.manager.max_num_tokens:
             raise ValueError(f"runtime max tokens per rank {S} exceeds the workspace's max_num_tokens "
                              f"{self.manager.max_num_tokens}")
         self.runtime_max_tokens_per_rank = S
         a1q, a1q_scale = (a1, None) if defer_input_quant else quantize_input(a1, quant_config)
-        self._check_layout(a1q, a1q_scale)
+        check_layout(self.layout, a1q, a1q_scale)
         payloads = [a1q] + ([a1q_scale] if a1q_scale is not None else []) + [topk_ids, topk_weights]
         ids_index = len(payloads) - 2
         recv = self.manager.moe_alltoall.dispatch(
@@ -269,25 +248,13 @@ class OneSidedPrepareFinalize:
         a1q_recv, scale_recv = flat[0], (flat[1] if a1q_scale is not None else None)
         return PrepareResult(a1q_recv, scale_recv, None, flat[ids_index], flat[ids_index + 1])
 
-    def _check_layout(self, a1q: torch.Tensor, a1q_scale: Optional[torch.Tensor]) -> None:
-        got = DispatchLayout(a1q.size(1) * a1q.element_size(),
-                             0 if a1q_scale is None else a1q_scale.size(1) * a1q_scale.element_size())
-        if got != self.layout:
-            raise RuntimeError(
-                f"quantized activations carry {got.x_bytes_per_token} + {got.x_sf_bytes_per_token} bytes "
-                f"per token but the workspace was sized for {self.layout.x_bytes_per_token} + "
-                f"{self.layout.x_sf_bytes_per_token} (dispatch_layout disagrees with the quantizer)"
-            )
-
     def expert_output_buffer(self, dtype: torch.dtype) -> torch.Tensor:
         """``[R * S, H]`` view of this round's combine region for the experts to write into
         (no staging copy; :meth:`finalize` then combines with ``payload_in_workspace``)."""
         S = self.runtime_max_tokens_per_rank
         if S is None:
             raise RuntimeError("expert_output_buffer called before prepare")
-        if dtype not in COMBINE_DTYPES:
-            raise ValueError(f"dtype must be one of {COMBINE_DTYPES} (the combine region is sized for 16-bit "
-                             f"rows), got {dtype}")
+        check_combine_dtype(dtype, "dtype")
         buf_RSH = self.manager.moe_alltoall.get_combine_payload_tensor_in_workspace(S, self.hidden_size, dtype)
         self._workspace_output = buf_RSH
         return buf_RSH.view(-1, self.hidden_size)
@@ -299,17 +266,12 @@ class OneSidedPrepareFinalize:
         S = self.runtime_max_tokens_per_rank
         if S is None:
             raise RuntimeError("finalize called before prepare")
-        if fused_expert_output.dtype not in COMBINE_DTYPES:
-            raise ValueError(f"fused_expert_output must be one of {COMBINE_DTYPES} (the combine region "
-                             f"is sized for 16-bit rows), got {fused_expert_output.dtype}")
         R, H = self.manager.world_size, fused_expert_output.size(-1)
-        if fused_expert_output.dim() != 2 or fused_expert_output.size(0) != R * S:
-            raise ValueError(f"fused_expert_output must be [ep_size * runtime_max_tokens_per_rank, hidden] = "
-                             f"[{R * S}, {H}] (one row per received row), got {tuple(fused_expert_output.shape)}")
+        check_expert_output(fused_expert_output, R * S)
         in_workspace = self._workspace_output
         self._workspace_output = None
         if in_workspace is not None:
-            _check_workspace_resident(fused_expert_output, in_workspace)
+            check_workspace_resident(fused_expert_output, in_workspace)
             payload_RSH = in_workspace
         else:
             payload_RSH = fused_expert_output.view(R, S, H)
@@ -317,7 +279,72 @@ class OneSidedPrepareFinalize:
         self.runtime_max_tokens_per_rank = None
 
 
-def _check_workspace_resident(out_NH: torch.Tensor, buf_RSH: torch.Tensor) -> None:
+def check_invalid_expert_id(invalid_expert_id: int, num_experts: int) -> None:
+    if isinstance(invalid_expert_id, bool) or invalid_expert_id not in (-1, num_experts):
+        raise ValueError(f"invalid_expert_id must be -1 or num_experts={num_experts} (outside the experts, "
+                         f"and skipped by the expert kernels), got {invalid_expert_id!r}")
+
+
+def check_activation_alignment(layout: DispatchLayout, hidden_size: int) -> None:
+    activation = layout.x_bytes_per_token + layout.x_sf_bytes_per_token
+    if activation % ID_BYTES:
+        # FlashInfer packs each payload right behind the previous one and requires every
+        # payload to start aligned to its element size; the int32 ids follow [x, x_sf], so
+        # an odd total fails whenever ep_size * runtime_max_tokens_per_rank is odd.
+        raise ValueError(
+            f"hidden_size={hidden_size}: the one-sided dispatch needs the activation payload "
+            f"(values + scales = {layout.x_bytes_per_token} + {layout.x_sf_bytes_per_token} bytes per "
+            f"token) to be a multiple of {ID_BYTES} bytes, the int32 ids come right after it; "
+            "choose a hidden size that gives one (or pad the scales, e.g. mx_alignment)")
+
+
+def check_prepare_inputs(a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                         apply_router_weight_on_input: bool, *, hidden_size: int, top_k: int,
+                         layer_experts: int) -> torch.Tensor:
+    """The one-sided prepare's input contract; returns ``a1`` (router-weighted when asked)."""
+    if a1.dim() != 2 or a1.size(1) != hidden_size:
+        raise ValueError(f"a1 must be [tokens, {hidden_size}], got {tuple(a1.shape)}")
+    if num_experts != layer_experts:
+        raise ValueError(f"num_experts={num_experts} but this layer was built for {layer_experts}")
+    if tuple(topk_ids.shape) != (a1.size(0), top_k) or topk_ids.dtype != torch.int32:
+        raise ValueError(f"topk_ids must be int32 [{a1.size(0)}, {top_k}], got "
+                         f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32:
+        raise ValueError(f"topk_weights must be fp32 {tuple(topk_ids.shape)} (the workspace is sized "
+                         f"for 4-byte weights), got {topk_weights.dtype} {tuple(topk_weights.shape)}")
+    if apply_router_weight_on_input:
+        a1 = scale_input_by_router_weight(a1, topk_weights, topk_ids)
+    return a1
+
+
+def check_layout(layout: DispatchLayout, a1q: torch.Tensor, a1q_scale: Optional[torch.Tensor]) -> None:
+    """The quantizer's output has the bytes per token the workspace was sized for."""
+    got = DispatchLayout(a1q.size(1) * a1q.element_size(),
+                         0 if a1q_scale is None else a1q_scale.size(1) * a1q_scale.element_size())
+    if got != layout:
+        raise RuntimeError(
+            f"quantized activations carry {got.x_bytes_per_token} + {got.x_sf_bytes_per_token} bytes "
+            f"per token but the workspace was sized for {layout.x_bytes_per_token} + "
+            f"{layout.x_sf_bytes_per_token} (dispatch_layout disagrees with the quantizer)"
+        )
+
+
+def check_combine_dtype(dtype: torch.dtype, name: str) -> None:
+    if dtype not in COMBINE_DTYPES:
+        raise ValueError(f"{name} must be one of {COMBINE_DTYPES} (the combine region is sized for 16-bit "
+                         f"rows), got {dtype}")
+
+
+def check_expert_output(fused_expert_output: torch.Tensor, rows: int) -> None:
+    """One 16-bit row per received row: ``[ep_size * runtime_max_tokens_per_rank, hidden]``."""
+    check_combine_dtype(fused_expert_output.dtype, "fused_expert_output")
+    if fused_expert_output.dim() != 2 or fused_expert_output.size(0) != rows:
+        raise ValueError(f"fused_expert_output must be [ep_size * runtime_max_tokens_per_rank, hidden] = "
+                         f"[{rows}, {fused_expert_output.size(-1)}] (one row per received row), got "
+                         f"{tuple(fused_expert_output.shape)}")
+
+
+def check_workspace_resident(out_NH: torch.Tensor, buf_RSH: torch.Tensor) -> None:
     """The experts were handed the combine region: what they return must be that region."""
     want = (buf_RSH.size(0) * buf_RSH.size(1), buf_RSH.size(2))
     for ok, rule in ((out_NH.device == buf_RSH.device, f"on {buf_RSH.device}, got {out_NH.device}"),

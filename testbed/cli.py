@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="the scenario's layout (e.g. 8,2,2,2 or w8tp2dp2pp2); for selfcheck repeatable "
                           "(default: 2,1,2,1 4,2,2,1 4,1,2,2 8,2,2,2)")
     add_arguments(run)
+    run.add_argument("--matrix-profile", metavar="RELEASE",
+                     help="run the integration matrix moved to this FlashInfer release (e.g. 0.7.4: every "
+                          "FlashInfer path through flashinfer.moe_ep); scenarios it cannot run are listed with the rule")
     run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -149,6 +152,18 @@ def _run(args) -> int:
             mutants.get(args.mutant)
         except ValueError as e:
             raise UsageError(f"--mutant: {e}") from None
+    if args.matrix_profile is not None:
+        if scenario_given(args) or args.layout:
+            raise UsageError("--matrix-profile runs the whole matrix: give no scenario flags or --layout with it")
+        from testbed.scenario.matrix import on_release
+
+        try:
+            scenarios, refused = on_release(args.matrix_profile)
+        except ValueError as e:
+            raise UsageError(f"--matrix-profile: {e}") from None
+        for sc, rule in refused:
+            print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
+        return _judge(scenarios, args, not_run=len(refused))
     if scenario_given(args) or args.layout:
         if args.layout and len(args.layout) > 1:
             raise UsageError("--layout: a scenario has one layout (repeat it only with --job selfcheck)")
@@ -163,7 +178,7 @@ def _run(args) -> int:
     return _judge(scenarios, args)
 
 
-def _judge(scenarios, args) -> int:
+def _judge(scenarios, args, not_run: int = 0) -> int:
     from testbed.cluster.pool import RankPool
     from testbed.scenario import report, runner
 
@@ -185,7 +200,8 @@ def _judge(scenarios, args) -> int:
     if args.html:
         report.write_html(args.html, verdicts)
     failed = sum(not v.passed for v in verdicts)
-    print(f"{len(verdicts) - failed} passed, {failed} failed in {seconds:.1f} s")
+    print(f"{len(verdicts) - failed} passed, {failed} failed" + (f", {not_run} not run" if not_run else "")
+          + f" in {seconds:.1f} s")
     return 1 if failed else 0
 
 

@@ -413,3 +413,64 @@ def targets_of(case: Case, dst: int) -> int:
     """How many tokens of all ranks have at least one expert on ``dst``."""
     R = len(case.tokens_per_rank)
     return sum(len(expected_rows(case, dst, src)) for src in range(R))
+
+
+def trigger_moe_ep(ctx, what: str):
+    """Provoke one failure of 0.7.4's fake ``moe_ep`` one-sided backend; return
+    ``(exception type name, message)`` or None."""
+    set_profile("0.7.4")
+    from fakes.flashinfer import moe_ep
+
+    me, T, K, H, R = ctx.coords.ep_rank, 3, 2, 16, ctx.layout.ep_size
+    x = torch.randn(T, H, dtype=torch.bfloat16)
+    ids, weights = _ids(T, K, 4, me), torch.rand(T, K)
+    bootstrap = moe_ep.BootstrapConfig(world_size=R, rank=me, process_group=ctx.groups["ep"])
+
+    def make(top_k=K, num_experts=4, **config):
+        params = moe_ep.MoEEpCommParams(num_experts=num_experts, top_k=top_k, max_tokens_per_rank=4, hidden_size=H)
+        return moe_ep.create_communication(bootstrap, params, moe_ep.NVLinkOneSidedConfig(**config))
+
+    try:
+        if what == "runtime_over_capacity":
+            make().dispatch(x, ids, weights, runtime_max_tokens_per_rank=5)
+        elif what == "old_keyword":
+            make().dispatch(x, ids, weights, max_tokens_per_rank=4)
+        elif what == "top_k_5":
+            make(top_k=5, num_experts=8)
+        elif what == "experts_not_divisible":
+            make(num_experts=5)
+        elif what == "lamport_and_cft":
+            make(lamport=True, cft=True)
+        elif what == "timeout_not_int":
+            make(timeout_sec=True)
+        elif what == "interleaved_rounds":  # two layers of one layout share the workspace
+            first, second = make(), make()
+            first.dispatch(x, ids, weights)
+            second.dispatch(x, ids, weights)
+        elif what == "after_destroy":
+            comm = make()
+            comm.destroy()
+            comm.dispatch(x, ids, weights)
+        elif what == "unaligned_payload":  # ids of tokens 1.. start 8 bytes into the tensor
+            make().dispatch(x[1:], ids[1:], weights[1:])
+        elif what == "combine_region_overflow":
+            comm = make()
+            comm.dispatch(x, ids, weights)
+            comm.get_combine_input_buffer(torch.float64)
+        elif what == "dispatch_after_trap":  # rank 0 carries on after a wait ran out
+            comm = make(timeout_sec=1)
+            if me == 0:
+                try:
+                    comm.dispatch(x, ids, weights)
+                except kernels.CompletionTimeout:
+                    pass
+                comm.dispatch(x, ids, weights)
+        elif what == "top_k_3":
+            comm = make(top_k=3)
+            got = comm.dispatch(x, _ids(T, 3, 4, me), torch.rand(T, 3))
+            comm.combine(torch.zeros_like(got.hidden_states))
+        else:
+            raise ValueError(f"unknown trigger {what!r}")
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return None

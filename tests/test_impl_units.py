@@ -65,20 +65,42 @@ def _install_flashinfer(tmp_path, monkeypatch, version: str, modules: list[str])
         monkeypatch.delitem(sys.modules, name)
 
 
-def test_backend_flashinfer_0_7_4_names_version_and_new_home(tmp_path, monkeypatch):
-    _install_flashinfer(tmp_path, monkeypatch, "0.7.4", ["flashinfer/moe_ep"])
+COMM_HELPERS = ["flashinfer/comm/mnnvl", "flashinfer/comm/mapping"]
+
+
+def test_backend_flashinfer_without_either_api_names_both_homes(tmp_path, monkeypatch):
+    _install_flashinfer(tmp_path, monkeypatch, "0.7.9", COMM_HELPERS + ["flashinfer/moe_ep"])
     with pytest.raises(FlashInferUnavailableError) as e:
         resolve_backend("flashinfer")
-    msg = str(e.value)
-    assert "flashinfer 0.7.4 has no flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll" in msg
-    assert "flashinfer.moe_ep" in msg and "flashinfer-python<=0.7.2.post1" in msg
+    assert str(e.value) == ("flashinfer 0.7.9 has no one-sided all-to-all: neither "
+                            "flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll nor flashinfer.moe_ep.NVLinkOneSidedAlltoAll")
 
 
 def test_backend_flashinfer_without_one_sided_and_without_moe_ep(tmp_path, monkeypatch):
-    _install_flashinfer(tmp_path, monkeypatch, "0.5.3", [])
-    with pytest.raises(FlashInferUnavailableError, match="flashinfer 0.5.3 has no") as e:
+    _install_flashinfer(tmp_path, monkeypatch, "0.5.3", COMM_HELPERS)
+    with pytest.raises(FlashInferUnavailableError, match="flashinfer 0.5.3 has no one-sided all-to-all"):
         resolve_backend("flashinfer")
-    assert "moe_ep" not in str(e.value)
+
+
+@pytest.mark.parametrize("release, one_sided, two_sided", [
+    ("0.6.16", "comm", "comm"), ("0.7.2", "comm", "comm"), ("0.7.4", "moe_ep", "moe_ep")])
+def test_backend_flashinfer_probes_the_apis_by_symbol(release, one_sided, two_sided):
+    """Through the real names (the fake installed as ``flashinfer``): 0.7.4 resolves to
+    ``moe_ep``, where ``MoeAlltoAll`` is gone and says so; 0.7.2 offers both."""
+    from fakes.flashinfer import install
+
+    with install(release):
+        api = resolve_backend("flashinfer")
+        assert (api.a2a_api(), api.a2a_api(two_sided=True)) == (one_sided, two_sided)
+        assert api.has("moe_ep") == (release != "0.6.16")
+        if release == "0.7.4":
+            assert api.moe_alltoall is None and api.alltoall is None
+            with pytest.raises(FlashInferUnavailableError, match="0.7.4 has no flashinfer.comm.trtllm_moe_alltoall"):
+                api.MoeAlltoAll  # noqa: B018
+            with pytest.raises(FlashInferUnavailableError, match="no one-sided all-to-all in flashinfer.comm"):
+                api.a2a_api(prefer="comm")
+        else:
+            assert api.MoeAlltoAll.__name__ == "MoeAlltoAll"
 
 
 # --- supports_kw ---------------------------------------------------------------------------

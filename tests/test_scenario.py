@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from testbed.cluster.layout import ParallelLayout
 from testbed.scenario import runner
 from testbed.scenario.fuzz import fuzz, scenarios
-from testbed.scenario.matrix import MATRIX
+from testbed.scenario.matrix import MATRIX, on_release
 from testbed.scenario.model import Layer, Scenario, ScenarioInputError, add_arguments, from_args
 from testbed.scenario.report import failure_text
 
@@ -65,6 +65,12 @@ BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), p
           passes=((1,),), path="allgather_reducescatter"), "--hidden", "66 % 4 != 0"),
     (dict(routed_scaling=float("nan")), "--routed-scaling", "finite number > 0"),
     (dict(invalid_expert_id="7"), "--invalid-expert-id", "must be one of"),
+    (dict(top_k=3, a2a_api="moe_ep"), "--top-k", "instantiated for top_k in {1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 22}"),
+    (dict(profile="0.7.4", a2a_api="comm"), "--a2a-api", "0.7.4 does not ship flashinfer.comm.trtllm_moe_alltoall"),
+    (dict(profile="0.6.16", a2a_api="moe_ep"), "--a2a-api", "0.6.16 does not ship flashinfer.moe_ep"),
+    (dict(profile="0.7.4", experts=10), "--experts", "moe_ep needs num_experts divisible by the EP size (10 % 4"),
+    (dict(a2a_api="moe_ep", combine_signature="kw-only"), "--combine-signature", "need --a2a-api comm"),
+    (dict(path="allgather_reducescatter", a2a_api="comm"), "--a2a-api", "FlashInfer paths"),
 ])
 def test_scenario_rejects_bad_combination_naming_flag_and_rule(change, flag, rule):
     with pytest.raises(ScenarioInputError) as e:
@@ -101,7 +107,10 @@ def test_scenario_matrix_covers_the_dimensions():
     formats = {ly.fmt for sc in MATRIX for st in sc.stages for ly in st}
     assert formats == {"bf16", "nvfp4", "mxfp8", "fp8_block"}
     assert {sc.path for sc in MATRIX} == {"one_sided", "two_sided", "allgather_reducescatter", "none"}
-    assert {sc.profile for sc in MATRIX} == {"0.6.8", "0.6.14", "0.6.16", "0.7.2"}
+    assert {sc.profile for sc in MATRIX} == {"0.6.8", "0.6.14", "0.6.16", "0.7.2", "0.7.4"}
+    assert {(sc.path, sc.profile) for sc in MATRIX if sc.api == "moe_ep"} \
+        >= {(p, r) for p in ("one_sided", "two_sided") for r in ("0.7.2", "0.7.4")}
+    assert {sc.api for sc in MATRIX if sc.profile == "0.7.2" and sc.path != "none"} >= {"comm", "moe_ep"}
     assert {sc.combine_signature for sc in MATRIX} >= {"release", "kw-only", "kwargs-only", "positional-only",
                                                        "opaque"}
     assert {sc.routing for sc in MATRIX} == {"random", "spread", "local", "hotspot", "one-expert"}
@@ -125,6 +134,29 @@ def test_scenario_matrix_covers_the_dimensions():
     assert any(sc.ep_size == 64 and sc.experts == 256 and sc.top_k == 8 for sc in MATRIX)
     assert any(sc.ep_size % 2 and sc.experts % sc.ep_size for sc in MATRIX)
     assert len(MATRIX) >= 12
+
+
+ON_0_7_4, REFUSED_ON_0_7_4 = on_release("0.7.4")
+# The moved FlashInfer-path scenarios up to 8 ranks the matrix does not already run on 0.7.4
+# (the EP 64 one runs in `a2a-testbed run --matrix-profile 0.7.4`).
+MOVED_TO_0_7_4 = [sc for sc in ON_0_7_4 if sc.api == "moe_ep" and sc.layout.world_size <= 8
+                  and sc.label.removesuffix(" [on 0.7.4]") not in {m.label for m in MATRIX if m.profile == "0.7.4"}]
+
+
+def test_scenario_matrix_on_0_7_4_refuses_with_the_rule():
+    """The whole matrix moved to 0.7.4: every FlashInfer path on moe_ep; what 0.7.4 cannot
+    run is refused with its rule (a custom combine signature, experts not divisible by the
+    EP size), never dropped."""
+    assert len(ON_0_7_4) + len(REFUSED_ON_0_7_4) == len(MATRIX)
+    assert {sc.api for sc in ON_0_7_4 if sc.path in ("one_sided", "two_sided")} == {"moe_ep"}
+    assert all("--combine-signature" in rule or "--experts" in rule for _, rule in REFUSED_ON_0_7_4), REFUSED_ON_0_7_4
+    assert len(MOVED_TO_0_7_4) >= 12
+
+
+@pytest.mark.parametrize("index", range(len(MOVED_TO_0_7_4)), ids=lambda i: f"{i + 1}-{MOVED_TO_0_7_4[i].label[:30]}")
+def test_scenario_matrix_on_0_7_4_passes_every_invariant(cluster, index):
+    verdict = runner.run(cluster, MOVED_TO_0_7_4[index])
+    assert verdict.passed, failure_text(verdict)
 
 
 def test_scenario_fuzz_bounded_derandomized(cluster):

@@ -5,7 +5,9 @@ all-gather/reduce-scatter, expert parallel off), every profile, mixed formats an
 layer, uneven and 0-token passes (also all-zero ones), counts that grow past earlier ones,
 top_k from the kernels' set, every routing pattern, combine signature and slot order;
 sequence parallel, deferred finalize, shared experts, routed scaling, the TRT-LLM kernels,
-workspace-resident expert output and the expert-id sentinel wherever they apply. Scenarios the kernels cannot run are never drawn: each choice is
+workspace-resident expert output and the expert-id sentinel wherever they apply; both
+FlashInfer APIs (``comm`` and ``moe_ep``) where the release has them. Scenarios the kernels
+cannot run are never drawn: each choice is
 made from what the earlier ones allow (and :meth:`Scenario.validate` still checks them).
 """
 
@@ -51,7 +53,12 @@ def scenarios(draw) -> Scenario:
     if path == "none":
         ep = 1
     profile = draw(st.sampled_from(PROFILES))
-    divisible = path == "two_sided" or profile in ("0.6.8", "0.6.14")
+    flashinfer = path in ("one_sided", "two_sided")
+    absent = FAKE_PROFILES[profile].absent_modules
+    apis = [a for a, home in (("comm", "comm.trtllm_moe_alltoall"), ("moe_ep", "moe_ep")) if home not in absent]
+    a2a_api = draw(st.sampled_from(["auto"] + apis)) if flashinfer else "auto"
+    on_moe_ep = flashinfer and (a2a_api == "moe_ep" or apis == ["moe_ep"])
+    divisible = path == "two_sided" or profile in ("0.6.8", "0.6.14") or on_moe_ep
     unit = math.lcm(4, ep) if path == "two_sided" else ep
     experts = draw(st.sampled_from([n for n in range(max(ep, 2), 33) if n % (unit if divisible else 1) == 0]))
     formats = draw(st.lists(st.sampled_from(FORMATS), min_size=1, max_size=3))
@@ -70,7 +77,7 @@ def scenarios(draw) -> Scenario:
     kernels = FAKE_PROFILES[profile].top_k_kernels if path == "one_sided" else SUPPORTED_TOP_K
     top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K if k in kernels
                                   and (k <= experts or routing in ("hotspot", "one-expert"))]))
-    signature = draw(st.sampled_from(COMBINE_SIGNATURES)) if path == "one_sided" else "release"
+    signature = draw(st.sampled_from(COMBINE_SIGNATURES)) if path == "one_sided" and not on_moe_ep else "release"
     sp_ok = path in ("one_sided", "allgather_reducescatter") and layout.tp > 1 and layout.dp > 1
     one_sided = path == "one_sided"
     features = dict(
@@ -88,7 +95,7 @@ def scenarios(draw) -> Scenario:
                              combine_signature=signature, slot_order=draw(st.sampled_from(SLOT_ORDERS)),
                              seed=draw(st.integers(0, 2 ** 16)),
                              router_weight_on_input=top_k == 1 and draw(st.booleans()), label="fuzz",
-                             **features)
+                             a2a_api=a2a_api, **features)
     except ScenarioInputError as e:  # the strategy drew something it should not have
         raise AssertionError(f"the scenario strategy drew an invalid scenario: {e}") from e
 

@@ -6,7 +6,9 @@
   dispatch left stale must not reach them), order-insensitive.
 - ``workspace``: after each layer is built the live ``MoeAlltoAll`` covers every layer built
   so far at its own budget; sizes never shrink; builds = strict increases of the need; the
-  same on every rank of the EP group.
+  same on every rank of the EP group. On ``moe_ep``: every round runs on a communication
+  whose token capacity and dispatch bytes per token cover its layer, built for the model's
+  top_k and experts, the same builds on every rank of the EP group.
 - ``collectives``: ``impl`` uses the EP group (set-up, barriers, all-to-all rounds), the TP
   group for the reduce (and under sequence parallel the all-gather), and on the
   all-gather/reduce-scatter path the DP group; the ranks of a group issue the same
@@ -19,7 +21,7 @@
 - ``expert-output``: with ``--expert-output workspace`` the experts get the combine region
   and every combine runs with ``payload_in_workspace``; otherwise neither.
 - ``probe``: combine receives ``output=`` exactly when the exposed combine takes it.
-- ``runtime-max-tokens``: each one-sided round dispatches and combines with the max over the
+- ``runtime-max-tokens``: each one-sided (and each ``moe_ep``) round dispatches and combines with the max over the
   dispatching ranks of the layer's token counts (at least 1; under sequence parallel a DP
   rank's count is split over its TP ranks), the same on every rank.
 - ``no-leaks`` (checked by the runner): no process or shared-memory segment left behind.
@@ -36,7 +38,7 @@ import torch
 from fakes.flashinfer.comm import trtllm_moe_alltoall
 from fakes.flashinfer.profiles import fake_profile
 from testbed.scenario import audit
-from testbed.scenario.model import Scenario
+from testbed.scenario.model import Scenario, row_bytes
 from testbed.scenario.reference import (
     TOLERANCE,
     dispatch_bytes,
@@ -136,7 +138,7 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
                       + (" and the sequence-parallel all-gather" if sc.sequence_parallel else "")
                       + (f", and its DP group {_group_text(dp)} to gather and reduce-scatter"
                          if sc.path == "allgather_reducescatter" and not sc.sequence_parallel else ""))
-        if sc.path == "one_sided":
+        if sc.path == "one_sided" and sc.api == "comm":  # moe_ep barriers inside FlashInfer
             _rebuild_barriers(rank, events, ep, f)
     for group, by_rank in sorted(audit.calls_per_group(logs).items()):
         found = audit.divergence(group, by_rank, finished)
@@ -161,6 +163,9 @@ def _rebuild_barriers(rank: int, events: list[dict], ep: tuple[int, ...], f: _Fi
 
 
 def _workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
+    if sc.api == "moe_ep":
+        _moe_ep_workspace(sc, logs, v, complete)
+        return
     if sc.path != "one_sided":
         return
     with fake_profile(sc.profile):  # the auxiliary region's size depends on the release's kMaxTopK
@@ -207,6 +212,41 @@ def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                     f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected_builds[i]} "
                           f"(one, plus one per layer whose need exceeded the size so far or whose budget "
                           f"exceeded every earlier one)")
+        if stage in seen_stage and (seen_stage[stage][1] != builds if complete else
+                                    seen_stage[stage][1][:len(builds)] != builds[:len(seen_stage[stage][1])]):
+            f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
+                  f"{seen_stage[stage][1]}")
+        seen_stage.setdefault(stage, (rank, builds))
+        if not v.builds[stage]:
+            v.builds[stage] = builds
+    f.close()
+
+
+def _moe_ep_workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
+    f = _Findings(v, "workspace")
+    v.builds = [[] for _ in sc.stages]
+    seen_stage: dict[int, tuple] = {}
+    for rank, events in sorted(logs.items()):
+        stage = _stage(sc, rank)
+        layers, built, layer = sc.stages[stage], {}, None
+        for e in events:
+            if e["ev"] == "ep_build":
+                built[e["index"]] = e
+                if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
+                    f.add(f"rank {rank}: communication {e['index']} has top_k {e['top_k']}, num_experts "
+                          f"{e['num_experts']}; the model has {sc.top_k}, {sc.experts}")
+            elif e["ev"] == "forward":
+                layer = e["layer"]
+            elif e["ev"] == "dispatch" and layer is not None:
+                ly, comm = layers[layer], built.get(e.get("build"))
+                need = sum(row_bytes(ly.fmt, sc.hidden).values())
+                if comm is None:
+                    f.add(f"rank {rank}: layer {layer} dispatched on a communication it never built")
+                elif comm["max_num_tokens"] < ly.max_num_tokens or comm["bytes_per_token"] < need:
+                    f.add(f"rank {rank}: layer {layer} ({ly}) runs on communication {comm['index']} sized for "
+                          f"{comm['max_num_tokens']} tokens of {comm['bytes_per_token']} bytes; the layer needs "
+                          f"{ly.max_num_tokens} tokens of {need} bytes")
+        builds = [(b["max_num_tokens"], b["bytes_per_token"]) for _, b in sorted(built.items())]
         if stage in seen_stage and (seen_stage[stage][1] != builds if complete else
                                     seen_stage[stage][1][:len(builds)] != builds[:len(seen_stage[stage][1])]):
             f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
@@ -299,7 +339,7 @@ def _expert_output(sc: Scenario, logs, v: Verdict) -> None:
 
 
 def _probe(sc: Scenario, logs, v: Verdict) -> None:
-    if sc.path != "one_sided":
+    if sc.path != "one_sided" and sc.api != "moe_ep":
         return
     f = _Findings(v, "probe")
     takes = sc.combine_takes_output()
@@ -314,7 +354,7 @@ def _probe(sc: Scenario, logs, v: Verdict) -> None:
 
 
 def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
-    if sc.path != "one_sided":
+    if sc.path != "one_sided" and sc.api != "moe_ep":
         return
     f = _Findings(v, "runtime-max-tokens")
     for rank, events in sorted(logs.items()):

@@ -12,8 +12,10 @@ output and both expert-id sentinels.
 
 from __future__ import annotations
 
+import dataclasses
+
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario.model import Scenario, parse_stages
+from testbed.scenario.model import PROFILES, Scenario, ScenarioInputError, parse_stages
 
 
 def _s(layout: str, stages: str, tokens: str, **kw) -> Scenario:
@@ -71,9 +73,38 @@ MATRIX: tuple[Scenario, ...] = (
        label="expert output in the workspace on 0.6.8 (combine without output=)"),
     _s("4,2,2,1", "bf16:8", "3,2", top_k=1, router_weight_on_input=True, expert_kernel="trtllm",
        path="allgather_reducescatter", label="router weight on input before a SwiGLU expert"),
+    # -- flashinfer.moe_ep (0.7.2 by choice, 0.7.4 the only API; issue 10) ---------------------------
+    _s("4,2,2,1", "bf16:8,nvfp4:16,mxfp8:24", "0,5 8,3", profile="0.7.4", top_k=3, expert_output="workspace",
+       label="0.7.4: moe_ep one-sided, top_k 3 (instantiated from 0.7.4), budgets grow, output in the workspace"),
+    _s("8,2,2,2", "bf16:8,nvfp4:8;nvfp4:16", "3,1 0,2", profile="0.7.4", sequence_parallel=True,
+       expert_kernel="trtllm", label="0.7.4 under SP with PP 2: chunked ids must start 16-byte aligned"),
+    _s("4,1,2,2", "fp8_block:8;bf16:16", "3,8 0,0", profile="0.7.4", path="two_sided", hidden=512,
+       label="0.7.4: moe_ep two-sided, PP 2, an all-zero pass"),
+    _s("4,1,4,1", "nvfp4:8,bf16:16", "2,0,5,1 0,0,0,0", a2a_api="moe_ep", invalid_expert_id="num_experts",
+       label="0.7.2 through moe_ep one-sided; num_experts as the sentinel; an all-zero pass"),
+    _s("4,2,2,1", "mxfp8:8,bf16:8", "4,1", a2a_api="moe_ep", path="two_sided", hidden=512, top_k=4,
+       label="0.7.2 through moe_ep two-sided"),
     # -- NVL72-sized EP groups (kMaxRanks is 64) -------------------------------------------------
     _s("64,1,64,1", "nvfp4:16,bf16:16", ",".join(str(d % 17) for d in range(64)), experts=256, top_k=8,
        label="EP 64 (an NVL72 deployment): 256 experts, top_k 8, 0 to 16 tokens per rank"),
     _s("33,1,33,1", "bf16:8", ",".join(str(d % 9) for d in range(33)), experts=100, top_k=8, routing="spread",
        label="odd EP 33: 100 experts split 4/3 per rank"),
 )
+
+
+def on_release(profile: str) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
+    """The matrix moved to FlashInfer ``profile`` (each FlashInfer path on the API the release
+    offers): the scenarios it can run, and those it refuses with the rule (a custom combine
+    signature needs ``MoeAlltoAll``, ``moe_ep`` needs experts divisible by the EP size, ...)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    runnable, refused = [], []
+    for sc in MATRIX:
+        moved = dataclasses.replace(sc, profile=profile, a2a_api="auto", label=f"{sc.label} [on {profile}]")
+        try:
+            moved.validate()
+        except ScenarioInputError as e:
+            refused.append((sc, str(e)))
+        else:
+            runnable.append(moved)
+    return runnable, refused

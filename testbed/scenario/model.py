@@ -41,6 +41,9 @@ ROUTINGS = ("random", "spread", "local", "hotspot", "one-expert")
 # no release has (keyword-only ``output``, ``**kwargs`` only, ``output`` positional-only, or
 # no inspectable signature at all, as a C-extension function has).
 COMBINE_SIGNATURES = ("release", "kw-only", "kwargs-only", "positional-only", "opaque")
+# The FlashInfer API that carries a FlashInfer path: what impl's probe picks ("auto"), flashinfer.comm's
+# MoeAlltoAll / MnnvlMoe (up to 0.7.2), or flashinfer.moe_ep's NVLink backends (0.7.2 on).
+A2A_APIS = ("auto", "comm", "moe_ep")
 SLOT_ORDERS = ("shuffled", "deterministic")
 PROFILES = tuple(FAKE_PROFILES)
 # The TRT-LLM MoE routing kernels take at most 8 experts per token (the one-sided all-to-all
@@ -50,7 +53,7 @@ SUPPORTED_TOP_K = tuple(range(1, 9))
 # rows in 16-byte units, so every payload row (values and scales) must fill whole units.
 TWO_SIDED_ROW_UNIT = 16
 BLOCK = {"bf16": 1, "nvfp4": 16, "mxfp8": 32, "fp8_block": 128}
-MAX_EP_RANKS = 64  # kMaxRanks of the one-sided kernels
+MAX_EP_RANKS = 64  # kMaxRanks of MoeAlltoAll's kernels and of MnnvlMoe; moe_ep's per release
 
 
 class ScenarioInputError(ValueError):
@@ -100,6 +103,7 @@ class Scenario:
     expert_kernel: str = "reference"  # one of EXPERT_KERNELS
     expert_output: str = "separate"  # "workspace": straight into the one-sided combine region
     invalid_expert_id: str = "-1"  # the one-sided dispatch's sentinel: -1 or num_experts
+    a2a_api: str = "auto"  # one of A2A_APIS (FlashInfer paths only)
     label: str = field(default="", compare=False)
 
     @classmethod
@@ -112,6 +116,16 @@ class Scenario:
     @property
     def backend(self) -> str:
         return PATH_BACKEND[self.path]
+
+    @property
+    def api(self) -> str | None:
+        """The FlashInfer API the path runs on (None off the FlashInfer paths): ``--a2a-api``,
+        or for ``auto`` what the release offers, ``comm`` first (impl's probe decides the same)."""
+        if self.path not in ("one_sided", "two_sided"):
+            return None
+        if self.a2a_api != "auto":
+            return self.a2a_api
+        return "comm" if "comm.trtllm_moe_alltoall" not in FAKE_PROFILES[self.profile].absent_modules else "moe_ep"
 
     @property
     def ep_size(self) -> int:
@@ -154,6 +168,8 @@ class Scenario:
     def combine_takes_output(self) -> bool:
         """Whether the combine this scenario's fake exposes accepts ``output=`` by keyword
         (what the integration's probe must find, and then use)."""
+        if self.api == "moe_ep":
+            return True  # moe_ep's combine takes output= in every release
         if self.combine_signature == "release":
             return FAKE_PROFILES[self.profile].combine_output_kw
         return self.combine_signature == "kw-only"
@@ -176,6 +192,8 @@ class Scenario:
         _choice("--expert-kernel", self.expert_kernel, EXPERT_KERNELS)
         _choice("--expert-output", self.expert_output, EXPERT_OUTPUTS)
         _choice("--invalid-expert-id", self.invalid_expert_id, INVALID_EXPERT_IDS)
+        _choice("--a2a-api", self.a2a_api, A2A_APIS)
+        self._check_api()
         self._check_features()
         kernels = FAKE_PROFILES[self.profile].top_k_kernels
         if self.path == "one_sided" and self.top_k not in kernels:
@@ -187,8 +205,9 @@ class Scenario:
         if self.routing in ("random", "spread", "local") and self.top_k > self.experts:
             raise ScenarioInputError("--top-k", f"routing {self.routing!r} picks {self.top_k} distinct experts "
                                      f"per token but there are only {self.experts}")
-        if self.ep_size > MAX_EP_RANKS:
-            raise ScenarioInputError("--layout", f"FlashInfer supports at most {MAX_EP_RANKS} EP ranks "
+        max_ranks = FAKE_PROFILES[self.profile].k_max_ranks if self.api == "moe_ep" else MAX_EP_RANKS
+        if self.ep_size > max_ranks:
+            raise ScenarioInputError("--layout", f"FlashInfer supports at most {max_ranks} EP ranks "
                                      f"(kMaxRanks), the layout has {self.ep_size}")
         if self.experts < self.ep_size:
             raise ScenarioInputError("--experts", f"the dispatch needs num_experts >= ep_size "
@@ -199,6 +218,8 @@ class Scenario:
                                      f"ep_size ({self.experts} % {self.ep_size} != 0; non-divisible since 0.6.16)")
         if self.path != "one_sided" and self.combine_signature != "release":
             raise ScenarioInputError("--combine-signature", "applies to --path one_sided only")
+        if self.api == "moe_ep":
+            self._check_moe_ep()
         if (self.path == "none" or self.shared_experts and self.parts_partial) and self.hidden % lay.tp:
             raise ScenarioInputError("--hidden", f"TP-sharded experts split hidden across the {lay.tp} TP ranks; "
                                      f"{self.hidden} % {lay.tp} != 0")
@@ -238,6 +259,25 @@ class Scenario:
                                          f"(largest {biggest})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ScenarioInputError("--seed", f"must be an integer >= 0, got {self.seed!r}")
+
+    def _check_api(self) -> None:
+        if self.a2a_api == "auto":
+            return
+        if self.path not in ("one_sided", "two_sided"):
+            raise ScenarioInputError("--a2a-api", "applies to the FlashInfer paths (one_sided, two_sided) only")
+        home = "comm.trtllm_moe_alltoall" if self.a2a_api == "comm" else "moe_ep"
+        if home in FAKE_PROFILES[self.profile].absent_modules:
+            raise ScenarioInputError("--a2a-api", f"FlashInfer {self.profile} does not ship flashinfer.{home}")
+
+    def _check_moe_ep(self) -> None:
+        """``moe_ep``'s own rules: its base class needs num_experts divisible by the EP size,
+        and the signatures no release has are MoeAlltoAll's (the testbed replaces its combine)."""
+        if self.experts % self.ep_size:
+            raise ScenarioInputError("--experts", f"flashinfer.moe_ep needs num_experts divisible by the EP size "
+                                     f"({self.experts} % {self.ep_size} != 0)")
+        if self.combine_signature != "release":
+            raise ScenarioInputError("--combine-signature", "the custom signatures replace MoeAlltoAll's combine; "
+                                     "they need --a2a-api comm")
 
     def _check_features(self) -> None:
         f = self.routed_scaling
@@ -299,7 +339,8 @@ class Scenario:
             if on:
                 parts.append(flag)
         parts += ["--routed-scaling", repr(float(self.routed_scaling)), "--expert-kernel", self.expert_kernel,
-                  "--expert-output", self.expert_output, "--invalid-expert-id", self.invalid_expert_id]
+                  "--expert-output", self.expert_output, "--invalid-expert-id", self.invalid_expert_id,
+                  "--a2a-api", self.a2a_api]
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -315,6 +356,7 @@ class Scenario:
         sig += f" {self.expert_kernel}" if self.expert_kernel != "reference" else ""
         sig += " out-in-workspace" if self.expert_output == "workspace" else ""
         sig += f" invalid={self.invalid_expert_id}" if self.invalid_expert_id != "-1" else ""
+        sig += " moe_ep" if self.api == "moe_ep" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
 
@@ -356,12 +398,12 @@ def _choice(flag: str, value, choices) -> None:
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
-                  "invalid_expert_id")
+                  "invalid_expert_id", "a2a_api")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
-            "expert_output": "separate", "invalid_expert_id": "-1"}
+            "expert_output": "separate", "invalid_expert_id": "-1", "a2a_api": "auto"}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
@@ -406,6 +448,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                 "(workspace: the one-sided combine region) (default separate)")
     parser.add_argument("--invalid-expert-id", help=f"the one-sided dispatch's sentinel: "
                                                     f"{', '.join(INVALID_EXPERT_IDS)} (default -1)")
+    parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
+                                          "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
+                                          "from 0.7.2; auto: comm where the release has it) (default auto)")
 
 
 def scenario_given(args: argparse.Namespace) -> bool:

@@ -23,6 +23,7 @@ from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
 from impl.forward_context import forward_context
 from impl.moe_layer import MoELayer, MoELayerConfig
 from impl.parallel import ONE_SIDED, TWO_SIDED, ParallelConfig
+from impl.moe_ep import MoeEpManager, MoeEpPrepareFinalize
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
 from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
 from testbed.scenario import mutants
@@ -136,14 +137,16 @@ class LayersResult:
 
 def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one_sided",
                mutant: Optional[str] = None, profile: str = "0.7.2",
-               slot_order: str = "shuffled", forward: bool = True, backend: str = "fake") -> LayersResult:
+               slot_order: str = "shuffled", forward: bool = True, backend: str = "fake",
+               a2a_api: Optional[str] = None) -> LayersResult:
     """Build this rank's pipeline stage's layers (``stages[pp_rank]``) on one shared manager,
     then run each layer's forward on this DP rank's tokens.
 
     ``kind`` is ``"one_sided"`` or ``"two_sided"``; ``mutant`` names a mutant of ``impl`` in
     :mod:`testbed.scenario.mutants` to run against. ``backend="flashinfer"`` drives the
     real package on this rank's GPU (``profile`` and ``slot_order`` are the fake's); outputs
-    come back on the CPU either way.
+    come back on the CPU either way. ``a2a_api`` (``"comm"`` or ``"moe_ep"``) picks the
+    FlashInfer API; None takes what the release offers (``comm`` first).
     """
     device = _rank_device(ctx, backend)
     if mutant:
@@ -159,7 +162,17 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     ep_group = ctx.groups["ep"]
     layers = stages[ctx.coords.pp_rank]
     result = LayersResult(dp_rank=ctx.coords.dp_rank)
-    if kind == "one_sided":
+    if kind not in ("one_sided", "two_sided"):
+        raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
+    if api.a2a_api(kind == "two_sided", a2a_api) == "moe_ep":
+        mgr = MoeEpManager(api, ep_group, kind)
+        pfs = [MoeEpPrepareFinalize(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k, num_experts=case.num_experts,
+                                    hidden_size=case.hidden, layout=dispatch_layout(case.hidden, case.quant_config(),
+                                                                                    ACT_DTYPE),
+                                    invalid_expert_id=-1 if kind == "one_sided" else case.num_experts)
+               for case in layers]
+        result.builds = [mgr.builds] * len(layers)
+    elif kind == "one_sided":
         mgr = OneSidedManager(api, ep_group)
         pfs = []
         for case in layers:
@@ -171,11 +184,9 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
             result.workspace_sizes.append(mgr.workspace_size)
             result.rebuilt.append(mgr.moe_alltoall is not before)
         result.probe = mgr.combine_supports_output
-    elif kind == "two_sided":
+    else:
         mgr = TwoSidedManager(api, ep_group)
         pfs = [TwoSidedPrepareFinalize(mgr) for _ in layers]
-    else:
-        raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
     if forward:
         result.outputs = [forward_layer(ctx, pf, case, device).cpu() for case, pf in zip(layers, pfs)]
     return result
@@ -184,7 +195,9 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
 def case_layer(ctx, pf, case: MoECase) -> MoELayer:
     """``case`` as a :class:`MoELayer` over ``pf`` with this EP rank's experts."""
     ep_group = ctx.groups["ep"]
-    kind = TWO_SIDED if isinstance(pf, TwoSidedPrepareFinalize) else ONE_SIDED
+    two_sided = isinstance(pf, TwoSidedPrepareFinalize) or isinstance(pf, MoeEpPrepareFinalize) \
+        and pf.manager.kind == "two_sided"
+    kind = TWO_SIDED if two_sided else ONE_SIDED
     parallel = ParallelConfig(tp=dist.get_world_size(ctx.groups["tp"]), dp=dist.get_world_size(ctx.groups["dp"]),
                               all2all_backend=kind, sequence_parallel_moe=False)
     experts = case_experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))

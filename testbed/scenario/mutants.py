@@ -49,6 +49,7 @@ UNITS, ONE_SIDED_TESTS = "tests/test_impl_units.py", "tests/test_impl_one_sided.
 OS, MGR = "impl.one_sided", "impl.one_sided:OneSidedManager"
 PF = "impl.one_sided:OneSidedPrepareFinalize"
 LAYER = "impl.moe_layer:MoELayer"
+EP_MGR, EP_PF = "impl.moe_ep:MoeEpManager", "impl.moe_ep:MoeEpPrepareFinalize"
 CATALOGUE: tuple[Mutant, ...] = (
     # -- workspace growth (seed 001) --------------------------------------------------------
     _m("first-layer-workspace", "historical bug 2: the workspace is built for the first layer and never grown",
@@ -128,8 +129,8 @@ CATALOGUE: tuple[Mutant, ...] = (
        "impl.moe_layer:MoELayer._finalized", "reduce=self.reduce_pending)", "reduce=True)",
        ("reduce", "all_reduce")),
     _m("router-weight-not-applied", "prepare ignores apply_router_weight_on_input",
-       f"{PF}.prepare", "            a1 = scale_input_by_router_weight(a1, topk_weights, topk_ids)\n",
-       "            pass\n", ("output", "")),
+       f"{OS}:check_prepare_inputs", "        a1 = scale_input_by_router_weight(a1, topk_weights, topk_ids)\n",
+       "        pass\n", ("output", "")),
     # -- layout and quantizers (seed 003) ----------------------------------------------------
     _m("nvfp4-scale-width", "the nvfp4 layout counts one scale per 32 values",
        "impl.formats:dispatch_layout", "DispatchLayout(hidden // 2, hidden // NVFP4_BLOCK)",
@@ -258,11 +259,11 @@ CATALOGUE: tuple[Mutant, ...] = (
        ("tests", "test_prepare_deepseek_fp8_x_sf_transposes_and_checks"),
        tests=(f"{UNITS}::test_prepare_deepseek_fp8_x_sf_transposes_and_checks",)),
     _m("workspace-buffer-unchecked", "finalize takes whatever the experts return as the workspace's combine region",
-       f"{PF}.finalize", "            _check_workspace_resident(fused_expert_output, in_workspace)\n",
+       f"{PF}.finalize", "            check_workspace_resident(fused_expert_output, in_workspace)\n",
        "            pass\n", ("tests", "test_one_sided_workspace_output_refuses_another_buffer"),
        tests=(f"{ONE_SIDED_TESTS}::test_one_sided_workspace_output_refuses_another_buffer",)),
     _m("sentinel-inside-expert-range", "an invalid-expert id inside [0, num_experts) is accepted",
-       f"{PF}.__init__", "or invalid_expert_id not in (-1, num_experts):", "or invalid_expert_id < -1:",
+       f"{OS}:check_invalid_expert_id", "or invalid_expert_id not in (-1, num_experts):", "or invalid_expert_id < -1:",
        ("tests", "test_one_sided_invalid_expert_id_outside_the_experts"),
        tests=(f"{UNITS}::test_one_sided_invalid_expert_id_outside_the_experts",)),
     _m("moe-output-unvalidated", "the consumer finalizes a MoEOutput without validating it",
@@ -272,6 +273,26 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("two-sided-combine-top1", "the two-sided combine is told top_k = 1",
        "impl.two_sided:TwoSidedPrepareFinalize.finalize", "top_k=topk_ids.size(1)", "top_k=1",
        ("completes", "would write outside it")),
+    # -- flashinfer.moe_ep (issue 10) ------------------------------------------------------------
+    _m("moe-ep-first-layer-communication", "historical bug 2 on moe_ep: every layer runs on the first "
+       "layer's communication", f"{EP_MGR}.communication",
+       "key = (max_num_tokens, top_k, num_experts, hidden_size, extra, invalid_expert_id)", "key = ()",
+       ("workspace", "runs on communication"), ("completes", "must be in (0")),
+    _m("moe-ep-unaligned-payloads", "0.7.4: a sequence-parallel chunk of the ids is dispatched where it starts",
+       "impl.moe_ep:aligned", "return t if t is None or t.data_ptr() % PAYLOAD_ALIGNMENT == 0 else t.clone()",
+       "return t", ("completes", "16-byte aligned")),
+    _m("moe-ep-world-communicator", "historical bug 3 on moe_ep: the MNNVL handles are exchanged over the world",
+       f"{EP_MGR}.communication", "comm_backend = make_communicator(self.api, self.cpu_group)",
+       "comm_backend = make_communicator(self.api, dist.group.WORLD)",
+       ("completes", "MNNVL communicator has"), ("collectives", "")),
+    _m("moe-ep-double-reduce", "historical bug 1 on moe_ep: output_is_reduced() says False",
+       f"{EP_PF}.output_is_reduced", "return True", "return False", ("reduce", "output_is_reduced")),
+    _m("moe-ep-old-step-keyword", "0.7.4's dispatch is called with 0.7.2's max_tokens_per_rank keyword",
+       f"{EP_PF}.__init__", 'if supports_kw(self.comm.dispatch, "runtime_max_tokens_per_rank", allow_var_kwargs=False)',
+       "if False", ("completes", "max_tokens_per_rank")),
+    _m("moe-ep-step-is-local-count", "moe_ep dispatches with this rank's token count as the step's max",
+       f"{EP_PF}.prepare", "**{self._step_kw: S})", "**{self._step_kw: max(a1.size(0), 1)})",
+       ("runtime-max-tokens", "runtime_max_tokens_per_rank"), ("completes", "")),
 )
 BY_NAME = {m.name: m for m in CATALOGUE}
 

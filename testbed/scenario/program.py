@@ -6,7 +6,7 @@ The record is an event log (:mod:`testbed.scenario.audit`) the parent reads even
 hang or a crash, plus the returned outputs and the lanes the experts computed. The fake's
 ``MoeAlltoAll`` is subclassed here to log each construction (its token budget and workspace
 size) and whether each combine got ``output=``; the combine signature the probe sees is the
-scenario's.
+scenario's. ``moe_ep``'s communications are recorded alike.
 """
 
 from __future__ import annotations
@@ -106,8 +106,55 @@ def _recording_mnnvl_moe(base: type, log: audit.EventLog, ep_ranks: tuple[int, .
     return type("MnnvlMoe", (base,), {name: logged(name) for name in names})
 
 
+def _recording_communication(create, log: audit.EventLog, ep_ranks: tuple[int, ...]):
+    """``moe_ep.create_communication`` whose communications log their construction (token
+    capacity and dispatch bytes per token), and their dispatches and combines as ``MoeAlltoAll``'s
+    do (the probe reads the real signatures through ``__wrapped__``)."""
+    builds = itertools.count(1)
+
+    def create_communication(bootstrap, params, backend, **options):
+        comm = create(bootstrap, params, backend, **options)
+        config = options.get("config", backend)
+        comm._testbed_build = next(builds)
+        log.write(ev="ep_build", index=comm._testbed_build, kind=comm.backend_name,
+                  max_num_tokens=params.max_tokens_per_rank, top_k=params.top_k, num_experts=params.num_experts,
+                  bytes_per_token=params.dispatch_bytes_per_token + getattr(config, "extra_payload_bytes_per_token", 0))
+        comm.__class__ = _recording_communication_class(type(comm), log, ep_ranks)
+        return comm
+
+    return create_communication
+
+
+def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tuple[int, ...]) -> type:
+    @functools.wraps(base.dispatch)
+    def dispatch(self, hidden_states, topk_ids, *args, **kwargs):
+        result_kw = kwargs.get("runtime_max_tokens_per_rank", kwargs.get("max_tokens_per_rank"))
+        log.write(ev="coll", op="moe_ep_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="dispatch", rtm=result_kw, tokens=topk_ids.size(0), build=self._testbed_build)
+        result = base.dispatch(self, hidden_states, topk_ids, *args, **kwargs)
+        self._testbed_round = result.tokens_per_rank
+        return result
+
+    @functools.wraps(base.get_combine_input_buffer)
+    def get_combine_input_buffer(self, dtype):
+        self._testbed_buffer = base.get_combine_input_buffer(self, dtype)
+        return self._testbed_buffer
+
+    @functools.wraps(base.combine)
+    def combine(self, expert_output, *args, **kwargs):
+        buffer, self._testbed_buffer = getattr(self, "_testbed_buffer", None), None
+        log.write(ev="combine", build=self._testbed_build, output=kwargs.get("output") is not None,
+                  rtm=getattr(self, "_testbed_round", None),
+                  in_workspace=buffer is not None and expert_output.data_ptr() == buffer.data_ptr())
+        log.write(ev="coll", op="moe_ep_combine", group=list(ep_ranks), site=audit.impl_call_site())
+        return base.combine(self, expert_output, *args, **kwargs)
+
+    return type(base.__name__, (base,), {"dispatch": dispatch, "combine": combine,
+                                         "get_combine_input_buffer": get_combine_input_buffer})
+
+
 def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
-    from fakes.flashinfer import profiles
+    from fakes.flashinfer import moe_ep, profiles
     from fakes.flashinfer.comm import moe_a2a_kernels
     from fakes.flashinfer.comm import trtllm_alltoall as two_sided_mod
     from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
@@ -117,15 +164,24 @@ def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
     api = resolve_backend("fake", profile=sc.profile)
     moe_a2a_kernels.SlotOrder.mode = sc.slot_order
     moe_a2a_kernels.SlotOrder.seed = sc.seed
-    base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
-        fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
-    fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log, ctx.group_ranks["ep"])
-    mnnvl_moe = two_sided_mod.MnnvlMoe
-    two_sided_mod.MnnvlMoe = _recording_mnnvl_moe(mnnvl_moe, log, ctx.group_ranks["ep"])
+    ep_ranks = ctx.group_ranks["ep"]
+    absent = profiles.active().absent_modules
+    restores = []
+    if "comm.trtllm_moe_alltoall" not in absent:
+        base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
+            fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
+        fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log, ep_ranks)
+        two_sided_mod.MnnvlMoe = _recording_mnnvl_moe(two_sided_mod.MnnvlMoe, log, ep_ranks)
+        # back to the modules' per-profile lookups
+        restores += [lambda: delattr(fake_mod, "MoeAlltoAll"), lambda: delattr(two_sided_mod, "MnnvlMoe")]
+    if "moe_ep" not in absent:
+        create = moe_ep.create_communication
+        moe_ep.create_communication = _recording_communication(create, log, ep_ranks)
+        restores.append(lambda: setattr(moe_ep, "create_communication", create))
 
     def restore():
-        del fake_mod.MoeAlltoAll  # back to the module's per-profile lookup
-        two_sided_mod.MnnvlMoe = mnnvl_moe
+        for undo in restores:
+            undo()
         moe_a2a_kernels.SlotOrder.mode, moe_a2a_kernels.SlotOrder.seed = slot_before
         profiles.set_profile(profile_before)
 
@@ -221,7 +277,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     own = local_experts(sc.experts, sc.ep_size, ep_rank)
     expert_shard = tp if sc.path == "none" else (0, 1)
     parallel = sc.parallel_config()
-    manager = make_manager(parallel, api, ep_group)
+    manager = make_manager(parallel, api, ep_group, None if sc.a2a_api == "auto" else sc.a2a_api)
     layers = []
     for i, layer in enumerate(sc.stages[stage]):
         qc = quant_config(layer.fmt)

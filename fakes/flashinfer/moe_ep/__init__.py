@@ -34,7 +34,10 @@ del MoEEpCommunication_0_7_4
 
 
 def __getattr__(name: str):
-    names = _BY_KERNELS[profiles.active().moe_ep_kernels]
+    profile = profiles.active()
+    if "moe_ep" in profile.absent_modules:
+        raise profiles.removed_module(__name__)
+    names = _BY_KERNELS[profile.moe_ep_kernels]
     if name in names:
         return names[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
