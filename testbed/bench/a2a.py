@@ -1,7 +1,7 @@
 """A2a: bytes per second per rank of the fake's dispatch + combine, against gloo and memcpy.
 
 Each rank dispatches ``[x bf16 [T, H], ids int32 [T, K], weights fp32 [T, K]]`` and combines
-the received ``x`` back. The bytes moved per rank are the payload bytes of every (token,
+``[R, T, H]`` bf16 expert outputs resident in its combine region (``payload_in_workspace``). The bytes moved per rank are the payload bytes of every (token,
 unique target rank) pair plus the ``H * 2`` bytes per pair the combine gathers. The same
 byte counts then go through two gloo ``all_to_all_single`` calls (dispatch and combine
 splits), and through a single-thread ``memcpy`` on rank 0 while the others wait; then every
@@ -58,8 +58,11 @@ def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: i
     a2a = MoeAlltoAll(mapping, tokens, top_k, experts, hidden_size=hidden, mnnvl_config=config)
 
     def fake_round():
-        recv_x, _, _ = a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], tokens)
-        a2a.combine(recv_x, tokens)
+        # The experts' output resident in the combine region (written there by the experts,
+        # not by the all-to-all): combine reads the peers' rows once, no staging copy.
+        a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], tokens)
+        a2a.combine(a2a.get_combine_payload_tensor_in_workspace(tokens, hidden, torch.bfloat16), tokens,
+                    payload_in_workspace=True)
 
     fake_s = _timed(fake_round, iters, group)
 
