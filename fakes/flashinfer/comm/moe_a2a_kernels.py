@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from fakes.flashinfer._check import icheck, icheck_eq
+from fakes.flashinfer.comm.mnnvl import on_scenario_end
 from fakes.flashinfer.profiles import Profile
 
 METAINFO_FIELDS = (
@@ -112,6 +113,9 @@ class Trap:
     later kernel of this process fails (the scenario's end, a new process in reality, clears it)."""
 
     reason: str | None = None
+
+
+on_scenario_end(lambda: setattr(Trap, "reason", None))
 
 
 def _check_alive() -> None:

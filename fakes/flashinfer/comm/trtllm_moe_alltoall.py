@@ -445,7 +445,6 @@ class _MoeAlltoAllBase:
 
 
 on_scenario_end(_MoeAlltoAllBase._forget_scenario)
-on_scenario_end(lambda: setattr(kernels.Trap, "reason", None))
 
 
 class _MoeAlltoAll_0_6_8(_MoeAlltoAllBase):

@@ -96,12 +96,12 @@ class MoEEpDispatchResult:
 
 class _Communication(ABC):
     """One EP group's dispatch/combine backend; one dispatch/combine pair in flight. What
-    0.7.2's and 0.7.4's bases share; ``fake_profiles`` are the releases a class belongs to
+    0.7.2's and 0.7.4's bases share; ``_fake_profiles`` are the releases a class belongs to
     (None: every release, as for a backend a user registers)."""
 
     backend_name: ClassVar[str]
     supports_cuda_graph: ClassVar[bool] = True
-    fake_profiles: ClassVar[Optional[tuple[str, ...]]] = None
+    _fake_profiles: ClassVar[Optional[tuple[str, ...]]] = None
 
     def __init__(self, bootstrap, params: MoEEpCommParams) -> None:
         if not self.is_platform_supported():
@@ -134,7 +134,7 @@ class _Communication(ABC):
 class MoEEpCommunication(_Communication, ABC):
     """0.7.2's base: ``dispatch(max_tokens_per_rank=...)``."""
 
-    fake_profiles = ("0.7.2",)
+    _fake_profiles = ("0.7.2",)
 
     def is_workload_feasible(self, max_tokens_per_rank: int) -> bool:
         return max_tokens_per_rank <= self.params.max_tokens_per_rank
@@ -154,7 +154,7 @@ class MoEEpCommunication(_Communication, ABC):
 class MoEEpCommunication_0_7_4(_Communication, ABC):
     """0.7.4's base: ``dispatch(runtime_max_tokens_per_rank=...)``, at most the capacity."""
 
-    fake_profiles = ("0.7.4",)
+    _fake_profiles = ("0.7.4",)
 
     @abstractmethod
     def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
@@ -198,7 +198,7 @@ def _registered() -> dict[str, type[_Communication]]:
     release = active().name
     found = {}
     for name, classes in _COMMUNICATION_REGISTRY.items():
-        mine = [c for c in classes if c.fake_profiles is None or release in c.fake_profiles]
+        mine = [c for c in classes if c._fake_profiles is None or release in c._fake_profiles]
         if mine:
             found[name] = mine[-1]
     return found
