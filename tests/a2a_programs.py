@@ -474,3 +474,32 @@ def trigger_moe_ep(ctx, what: str):
     except Exception as exc:
         return type(exc).__name__, str(exc)
     return None
+
+
+def rank_mask_beyond_64(ctx, dead: int):
+    """0.7.4 at more than 64 EP ranks: a rank mask whose second word marks rank ``dead``
+    inactive. The live ranks run one round with identity experts; returns, per live rank, its
+    combined ``[T, H]`` output and each token's number of distinct live target ranks (what
+    the output must be, times the token), or None on the dead rank."""
+    set_profile("0.7.4")
+    from fakes.flashinfer import moe_ep
+
+    R, me, T, K, H = ctx.layout.ep_size, ctx.coords.ep_rank, 3, 4, 16
+    E = 2 * R
+    bootstrap = moe_ep.BootstrapConfig(world_size=R, rank=me, process_group=ctx.groups["ep"])
+    params = moe_ep.MoEEpCommParams(num_experts=E, top_k=K, max_tokens_per_rank=T, hidden_size=H)
+    comm = moe_ep.create_communication(bootstrap, params, moe_ep.NVLinkOneSidedConfig(enable_rank_mask=True))
+    if me == dead:
+        return None
+    mask = comm.active_rank_mask([r for r in range(R) if r != dead])
+    g = torch.Generator().manual_seed(me)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    # lane 0 on the dead rank's experts for token 0, the others anywhere
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
+    ids[0, 0] = 2 * dead
+    got = comm.dispatch(x, ids, None, active_rank_mask=mask)
+    live = got.topk_ids[:, 0] != params.invalid_expert_id
+    out_NH = torch.where(live[:, None], got.hidden_states, torch.zeros_like(got.hidden_states))
+    out = comm.combine(out_NH, active_rank_mask=mask)
+    owners = (ids.long() // 2).tolist()
+    return out, [len({o for o in row if o != dead}) for row in owners]

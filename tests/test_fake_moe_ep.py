@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from a2a_programs import trigger_moe_ep
+from a2a_programs import rank_mask_beyond_64, trigger_moe_ep
 from fakes.flashinfer import install, profiles
 from testbed.cluster.layout import ParallelLayout
 
@@ -111,3 +111,43 @@ def test_moe_ep_active_rank_mask_has_0_7_4_words():
         mask = fake.active_rank_mask([0, 129])
         assert mask.dtype == torch.uint64 and mask.shape == (4,)
         assert mask.view(torch.int64).tolist() == [1, 0, 0b10, 0]  # rank 129: word 2, bit 1
+
+
+def test_moe_ep_0_7_4_rank_mask_second_word_at_66_ranks(cluster):
+    """0.7.4's kernels take 256 ranks and 4-word masks: at 66 EP ranks rank 65 (bit 1 of the
+    second word) is masked off, and every live token's combine sums exactly its live targets."""
+    results = cluster.run(rank_mask_beyond_64, ParallelLayout(66, dp=66), (65,), timeout_s=120)
+    assert results[65] is None
+    for rank, (out, live_targets) in enumerate(results[:65]):
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(3, 16, generator=g).to(torch.bfloat16)
+        want = x.float() * torch.tensor(live_targets, dtype=torch.float32)[:, None]
+        torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+    assert any(n < 4 for _, live in results[:65] for n in live)  # the dead rank's lanes were dropped
+
+
+class _Group:
+    """A communicator of ``size`` ranks that answers every collective for all of them (the
+    constructor's checks before the workspace need no peers)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return self.size
+
+    def allgather(self, data):
+        return [data] * self.size
+
+
+def test_moe_ep_0_7_4_refuses_257_ranks_like_real():
+    with profiles.fake_profile("0.7.4"):
+        from fakes.flashinfer import moe_ep
+
+        bootstrap = moe_ep.BootstrapConfig(world_size=257, rank=0)
+        params = moe_ep.MoEEpCommParams(num_experts=257, top_k=8, max_tokens_per_rank=4, hidden_size=16)
+        with pytest.raises(ValueError, match=r"^NVLinkOneSidedAlltoAll supports at most 256 EP ranks, got 257$"):
+            moe_ep.NVLinkOneSidedAlltoAll(bootstrap, params, moe_ep.NVLinkOneSidedConfig(comm_backend=_Group(257)))

@@ -71,6 +71,10 @@ BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), p
     (dict(profile="0.7.4", experts=10), "--experts", "moe_ep needs num_experts divisible by the EP size (10 % 4"),
     (dict(a2a_api="moe_ep", combine_signature="kw-only"), "--combine-signature", "need --a2a-api comm"),
     (dict(path="allgather_reducescatter", a2a_api="comm"), "--a2a-api", "FlashInfer paths"),
+    (dict(layout=ParallelLayout(65, 1, 65, 1), experts=130, passes=((1,) * 65,)), "--layout",
+     "at most 64 EP ranks (kMaxRanks), the layout has 65"),
+    (dict(layout=ParallelLayout(257, 1, 257, 1), experts=257, passes=((1,) * 257,), profile="0.7.4"), "--layout",
+     "at most 256 EP ranks (kMaxRanks), the layout has 257"),
 ])
 def test_scenario_rejects_bad_combination_naming_flag_and_rule(change, flag, rule):
     with pytest.raises(ScenarioInputError) as e:
@@ -132,6 +136,7 @@ def test_scenario_matrix_covers_the_dimensions():
     assert any(sc.shared_experts and sc.routed_scaling != 1.0 for sc in MATRIX)
     assert {sc.invalid_expert_id for sc in MATRIX} == {"-1", "num_experts"}
     assert any(sc.ep_size == 64 and sc.experts == 256 and sc.top_k == 8 for sc in MATRIX)
+    assert any(sc.ep_size > 64 and sc.api == "moe_ep" for sc in MATRIX)
     assert any(sc.ep_size % 2 and sc.experts % sc.ep_size for sc in MATRIX)
     assert len(MATRIX) >= 12
 

@@ -84,11 +84,13 @@ MATRIX: tuple[Scenario, ...] = (
        label="0.7.2 through moe_ep one-sided; num_experts as the sentinel; an all-zero pass"),
     _s("4,2,2,1", "mxfp8:8,bf16:8", "4,1", a2a_api="moe_ep", path="two_sided", hidden=512, top_k=4,
        label="0.7.2 through moe_ep two-sided"),
-    # -- NVL72-sized EP groups (kMaxRanks is 64) -------------------------------------------------
+    # -- NVL72-sized EP groups (kMaxRanks: 64, 256 in 0.7.4's moe_ep) ------------------------------
     _s("64,1,64,1", "nvfp4:16,bf16:16", ",".join(str(d % 17) for d in range(64)), experts=256, top_k=8,
        label="EP 64 (an NVL72 deployment): 256 experts, top_k 8, 0 to 16 tokens per rank"),
     _s("33,1,33,1", "bf16:8", ",".join(str(d % 9) for d in range(33)), experts=100, top_k=8, routing="spread",
        label="odd EP 33: 100 experts split 4/3 per rank"),
+    _s("72,1,72,1", "nvfp4:16,bf16:16", ",".join(str(d % 17) for d in range(72)), profile="0.7.4", experts=288,
+       top_k=8, label="EP 72, a whole NVL72 (0.7.4's moe_ep kernels take 256 ranks): 288 experts, top_k 8"),
 )
 
 
