@@ -465,6 +465,36 @@ def trigger_moe_ep(ctx, what: str):
                 except kernels.CompletionTimeout:
                     pass
                 comm.dispatch(x, ids, weights)
+        elif what == "output_not_contiguous":
+            comm = make()
+            got = comm.dispatch(x, ids, weights)
+            comm.combine(got.hidden_states, output=torch.zeros(H, T, dtype=torch.bfloat16).t())
+        elif what == "stats_not_contiguous":
+            make(eplb_stats_num_experts=4).dispatch(x, ids, weights, eplb_local_stats=torch.zeros(8, dtype=torch.int32)[::2])
+        elif what == "mask_int64":
+            comm = make(enable_rank_mask=True)
+            comm.dispatch(x, ids, weights, active_rank_mask=comm.active_rank_mask(range(R)).view(torch.int64))
+        elif what == "dispatch_while_checkpointed":  # checkpoint_prepare without its restore
+            comm = make()
+            comm.checkpoint_prepare()
+            try:
+                comm.dispatch(x, ids, weights)
+            finally:
+                try:  # the context is dead: a restore cannot bring the rank back
+                    comm.checkpoint_restore(ep_mapping_and_config(ctx)[1].comm_backend)
+                except RuntimeError as e:
+                    assert "a kernel trapped earlier" in str(e), e
+                else:
+                    raise AssertionError("checkpoint_restore worked after a trap")
+        elif what == "invalid_ids_route_nowhere":  # 0.7.4's kernel skips ids outside [0, E)
+            comm = make()
+            bad = ids.clone()
+            bad[0, 0], bad[1, 1] = -1, 4  # 4 == num_experts
+            got = comm.dispatch(x, bad, None)
+            out = comm.combine(got.hidden_states)  # identity experts: combine reads only rows tokens went to
+            owners = [len({e // 2 for e in row if 0 <= e < 4}) for row in bad.tolist()]
+            torch.testing.assert_close(out.float(), x.float() * torch.tensor(owners, dtype=torch.float32)[:, None],
+                                       rtol=2e-2, atol=2e-2)
         elif what == "top_k_3":
             comm = make(top_k=3)
             got = comm.dispatch(x, _ids(T, 3, 4, me), torch.rand(T, 3))

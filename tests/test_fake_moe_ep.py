@@ -26,6 +26,11 @@ CASES = [
     # 2 ranks x 4 tokens x 16 values: 256 bytes of bf16, 1024 of float64
     ("combine_region_overflow", "ValueError", "a torch.float64 combine input needs 1024 bytes, more than the "
                                               "256-byte combine region"),
+    ("output_not_contiguous", "RuntimeError", "Check failed: (output.IsContiguous()) is false: output must be contiguous"),
+    ("stats_not_contiguous", "RuntimeError", "Check failed: (stats.IsContiguous()) is false: stats must be contiguous"),
+    ("mask_int64", "RuntimeError", "Check failed: t.dtype() == dl_uint64 (int64 vs. uint64): Inconsistency of Tensor "
+                                   "type: t"),
+    ("dispatch_while_checkpointed", "RuntimeError", "CUDA error: an illegal memory access was encountered"),
 ]
 
 
@@ -35,6 +40,23 @@ def test_moe_ep_0_7_4_check_raises_like_real(cluster, what, kind, text):
     for rank, got in enumerate(results):
         assert got is not None, f"rank {rank}: {what} raised nothing"
         assert got[0] == kind and text in got[1], (rank, got)
+
+
+def test_moe_ep_0_7_4_routes_ids_outside_the_experts_nowhere(cluster):
+    """0.7.4's dispatch kernel gives a lane whose id is outside [0, num_experts) no destination
+    (earlier kernels do not check, and the fake refuses such ids there)."""
+    assert cluster.run(trigger_moe_ep, ParallelLayout(2, dp=2), ("invalid_ids_route_nowhere",),
+                       timeout_s=60) == [None, None]
+
+
+def test_moe_ep_0_7_4_layout_constants_carry_the_lamport_limits():
+    from fakes.flashinfer.moe_ep.one_sided_ops import layout_constants
+
+    c = layout_constants()
+    assert (c.MAX_RANKS, c.MAX_TOP_K, c.MAX_PAYLOADS, c.NUM_METAINFO_FIELDS) == (256, 22, 4, 33)
+    assert (c.LAMPORT_MAX_RANKS, c.LAMPORT_MAX_TOKENS_PER_RANK, c.LAMPORT_IDS_SENTINEL & 0xFFFFFFFF) == \
+        (64, 512, 0x88888888)
+    assert c.COMBINE_INPUT_OFFSET_INDEX == 15 and c.WORKSPACE_SIZE_INDEX == 24
 
 
 def test_moe_ep_0_7_4_runs_top_k_3_which_older_kernels_refuse(cluster):

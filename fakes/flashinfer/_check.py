@@ -18,3 +18,19 @@ def icheck_eq(x, y, x_expr: str, y_expr: str, msg: str = "") -> None:
     """Raise like ``TVM_FFI_ICHECK_EQ(x, y) << msg`` when ``x != y``."""
     if x != y:
         raise RuntimeError(f"Check failed: {x_expr} == {y_expr} ({x} vs. {y}): {msg}")
+
+
+def dl_name(dtype) -> str:
+    """A torch dtype as tvm-ffi prints the DLPack type (``int32``, ``bfloat16``, ...)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_input_type(t, dtype, name: str) -> None:
+    """``CHECK_INPUT_TYPE(name, dl_<dtype>)``."""
+    icheck_eq(dl_name(t.dtype), dl_name(dtype), f"{name}.dtype()", f"dl_{dl_name(dtype)}",
+              f"Inconsistency of Tensor type: {name}")
+
+
+def check_contiguous(t, name: str) -> None:
+    """``CHECK_CONTIGUOUS(name)`` (on the fake, ``CHECK_INPUT``'s device half always holds)."""
+    icheck(t.is_contiguous(), f"{name}.IsContiguous()", f"{name} must be contiguous")

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from fakes.flashinfer._check import icheck, icheck_eq
+from fakes.flashinfer._check import check_contiguous, check_input_type, icheck, icheck_eq
 from fakes.flashinfer.comm.mnnvl import on_scenario_end
 from fakes.flashinfer.profiles import Profile
 
@@ -171,29 +171,27 @@ def _check_workspace_and_metainfo(workspace, metainfo, ep_size, profile: Profile
     return offsets
 
 
-def _check_rank_mask(mask, ep_rank: int, words: int) -> list[bool] | None:
-    """``resolveActiveRankMask``: the active flag of every rank, or None for no mask."""
-    if mask is None:
-        return None
-    icheck(mask.device.type == "cpu", "t.device.device_type == kDLCPU", "active_rank_mask must be a CPU tensor")
-    icheck(mask.is_contiguous(), "t.IsContiguous()", "active_rank_mask must be contiguous")
-    icheck(mask.dtype == torch.uint64, "t.dtype() == dl_uint64", "active_rank_mask must be uint64")
+def _check_rank_mask(mask, ep_rank: int, profile: Profile) -> list[bool]:
+    """``resolveActiveRankMask``: the active flag of every rank."""
+    ns = "tl::" if profile.moe_ep_kernels else "tl_throughput::"
+    check_contiguous(mask, "t")
+    check_input_type(mask, torch.uint64, "t")
     icheck_eq(mask.dim(), 1, "t.ndim()", "1", "active_rank_mask must be a 1D tensor")
-    icheck_eq(mask.size(0), words, "t.size(0)", "kRankMaskWords",
-              f"active_rank_mask must have exactly {words} uint64 elements")
+    icheck_eq(mask.size(0), profile.rank_mask_words, "t.size(0)", f"{ns}kRankMaskWords",
+              f"active_rank_mask must have exactly {profile.rank_mask_words} uint64 elements")
     bits = 0
     for w, word in enumerate(mask.view(torch.int64).tolist()):
         bits |= (word & 0xFFFFFFFFFFFFFFFF) << (64 * w)
     icheck((bits >> ep_rank) & 1 == 1, "(out[epRank >> 6] >> (epRank & 63)) & 1ULL",
            f"active_rank_mask must mark the local ep_rank ({ep_rank}) as active")
-    return [bool((bits >> r) & 1) for r in range(64 * words)]
+    return [bool((bits >> r) & 1) for r in range(64 * profile.rank_mask_words)]
 
 
 def _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank):
     if enable_rank_mask:
         icheck(active_rank_mask is not None, "hasActiveRankMask(maskTensor)",
-               "active_rank_mask must be defined when enable_rank_mask=True")
-        return _check_rank_mask(active_rank_mask, ep_rank, profile.rank_mask_words)
+               "active_rank_mask must be defined" + ("" if profile.moe_ep_kernels else " when enable_rank_mask=True"))
+        return _check_rank_mask(active_rank_mask, ep_rank, profile)
     icheck(active_rank_mask is None, "!hasActiveRankMask(activeRankMask)",
            "active_rank_mask requires enable_rank_mask=True")
     return None
@@ -331,12 +329,14 @@ def _recv_counters_at(regions: "Regions", ep_size: int, parity: int | None) -> i
 
 
 def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, ep_size, num_experts,
-        eplb_local_stats, active, recv_parity, timeout_s):
+        eplb_local_stats, active, recv_parity, timeout_s, invalid_ids_route_nowhere=False):
     """``moeA2APrepareDispatchKernel`` and ``moeA2ADispatchKernel`` after the op's checks:
     put each token's payloads into the rows of the ranks owning its experts (payload ``i`` of
     source ``me`` at ``recv_offsets[i]`` of the target's row, ``[ep_size, rtm, bytes]``), post
     the counts and flags, wait for every peer's. ``recv_parity``: which of 0.7.4's two count
-    arrays this round writes (None before 0.7.4). Returns the round's flag value."""
+    arrays this round writes (None before 0.7.4); ``invalid_ids_route_nowhere``: 0.7.4's
+    kernel sends a lane whose id is outside ``[0, num_experts)`` nowhere (earlier kernels
+    have no such check: their ops refuse such ids before this). Returns the round's flag value."""
     T, top_k = ids_TK.shape
     flag = _i32(workspace, me, regions.FLAG_VAL, 1)
     flag += 1
@@ -344,12 +344,14 @@ def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, 
     peers = [r for r in range(ep_size) if active is None or active[r]]
 
     # moeA2ADispatchKernel: one send per unique target rank, the first lane wins.
-    target_TK = expert_to_rank(ids_TK, num_experts, ep_size)
+    expert_TK = (ids_TK >= 0) & (ids_TK < num_experts) if invalid_ids_route_nowhere else torch.ones_like(
+        ids_TK, dtype=torch.bool)
+    target_TK = torch.where(expert_TK, expert_to_rank(ids_TK.clamp(0, num_experts - 1), num_experts, ep_size), -1)
     lanes = torch.arange(top_k)
     dup_TK = ((target_TK[:, :, None] == target_TK[:, None, :]) & (lanes[None, :] < lanes[:, None])[None]).any(-1)
-    valid_TK = ~dup_TK
+    valid_TK = ~dup_TK & expert_TK
     if active is not None:
-        valid_TK &= torch.tensor(active[:ep_size])[target_TK]
+        valid_TK &= torch.tensor(active[:ep_size])[target_TK.clamp(min=0)]
     tok, lane = valid_TK.nonzero(as_tuple=True)
     dest = target_TK[tok, lane]
     if SlotOrder.mode not in ("shuffled", "deterministic"):

@@ -99,7 +99,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
         MnnvlMemory.initialize()
         MnnvlMemory.set_comm_from_config(mapping, mnnvl_config)
         comm = MnnvlMemory.get_comm(mapping)
-        self._enable_pdl = bool(config.enable_pdl)
+        self._enable_pdl = True if config.enable_pdl is None else config.enable_pdl  # compute capability 9.0
         # Every rank votes on the transports (one collective, as on the real machine); here
         # none can take CFT (compute capability) or Lamport (no kernels for the GPU).
         votes = comm.allgather((False, False, 0, config.lamport_max_tokens))
@@ -107,6 +107,8 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             raise ValueError("lamport_max_tokens must be the same on every EP rank, got "
                              + ", ".join(sorted({repr(v[3]) for v in votes})))
         lamport = False if config.lamport is None and config.cft is True else config.lamport
+        if lamport is False and config.lamport is None:
+            logger.info("NVLink one-sided Lamport transport off: cft=True keeps every step for CFT counted writes")
         for transport, requested, reason in (
                 ("CFT counted writes", config.cft, "compute capability 9.0 is below 10.0"),
                 ("Lamport transport", lamport, "the kernel module has no Lamport kernels for this GPU")):
@@ -138,7 +140,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             self._module.moe_a2a_initialize(workspace, metainfo, self.ep_rank, self.ep_size)
             comm.barrier()  # no peer may publish into this workspace before every rank cleared its slice
             state = {"key": key, "mnnvl_mem": memory, "workspace": workspace, "metainfo": metainfo,
-                     "refcount": 0, "round_owner": None}
+                     "views": {}, "refcount": 0, "round_owner": None}
             self._WORKSPACES[key] = state
         state["refcount"] += 1
         return state
@@ -168,10 +170,27 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             raise ValueError("active_rank_mask requires enable_rank_mask=True")
 
     def _view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        numel = 1
-        for extent in shape:
-            numel *= extent
-        return self.workspace[self.ep_rank].narrow(0, offset, numel * dtype.itemsize).view(dtype).view(shape)
+        """Cached ``shape`` view of this rank's workspace bytes at ``offset`` (the same tensor
+        object on every call, as there)."""
+        views, key = self._state["views"], (offset, dtype, shape)
+        if key not in views:
+            numel = 1
+            for extent in shape:
+                numel *= extent
+            views[key] = self.workspace[self.ep_rank].narrow(0, offset, numel * dtype.itemsize).view(dtype).view(shape)
+        return views[key]
+
+    def _launch(self) -> None:
+        """A kernel on the workspace between ``checkpoint_prepare`` and ``checkpoint_restore``
+        reads unmapped memory: the CUDA context dies, for good."""
+        from fakes.flashinfer.comm import moe_a2a_kernels as kernels
+        from fakes.flashinfer.comm.mnnvl import _MnnvlMemory
+
+        kernels._check_alive()
+        if not _MnnvlMemory.allocated_map[self._state["mnnvl_mem"].ptr].mapped:
+            kernels.Trap.reason = ("an NVLinkOneSidedAlltoAll kernel ran between checkpoint_prepare and "
+                                   "checkpoint_restore, on unmapped workspace memory")
+            raise RuntimeError(f"CUDA error: an illegal memory access was encountered ({kernels.Trap.reason})")
 
     def dispatch(self, hidden_states, topk_ids, topk_weights=None, *, hidden_states_scale=None,
                  runtime_max_tokens_per_rank=None, eplb_local_stats=None, active_rank_mask=None):
@@ -191,6 +210,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
         payloads = [hidden_states] + ([hidden_states_scale] if hidden_states_scale is not None else [])
         ids_at = len(payloads)
         payloads += [topk_ids] + ([topk_weights] if topk_weights is not None else [])
+        self._launch()
         recv_offsets, combine_offset, eplb_offset = self._module.moe_a2a_dispatch(
             topk_ids, payloads, self.workspace, self.metainfo, tokens_per_rank, self.ep_rank, self.ep_size,
             params.top_k, params.num_experts, eplb_local_stats, False, -1, params.invalid_expert_id, False,
@@ -237,6 +257,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             raise ValueError(f"expert_output must be 2D or 3D, got shape {tuple(expert_output.shape)}")
         if output is None:
             output = torch.empty(state["local_num_tokens"], payload.shape[-1], dtype=payload.dtype)
+        self._launch()
         self._module.moe_a2a_combine(
             payload, state["local_num_tokens"], self.workspace, self.metainfo, tokens_per_rank, self.ep_rank,
             self.ep_size, self.params.top_k, state["combine_offset"], False, self.config.use_low_precision_combine,
@@ -273,8 +294,8 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
         if record.mapped:
             return
         if comm_backend.Get_size() != record.comm_size or comm_backend.Get_rank() != record.comm_rank:
-            raise RuntimeError(f"checkpoint_restore: communicator rank/size {comm_backend.Get_rank()}/"
-                               f"{comm_backend.Get_size()} differs from the allocation's "
+            raise RuntimeError("Cannot remap MNNVL memory over a communicator with rank/size "
+                               f"{comm_backend.Get_rank()}/{comm_backend.Get_size()}; it was allocated over "
                                f"{record.comm_rank}/{record.comm_size}")
         record.comm = _MnnvlMemory.comm = comm_backend
         record.mapped = True

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
-from fakes.flashinfer._check import icheck
+from fakes.flashinfer._check import check_contiguous, check_input_type, icheck, icheck_eq
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from fakes.flashinfer.profiles import PROFILES
 
@@ -45,13 +45,21 @@ def _align(offset: int, alignment: int) -> int:
     return (offset + alignment - 1) // alignment * alignment
 
 
+# The Lamport transport's limits and payload formats (moe_alltoall_lamport.cuh), which the
+# module reports whether or not it has the kernels.
+LAMPORT_CONSTANTS = (("MAX_RANKS", 64), ("MAX_TOP_K", 22), ("MAX_TOKENS_PER_RANK", 512),
+                     ("DISPATCH_BLOCKS_PER_SM", 6), ("IDS_SENTINEL", 0x88888888 - (1 << 32)), ("FORMAT_BF16", 0),
+                     ("FORMAT_MXFP8", 1), ("FORMAT_FP8_BLOCK128", 2), ("FORMAT_NVFP4", 3))
+
+
 def metainfo_index_pairs() -> tuple[list[str], list[int]]:
-    """``moe_a2a_get_metainfo_index_pairs``: the field indices, then the kernel limits (the
-    Lamport constants the real module appends are those of a build without its kernels)."""
+    """``moe_a2a_get_metainfo_index_pairs``: the field indices, the kernel limits, then the
+    Lamport constants (the sentinel as the int32 the real op reports)."""
     pairs = [(f"MOE_A2A_{_index_name(f)}", i) for i, f in enumerate(METAINFO_FIELDS)]
     pairs += [("MOE_A2A_NUM_METAINFO_FIELDS", NUM_METAINFO_FIELDS), ("MOE_A2A_MAX_RANKS", _PROFILE.k_max_ranks),
               ("MOE_A2A_MAX_TOP_K", _PROFILE.k_max_top_k), ("MOE_A2A_MAX_PAYLOADS", _PROFILE.k_max_payloads),
               ("MOE_A2A_WORKSPACE_ALIGNMENT", WORKSPACE_ALIGNMENT)]
+    pairs += [(f"MOE_A2A_LAMPORT_{name}", value) for name, value in LAMPORT_CONSTANTS]
     return [n for n, _ in pairs], [v for _, v in pairs]
 
 
@@ -121,9 +129,8 @@ def get_workspace_layout(ep_size, max_num_tokens, top_k, dispatch_bytes, combine
 
 
 def _check_metainfo(metainfo: torch.Tensor, msg: str) -> list[int]:
-    icheck(metainfo.device.type == "cpu", "metainfo.device.device_type == kDLCPU", "metainfo must be a CPU tensor")
-    icheck(metainfo.is_contiguous(), "metainfo.IsContiguous()", "metainfo must be contiguous")
-    icheck(metainfo.dtype == torch.int64, "metainfo.dtype() == dl_int64", "metainfo must be int64")
+    check_contiguous(metainfo, "metainfo")
+    check_input_type(metainfo, torch.int64, "metainfo")
     icheck(metainfo.dim() == 1 and metainfo.size(0) == NUM_METAINFO_FIELDS,
            "metainfo.ndim() == 1 && metainfo.size(0) == meta::NUM_METAINFO_FIELDS", msg)
     return [int(v) for v in metainfo.tolist()]
@@ -157,7 +164,7 @@ def initialize(workspace: torch.Tensor, metainfo: torch.Tensor, ep_rank: int, ep
     """``moe_a2a_initialize``: zero this rank's slice, received counts to -1. Touches only the
     caller's row; the caller barriers the EP group before any peer may publish into it."""
     kernels._check_alive()
-    icheck(workspace.dtype == torch.uint8, "workspace.dtype() == dl_uint8", "workspace must be uint8")
+    check_input_type(workspace, torch.uint8, "workspace")
     icheck(workspace.dim() == 2 and workspace.size(0) == ep_size and workspace.stride(1) == 1,
            "workspace.ndim() == 2 && workspace.size(0) == epSize && workspace.stride(1) == 1",
            "workspace must have shape [ep_size, bytes_per_rank] with contiguous rank slices")
@@ -190,9 +197,13 @@ def _check_common(ep_rank, ep_size, top_k, layout, workspace, rtm, op: str) -> N
     icheck(0 <= ep_rank < ep_size, "epRank >= 0 && epRank < epSize", "epRank must be in the range [0, epSize)")
     icheck(0 < top_k <= _PROFILE.k_max_top_k, "topK > 0 && topK <= tl::kMaxTopK",
            "topK must be in the range (0, kMaxTopK]")
-    icheck(workspace.dtype == torch.uint8, "workspace.dtype() == dl_uint8", "workspace must be uint8")
-    icheck(workspace.dim() == 2 and workspace.size(0) == ep_size, "workspace.ndim() == 2 && workspace.size(0) == epSize",
-           "workspace must be [ep_size, size_per_rank]")
+    check_input_type(workspace, torch.uint8, "workspace")
+    if op == "Dispatch":
+        icheck_eq(workspace.dim(), 2, "workspace.ndim()", "2", "workspace must be a 2D tensor of shape [epSize, sizePerRank]")
+        icheck_eq(workspace.size(0), ep_size, "workspace.size(0)", "epSize", "workspace first dimension must equal epSize")
+    else:
+        icheck(workspace.dim() == 2 and workspace.size(0) == ep_size,
+               "workspace.ndim() == 2 && workspace.size(0) == epSize", "workspace must be [ep_size, size_per_rank]")
     icheck(ep_size == layout["EP_SIZE_INDEX"] and top_k == layout["TOP_K_INDEX"],
            "epSize == offsets[EP_SIZE_INDEX] && topK == offsets[TOP_K_INDEX]",
            f"{op} EP size/top_k differs from its workspace layout")
@@ -220,11 +231,10 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     """``moe_a2a_dispatch``: ``(recv_offsets, combine_offset, eplb_offset)``, byte offsets in
     this rank's row (the receive buffer of payload ``i`` is ``[ep_size, rtm, bytes_i]`` there)."""
     kernels._check_alive()
-    icheck(ids_TK.is_contiguous(), "tokenSelectedExperts.IsContiguous()", "tokenSelectedExperts must be contiguous")
-    icheck(ids_TK.dtype == torch.int32, "tokenSelectedExperts.dtype() == dl_int32",
-           "tokenSelectedExperts must be int32")
-    icheck(ids_TK.dim() == 2, "tokenSelectedExperts.ndim() == 2", "tokenSelectedExperts must be a 2D tensor")
-    icheck(ids_TK.size(1) == top_k, "tokenSelectedExperts.size(1) == topK", "tokenSelectedExperts must have topK columns")
+    check_contiguous(ids_TK, "tokenSelectedExperts")
+    check_input_type(ids_TK, torch.int32, "tokenSelectedExperts")
+    icheck_eq(ids_TK.dim(), 2, "tokenSelectedExperts.ndim()", "2", "tokenSelectedExperts must be a 2D tensor")
+    icheck_eq(ids_TK.size(1), top_k, "tokenSelectedExperts.size(1)", "topK", "tokenSelectedExperts must have topK columns")
     layout = _read_layout(metainfo)
     _check_transport(use_cft, use_lamport)
     T = ids_TK.size(0)
@@ -236,18 +246,19 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     icheck(num_experts >= ep_size, "numExperts >= epSize", "numExperts must be greater than or equal to epSize")
     n_eplb = 0
     if eplb_local_stats is not None:
-        icheck(eplb_local_stats.dtype == torch.int32, "stats.dtype() == dl_int32", "eplb_local_stats must be int32")
-        icheck(eplb_local_stats.dim() == 1, "stats.ndim() == 1", "eplb_local_stats must be a 1D tensor")
+        check_contiguous(eplb_local_stats, "stats")
+        check_input_type(eplb_local_stats, torch.int32, "stats")
+        icheck_eq(eplb_local_stats.dim(), 1, "stats.ndim()", "1", "eplb_local_stats must be a 1D tensor")
         n_eplb = eplb_local_stats.size(0)
         icheck(n_eplb > 0, "eplbStatsNumExperts > 0", "eplb_local_stats must not be empty")
         icheck(n_eplb <= num_experts, "eplbStatsNumExperts <= numExperts",
                "eplb_local_stats size must be <= numExperts (slots)")
     recv_offsets, at = [], layout["DISPATCH_PAYLOAD"]
     for p in payloads:
-        icheck(p.is_contiguous(), "payload.IsContiguous()", "payload must be contiguous")
-        icheck(p.dim() == 2, "payload.ndim() == 2", "payload must be a 2D tensor")
-        icheck(p.size(0) == T, "payload.size(0) == localNumTokens",
-               "payload must have the same first dimension as tokenSelectedExperts")
+        check_contiguous(p, "payload")
+        icheck_eq(p.dim(), 2, "payload.ndim()", "2", "payload must be a 2D tensor")
+        icheck_eq(p.size(0), T, "payload.size(0)", "localNumTokens",
+                  "payload must have the same first dimension as tokenSelectedExperts")
         icheck(p.data_ptr() % 16 == 0, "reinterpret_cast<uintptr_t>(payload.data_ptr()) % 16 == 0",
                "payload must be 16-byte aligned")
         recv_offsets.append(at)
@@ -255,9 +266,9 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     if expert_id_index >= 0:
         icheck(expert_id_index < len(payloads), "expertIdPayloadIndex < numPayloads",
                "expert_id_payload_index out of range")
-        icheck(payloads[expert_id_index].dtype == torch.int32, "expertIdPayload.dtype() == dl_int32")
-        icheck(payloads[expert_id_index].size(1) == top_k, "expertIdPayload.size(1) == topK",
-               "expert-id payload must have topK columns")
+        check_input_type(payloads[expert_id_index], torch.int32, "expertIdPayload")
+        icheck_eq(payloads[expert_id_index].size(1), top_k, "expertIdPayload.size(1)", "topK",
+                  "expert-id payload must have topK columns")
     icheck(T <= rtm, "localNumTokens <= runtimeMaxTokensPerRank", "Local token count exceeds the runtime capacity")
     icheck(n_eplb <= layout["EPLB_STATS_NUM_EXPERTS_INDEX"],
            "eplbStatsNumExperts <= offsets[EPLB_STATS_NUM_EXPERTS_INDEX]",
@@ -268,15 +279,11 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
            f"capacity {capacity}")
     timeout_s = _timeout_s(timeout_sec)
     active = kernels._resolve_mask(_PROFILE, enable_rank_mask, active_rank_mask, ep_rank)
-    if T:
-        # Stricter than the kernel, which reads any id and writes wherever it points.
-        lo, hi = int(ids_TK.min()), int(ids_TK.max())
-        if lo < 0 or hi >= num_experts:
-            raise RuntimeError(f"tokenSelectedExperts holds expert ids in [{lo}, {hi}], outside [0, {num_experts}): "
-                               "the real kernel does not check and would write outside the workspace")
     kernels._switch_top_k(top_k, "moe_a2a_dispatch_launch", _PROFILE)
+    # An id outside [0, num_experts) has no destination (the kernel's valid_expert).
     kernels.put(ids_TK, payloads, workspace, _regions(layout), recv_offsets, rtm, ep_rank, ep_size, num_experts,
-                eplb_local_stats, active, recv_parity=_parity(_flag(workspace, ep_rank, layout) + 1), timeout_s=timeout_s)
+                eplb_local_stats, active, recv_parity=_parity(_flag(workspace, ep_rank, layout) + 1), timeout_s=timeout_s,
+                invalid_ids_route_nowhere=True)
     eplb_offset = layout["EPLB_GATHERED_STATS"] if n_eplb else -1
     return recv_offsets, layout["COMBINE_INPUT"], eplb_offset
 
@@ -289,19 +296,20 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
             use_lamport) -> None:
     """``moe_a2a_combine``: each local token's rows summed into ``output`` ``[T, H]``."""
     kernels._check_alive()
-    icheck(payload_RSH.is_contiguous(), "payload.IsContiguous()", "payload must be contiguous")
-    icheck(payload_RSH.dim() == 3, "payload.ndim() == 3",
-           "payload must be a 3D tensor [ep_size, runtime_max_tokens_per_rank, elements_per_token]")
-    icheck(payload_RSH.size(0) == ep_size, "payload.size(0) == epSize", "payload first dimension must equal epSize")
+    check_contiguous(payload_RSH, "payload")
+    icheck_eq(payload_RSH.dim(), 3, "payload.ndim()", "3",
+              "payload must be a 3D tensor [ep_size, runtime_max_tokens_per_rank, elements_per_token]")
+    icheck_eq(payload_RSH.size(0), ep_size, "payload.size(0)", "epSize", "payload first dimension must equal epSize")
     icheck(rtm > 0, "runtimeMaxTokensPerRank > 0", "runtimeMaxTokensPerRank must be positive")
-    icheck(payload_RSH.size(1) == rtm, "payload.size(1) == runtimeMaxTokensPerRank",
-           "payload second dimension must equal runtimeMaxTokensPerRank")
+    icheck_eq(payload_RSH.size(1), rtm, "payload.size(1)", "runtimeMaxTokensPerRank",
+              "payload second dimension must equal runtimeMaxTokensPerRank")
     icheck(payload_RSH.data_ptr() % 16 == 0, "reinterpret_cast<uintptr_t>(payload.data_ptr()) % 16 == 0",
            "payload must be 16-byte aligned")
     icheck(payload_RSH.size(2) > 0, "elementsPerToken > 0", "elementsPerToken must be positive")
     icheck(T >= 0, "localNumTokens >= 0", "localNumTokens must be non-negative")
     if payload_RSH.dtype not in _COMBINE_DTYPES:
         raise TypeError("Unsupported data type for payload")
+    check_contiguous(output, "output")
     icheck(output.dtype == payload_RSH.dtype, "output.dtype() == payload.dtype()",
            "output dtype must match the payload dtype")
     icheck(output.dim() == 2 and output.size(0) == T and output.size(1) == payload_RSH.size(2),
@@ -333,11 +341,12 @@ def combine(payload_RSH, T, workspace, metainfo, rtm, ep_rank, ep_size, top_k, c
 def sanitize_expert_ids(expert_ids_RSK, workspace, metainfo, ep_rank, invalid_expert_id, enable_pdl) -> None:
     """``moe_a2a_sanitize_expert_ids``: rows past each source's received count get the invalid id."""
     kernels._check_alive()
-    icheck(expert_ids_RSK.dtype == torch.int32, "expertIds.dtype() == dl_int32", "expert_ids must be int32")
-    icheck(expert_ids_RSK.dim() == 3, "expertIds.ndim() == 3",
-           "expert_ids must be [ep_size, runtime_max_tokens_per_rank, top_k]")
+    check_contiguous(expert_ids_RSK, "expertIds")
+    check_input_type(expert_ids_RSK, torch.int32, "expertIds")
+    icheck_eq(expert_ids_RSK.dim(), 3, "expertIds.ndim()", "3", "expert_ids must be [ep_size, runtime_max_tokens_per_rank, top_k]")
     layout = _read_layout(metainfo)
-    icheck(workspace.dim() == 2, "workspace.ndim() == 2")
+    check_input_type(workspace, torch.uint8, "workspace")
+    icheck_eq(workspace.dim(), 2, "workspace.ndim()", "2")
     R, S, _ = expert_ids_RSK.shape
     parity = _parity(_flag(workspace, ep_rank, layout))
     recv_R = kernels._i32(workspace, ep_rank, layout["RECV_COUNTERS"] + 4 * R * parity, R)
