@@ -136,7 +136,7 @@ def _contract(args) -> int:
 
 
 def _run(args) -> int:
-    from testbed.scenario.model import ScenarioInputError, from_args, scenario_given
+    from testbed.scenario.model import scenario_given
 
     _positive("--timeout", args.timeout)
     if args.job == "selfcheck":
@@ -164,21 +164,33 @@ def _run(args) -> int:
         for sc, rule in refused:
             print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
         return _judge(scenarios, args, not_run=len(refused))
+    return _judge(_scenarios(args), args)
+
+
+def _scenarios(args) -> list:
+    from testbed.scenario.model import ScenarioInputError, from_args, scenario_given
+
     if scenario_given(args) or args.layout:
         if args.layout and len(args.layout) > 1:
             raise UsageError("--layout: a scenario has one layout (repeat it only with --job selfcheck)")
         try:
-            scenarios = [from_args(args, args.layout[0] if args.layout else None)]
+            return [from_args(args, args.layout[0] if args.layout else None)]
         except ScenarioInputError as e:
             raise UsageError(str(e)) from None
-    else:
-        from testbed.scenario.matrix import MATRIX
+    from testbed.scenario.matrix import MATRIX
 
-        scenarios = list(MATRIX)
-    return _judge(scenarios, args)
+    return list(MATRIX)
 
 
 def _judge(scenarios, args, not_run: int = 0) -> int:
+    from testbed.cluster.launched import launch_env
+
+    try:
+        env = launch_env()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if env is not None:
+        return _judge_launched(env, scenarios, args, not_run)
     from testbed.cluster.pool import RankPool
     from testbed.scenario import report, runner
 
@@ -202,6 +214,38 @@ def _judge(scenarios, args, not_run: int = 0) -> int:
     failed = sum(not v.passed for v in verdicts)
     print(f"{len(verdicts) - failed} passed, {failed} failed" + (f", {not_run} not run" if not_run else "")
           + f" in {seconds:.1f} s")
+    return 1 if failed else 0
+
+
+def _judge_launched(env, scenarios, args, not_run: int) -> int:
+    """The scenarios as one rank of a launched job (torchrun): those of the job's world size
+    run here, rank 0 judges them and prints the lines :func:`_judge` prints."""
+    from testbed.cluster.launched import join
+    from testbed.scenario import report, runner
+
+    mine = [sc for sc in scenarios if sc.layout.world_size == env.world_size]
+    if env.rank == 0:
+        for sc in scenarios:
+            if sc.layout.world_size != env.world_size:
+                print(f"NOT RUN  {sc.short()}: {sc.layout.world_size} ranks, the launched job has "
+                      f"{env.world_size}", flush=True)
+    if not mine:
+        raise UsageError(f"no scenario has WORLD_SIZE={env.world_size} ranks (give --layout)")
+    join(env, args.timeout or runner.DEFAULT_TIMEOUT_S)
+    started, verdicts = time.monotonic(), []
+    for i, sc in enumerate(mine, 1):
+        v = runner.run_launched(env, sc, index=i, mutant=args.mutant, timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
+        if v is not None:
+            print(report.verdict_line(i, len(mine), v), flush=True)
+            if not v.passed:
+                print(report.failure_text(v), flush=True)
+            verdicts.append(v)
+    if env.rank != 0:
+        return 0
+    failed = sum(not v.passed for v in verdicts)
+    not_run += len(scenarios) - len(mine)
+    print(f"{len(verdicts) - failed} passed, {failed} failed" + (f", {not_run} not run" if not_run else "")
+          + f" in {time.monotonic() - started:.1f} s (ranks from the launcher)")
     return 1 if failed else 0
 
 

@@ -179,7 +179,6 @@ def back_to_back_rounds(ctx, layers: tuple[MoECase, ...]) -> list[torch.Tensor]:
     if ctx.coords.ep_rank == 1:
         k.Hooks.before_combine_read = _wait_for_peer_next_dispatch(peer=0)
         ctx.add_cleanup(lambda: setattr(k.Hooks, "before_combine_read", None))
-    ep = ctx.groups["ep"]
     outs = []
     for case, pf in zip(layers, pfs):
         x_TH, ids_TK, w_TK = rank_inputs(case, ctx.coords.dp_rank)

@@ -4,9 +4,9 @@ Select the release to imitate with :func:`set_profile` (or ``A2A_FAKE_FLASHINFER
 :func:`install` makes ``import flashinfer`` itself resolve to the fake.
 """
 
-from fakes.flashinfer.aliases import install
+from fakes.flashinfer.aliases import install  # noqa: F401 - the testbed's own (__fake_only__)
 from fakes.flashinfer.fused_moe import reorder_rows_for_gated_act_gemm
-from fakes.flashinfer.profiles import PROFILES, active, set_profile
+from fakes.flashinfer.profiles import PROFILES, active, set_profile  # noqa: F401 - as install
 from fakes.flashinfer.quantization import fp4_quantization
 from fakes.flashinfer.quantization.fp4_quantization import shuffle_matrix_a, shuffle_matrix_sf_a
 

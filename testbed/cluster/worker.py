@@ -222,11 +222,22 @@ def _setup(job: Job) -> RankContext:
     dist.init_process_group(
         "gloo", store=store, rank=job.rank, world_size=layout.world_size, timeout=timeout
     )
+    return rank_context(job.name, layout, job.rank, timeout, job.arena_prefix, job.seed)
+
+
+def rank_context(name: str, layout: ParallelLayout, rank: int, timeout: timedelta, arena_prefix: str,
+                 seed: int, groups_by_members: dict | None = None) -> RankContext:
+    """This rank's :class:`RankContext` over the initialized default group: the layout's
+    groups and the scenario's shared-memory arena, made current. ``groups_by_members``
+    keeps groups across scenarios of one default group (new ones are added to it)."""
+    import torch.distributed as dist
+
     groups: dict[str, Any] = {}
     group_ranks: dict[str, tuple[int, ...]] = {}
-    by_members: dict[tuple[int, ...], Any] = {tuple(range(layout.world_size)): dist.group.WORLD}
+    by_members = {} if groups_by_members is None else groups_by_members
+    by_members.setdefault(tuple(range(layout.world_size)), dist.group.WORLD)
     for kind in GROUP_KINDS:
-        members = layout.group_of(kind, job.rank)
+        members = layout.group_of(kind, rank)
         if members not in by_members:
             # Only the members take part in creating it; sub-groups never inherit the
             # world's timeout (gloo would wait 30 minutes), so it is given again.
@@ -235,15 +246,15 @@ def _setup(job: Job) -> RankContext:
             )
         groups[kind] = by_members[members]
         group_ranks[kind] = members
-    arena = ShmArena(job.arena_prefix)
+    arena = ShmArena(arena_prefix)
     arena.activate()
     return RankContext(
-        name=job.name,
+        name=name,
         layout=layout,
-        coords=layout.coords(job.rank),
+        coords=layout.coords(rank),
         groups=groups,
         group_ranks=group_ranks,
         arena=arena,
-        seed=job.seed,
+        seed=seed,
         pg_timeout=timeout,
     )

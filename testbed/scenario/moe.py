@@ -205,9 +205,10 @@ def case_layer(ctx, pf, case: MoECase) -> MoELayer:
                     experts, tp_group=ctx.groups["tp"])
 
 
-def forward_layer(ctx, pf, case: MoECase, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def forward_layer(ctx, pf, case: MoECase, device: Optional[torch.device] = None) -> torch.Tensor:
     """One forward pass of one layer on this rank's DP tokens: the token-count exchange, then
-    :func:`case_layer`. Returns ``[T, H]`` on ``device``."""
+    :func:`case_layer`. Returns ``[T, H]`` on ``device`` (default the CPU)."""
+    device = torch.device("cpu") if device is None else device
     ep_group = ctx.groups["ep"]
     x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, ctx.coords.dp_rank))
     counts = forward_pass_token_counts(ep_group, ctx.coords.dp_rank, ctx.layout.dp, x_TH.size(0))

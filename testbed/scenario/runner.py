@@ -51,6 +51,29 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
     return verdict
 
 
+def run_launched(env, sc: Scenario, *, index: int, mutant: Optional[str] = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> Optional[Verdict]:
+    """``sc`` as this rank of a launched job (:mod:`testbed.cluster.launched`): every rank runs
+    its share and sends rank 0 its result and event log; rank 0 checks every invariant and
+    returns the verdict (the others None). ``index`` numbers the job's scenarios."""
+    from testbed.cluster.launched import run_here
+
+    log_dir = tempfile.mkdtemp(prefix="a2atb-log-")
+    started = time.monotonic()
+    try:
+        gathered = run_here(env, run_scenario, sc.layout, (sc, log_dir, mutant), timeout_s=timeout_s, seed=sc.seed,
+                            name="scenario", index=index,
+                            after=lambda result: (result, list(LogTail(f"{log_dir}/rank{env.rank}.jsonl").events())))
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if gathered is None:
+        return None
+    verdict = invariants.check(sc, {rank: events for rank, (_, events) in enumerate(gathered)},
+                               [result for result, _ in gathered], None)
+    verdict.seconds = time.monotonic() - started
+    return verdict
+
+
 def _logs(tails: dict[int, LogTail]) -> dict[int, list[dict]]:
     return {r: list(tail.events()) for r, tail in tails.items()}
 

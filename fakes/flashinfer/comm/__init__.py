@@ -3,7 +3,7 @@ all-to-all modules and ``Mapping``, per release (``CommBackend``, ``MnnvlConfig`
 ``MnnvlMemory`` are imported from ``flashinfer.comm.mnnvl``, as on the real package)."""
 
 from fakes.flashinfer import profiles
-from fakes.flashinfer.comm.mapping import Mapping
+from fakes.flashinfer.comm.mapping import Mapping  # noqa: F401 - re-exported, as by the real package
 
 _FROM_A2A = (
     "MoeAlltoAll", "moe_a2a_combine", "moe_a2a_dispatch", "moe_a2a_get_workspace_size_per_rank",

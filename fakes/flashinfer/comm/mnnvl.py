@@ -14,6 +14,7 @@ import itertools
 import uuid
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
@@ -21,6 +22,9 @@ import torch
 from fakes.flashinfer import profiles
 from fakes.flashinfer.comm.mapping import Mapping
 from fakes.arena import ShmArena
+
+if _TYPE_CHECKING:  # served per release by __getattr__ below
+    CommBackend = Any
 
 _ALLOCATION_GRANULARITY = 2 << 20  # the CUDA VMM granularity; the fake's row stride unit
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Optional, Sequence
 
 import torch
@@ -19,6 +20,9 @@ from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from fakes.flashinfer.comm.mapping import Mapping
 from fakes.flashinfer.comm import mnnvl
 from fakes.flashinfer.comm.mnnvl import MnnvlConfig, _MnnvlMemory, on_scenario_end
+
+if _TYPE_CHECKING:
+    from fakes.flashinfer.comm.mnnvl import CommBackend
 from fakes.flashinfer.tllm_enums import SfLayout
 
 # 0.7.2 deprecates the class in favour of flashinfer.moe_ep (typing_extensions.deprecated:
