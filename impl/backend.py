@@ -40,20 +40,23 @@ class FlashInferAPI:
     mnnvl: ModuleType  # comm.mnnvl
     mapping: ModuleType  # comm.mapping
     moe_ep: Optional[ModuleType] = None  # moe_ep (NVLink one- and two-sided backends)
+    unavailable: tuple[tuple[str, str], ...] = ()  # (module, why it did not import)
 
     def has(self, a2a_api: str, two_sided: bool = False) -> bool:
         """Whether this FlashInfer offers the one-sided (or ``two_sided``) all-to-all through
         ``a2a_api`` (one of :data:`A2A_APIS`): a probe of the symbols, not of the version."""
         if a2a_api not in A2A_APIS:
             raise ValueError(f"a2a_api must be one of {A2A_APIS}, got {a2a_api!r}")
-        module, symbol = ((self.alltoall, "MnnvlMoe") if two_sided else (self.moe_alltoall, "MoeAlltoAll")) \
-            if a2a_api == "comm" else \
-            (self.moe_ep, "NVLinkTwoSidedAlltoAll" if two_sided else "NVLinkOneSidedAlltoAll")
+        if a2a_api == "comm":
+            module, symbols = (self.alltoall, ("MnnvlMoe",)) if two_sided else (self.moe_alltoall, ("MoeAlltoAll",))
+        else:
+            side = "NVLinkTwoSidedAlltoAll" if two_sided else "NVLinkOneSidedAlltoAll"
+            module, symbols = self.moe_ep, (side, "create_communication")
         if module is None:
             return False
         try:
-            getattr(module, symbol)
-            getattr(module, "create_communication" if a2a_api == "moe_ep" else symbol)
+            for symbol in symbols:
+                getattr(module, symbol)
         except (AttributeError, ImportError):
             return False
         return True
@@ -77,9 +80,10 @@ class FlashInferAPI:
         for candidate in A2A_APIS:
             if self.has(candidate, two_sided):
                 return candidate
+        why = "".join(f"; {module}: {reason}" for module, reason in self.unavailable)
         raise FlashInferUnavailableError(
             f"flashinfer {self.version} has no {kind} all-to-all: neither {_API_HOME['comm'][two_sided]} "
-            f"nor {_API_HOME['moe_ep'][two_sided]}")
+            f"nor {_API_HOME['moe_ep'][two_sided]}{why}")
 
     @property
     def version(self) -> str:
@@ -186,19 +190,21 @@ _API_HOME = {
 }
 
 
-def _optional(module: str) -> Optional[ModuleType]:
-    """``module``, or None where this FlashInfer does not ship it (0.7.4 removed the
-    ``comm`` all-to-alls; ``moe_ep`` arrived in 0.7.2)."""
+def _optional(module: str, unavailable: dict[str, str]) -> Optional[ModuleType]:
+    """``module``, or None where this FlashInfer does not ship it (0.7.4 removed the ``comm``
+    all-to-alls; ``moe_ep`` arrived in 0.7.2) or it fails to import (a dependency it needs is
+    missing); why goes into ``unavailable``, so the other API still serves."""
     try:
         return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name is not None and module.startswith(e.name):
-            return None
-        raise
+    except ImportError as e:
+        unavailable[module] = f"{type(e).__name__}: {e}"
+        return None
 
 
 def _namespace(name: str, root: ModuleType, prefix: str) -> FlashInferAPI:
-    return FlashInferAPI(name, root, _optional(f"{prefix}.comm.trtllm_moe_alltoall"),
-                         _optional(f"{prefix}.comm.trtllm_alltoall"),
+    unavailable: dict[str, str] = {}
+    optional = lambda mod: _optional(f"{prefix}.{mod}", unavailable)  # noqa: E731
+    return FlashInferAPI(name, root, optional("comm.trtllm_moe_alltoall"), optional("comm.trtllm_alltoall"),
                          importlib.import_module(f"{prefix}.comm.mnnvl"),
-                         importlib.import_module(f"{prefix}.comm.mapping"), _optional(f"{prefix}.moe_ep"))
+                         importlib.import_module(f"{prefix}.comm.mapping"), optional("moe_ep"),
+                         tuple(sorted(unavailable.items())))

@@ -53,6 +53,9 @@ def make_prepare_finalize(parallel: ParallelConfig, manager: Optional[Manager], 
     """
     backend = parallel.all2all_backend
     if backend in (ONE_SIDED, TWO_SIDED) and isinstance(manager, MoeEpManager):
+        kind = "two_sided" if backend == TWO_SIDED else "one_sided"
+        if manager.kind != kind:
+            raise TypeError(f"{backend} needs a {kind} MoeEpManager (make_manager), got a {manager.kind} one")
         # The two-sided path marks rows and lanes without a local token with num_experts.
         return MoeEpPrepareFinalize(manager, max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
                                     hidden_size=hidden_size, layout=layout,

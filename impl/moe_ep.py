@@ -45,10 +45,14 @@ def aligned(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t if t is None or t.data_ptr() % PAYLOAD_ALIGNMENT == 0 else t.clone()
 
 
-def extra_payload_bytes_per_token(layout: DispatchLayout, hidden_size: int) -> int:
-    """Bytes beyond a ``ROW_DTYPE`` row that one token's activations and scales take (the
-    dispatch region holds a ``ROW_DTYPE`` row, the ids and the weights per token)."""
-    return max(0, layout.x_bytes_per_token + layout.x_sf_bytes_per_token - hidden_size * ROW_DTYPE.itemsize)
+def check_fits_a_row(layout: DispatchLayout, hidden_size: int) -> None:
+    """``moe_ep`` sizes the dispatch region for a ``ROW_DTYPE`` row (plus ids and weights)
+    per token: every activation format here is at most that (16-bit values, or fewer bytes
+    with their scales)."""
+    row = hidden_size * ROW_DTYPE.itemsize
+    if layout.x_bytes_per_token + layout.x_sf_bytes_per_token > row:
+        raise ValueError(f"the activations take {layout.x_bytes_per_token} + {layout.x_sf_bytes_per_token} bytes per "
+                         f"token, more than the {row}-byte {ROW_DTYPE} row moe_ep sizes its dispatch region for")
 
 
 class MoeEpManager(EPGroupManager):
@@ -69,27 +73,34 @@ class MoeEpManager(EPGroupManager):
     def communication(self, *, max_num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
                       layout: DispatchLayout, invalid_expert_id: int) -> Any:
         """The communication that carries a layer of this sizing (built if new)."""
-        extra = extra_payload_bytes_per_token(layout, hidden_size) if self.kind == "one_sided" else 0
-        key = (max_num_tokens, top_k, num_experts, hidden_size, extra, invalid_expert_id)
+        check_fits_a_row(layout, hidden_size)
+        key = (max_num_tokens, top_k, num_experts, hidden_size, invalid_expert_id)
         if key not in self.communications:
             ep = self.api.moe_ep
             params = ep.MoEEpCommParams(num_experts=num_experts, top_k=top_k, max_tokens_per_rank=max_num_tokens,
                                         hidden_size=hidden_size, dtype=ROW_DTYPE, invalid_expert_id=invalid_expert_id)
             bootstrap = ep.BootstrapConfig(world_size=self.world_size, rank=self.rank, process_group=self.cpu_group)
             comm_backend = make_communicator(self.api, self.cpu_group)
-            config = (ep.NVLinkOneSidedConfig(extra_payload_bytes_per_token=extra, comm_backend=comm_backend)
-                      if self.kind == "one_sided" else ep.NVLinkTwoSidedConfig(comm_backend=comm_backend))
+            config = (ep.NVLinkOneSidedConfig(comm_backend=comm_backend) if self.kind == "one_sided"
+                      else ep.NVLinkTwoSidedConfig(comm_backend=comm_backend))
             self.communications[key] = ep.create_communication(bootstrap, params, config)
             self.builds += 1
             self.initialized = True
         return self.communications[key]
 
     def cleanup(self) -> None:
-        """Destroy every communication (collective on the EP group)."""
-        for comm in self.communications.values():
-            comm.destroy()
-        self.communications.clear()
+        """Destroy every communication (collective on the EP group); the manager is empty
+        afterwards even when a destroy raises (the first error is raised after the rest)."""
+        comms, self.communications = list(self.communications.values()), {}
         self.initialized = False
+        error = None
+        for comm in comms:
+            try:
+                comm.destroy()
+            except Exception as e:  # every communication gets its destroy
+                error = error or e
+        if error is not None:
+            raise error
 
 
 class MoeEpPrepareFinalize:
@@ -106,6 +117,8 @@ class MoeEpPrepareFinalize:
                  invalid_expert_id: int = INVALID_EXPERT_ID):
         check_invalid_expert_id(invalid_expert_id, num_experts)
         if manager.kind == "one_sided":
+            # 0.7.2's backend packs payloads back to back (MoeAlltoAll); 0.7.4 aligns each, so
+            # there the rule is stricter than needed, never too lenient.
             check_activation_alignment(layout, hidden_size)
         self.manager = manager
         self.max_num_tokens = max_num_tokens

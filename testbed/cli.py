@@ -211,16 +211,21 @@ def _judge(scenarios, args, not_run: int = 0) -> int:
         report.dump_json(args.json, report.as_json(verdicts, seconds))
     if args.html:
         report.write_html(args.html, verdicts)
+    return _summary(verdicts, not_run, seconds)
+
+
+def _summary(verdicts, not_run: int, seconds: float, how: str = "") -> int:
+    """The last line of a run and its exit status."""
     failed = sum(not v.passed for v in verdicts)
     print(f"{len(verdicts) - failed} passed, {failed} failed" + (f", {not_run} not run" if not_run else "")
-          + f" in {seconds:.1f} s")
+          + f" in {seconds:.1f} s{how}")
     return 1 if failed else 0
 
 
 def _judge_launched(env, scenarios, args, not_run: int) -> int:
     """The scenarios as one rank of a launched job (torchrun): those of the job's world size
     run here, rank 0 judges them and prints the lines :func:`_judge` prints."""
-    from testbed.cluster.launched import join
+    from testbed.cluster.launched import join, leave
     from testbed.scenario import report, runner
 
     mine = [sc for sc in scenarios if sc.layout.world_size == env.world_size]
@@ -233,20 +238,25 @@ def _judge_launched(env, scenarios, args, not_run: int) -> int:
         raise UsageError(f"no scenario has WORLD_SIZE={env.world_size} ranks (give --layout)")
     join(env, args.timeout or runner.DEFAULT_TIMEOUT_S)
     started, verdicts = time.monotonic(), []
-    for i, sc in enumerate(mine, 1):
-        v = runner.run_launched(env, sc, index=i, mutant=args.mutant, timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
-        if v is not None:
-            print(report.verdict_line(i, len(mine), v), flush=True)
-            if not v.passed:
-                print(report.failure_text(v), flush=True)
-            verdicts.append(v)
+    try:
+        for i, sc in enumerate(mine, 1):
+            v = runner.run_launched(env, sc, index=i, mutant=args.mutant,
+                                    timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
+            if v is not None:
+                print(report.verdict_line(i, len(mine), v), flush=True)
+                if not v.passed:
+                    print(report.failure_text(v), flush=True)
+                verdicts.append(v)
+    finally:
+        leave()
     if env.rank != 0:
         return 0
-    failed = sum(not v.passed for v in verdicts)
-    not_run += len(scenarios) - len(mine)
-    print(f"{len(verdicts) - failed} passed, {failed} failed" + (f", {not_run} not run" if not_run else "")
-          + f" in {time.monotonic() - started:.1f} s (ranks from the launcher)")
-    return 1 if failed else 0
+    seconds = time.monotonic() - started
+    if args.json:
+        report.dump_json(args.json, report.as_json(verdicts, seconds))
+    if args.html:
+        report.write_html(args.html, verdicts)
+    return _summary(verdicts, not_run + len(scenarios) - len(mine), seconds, " (ranks from the launcher)")
 
 
 def _fuzz(args) -> int:

@@ -267,3 +267,25 @@ def _after_peer_moved_on(initialized: str, moved_on: str):
         while not (os.path.exists(initialized) and os.path.exists(moved_on)):
             time.sleep(1e-3)
     return hook
+
+
+def moe_ep_layers_then_cleanup(ctx, cases: tuple[MoECase, ...], profile: str, kind: str):
+    """``moe_ep`` layers of ``cases`` (one manager), a forward of each, then the manager's
+    cleanup: returns the builds, the outputs, and what a dispatch after the cleanup raises."""
+    from impl.moe_ep import MoeEpManager, MoeEpPrepareFinalize
+
+    mgr = MoeEpManager(resolve_backend("fake", profile=profile), ctx.groups["ep"], kind)
+    pfs = [MoeEpPrepareFinalize(mgr, max_num_tokens=c.max_tokens, top_k=c.top_k, num_experts=c.num_experts,
+                                hidden_size=c.hidden, layout=dispatch_layout(c.hidden, c.quant_config(), ACT_DTYPE),
+                                invalid_expert_id=-1 if kind == "one_sided" else c.num_experts) for c in cases]
+    builds = mgr.builds
+    outputs = [forward_layer(ctx, pf, case) for case, pf in zip(cases, pfs)]
+    mgr.cleanup()
+    x_TH, ids_TK, w_TK = rank_inputs(cases[0], ctx.coords.dp_rank)
+    try:
+        with forward_context(cases[0].tokens_per_dp):
+            pfs[0].prepare(x_TH, w_TK, ids_TK, cases[0].num_experts, None, False, cases[0].quant_config())
+        after = None
+    except RuntimeError as e:
+        after = str(e)
+    return builds, outputs, mgr.communications, after

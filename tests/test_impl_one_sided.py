@@ -263,3 +263,20 @@ def test_one_sided_back_to_back_rounds_of_growing_payload_race(cluster, first, c
             assert_matches_reference(layers[0], 1, outs[1][0])
     else:
         assert_matches_reference(layers[0], 1, outs[1][0])
+
+
+@pytest.mark.parametrize("profile, kind", [("0.7.4", "one_sided"), ("0.7.2", "one_sided"), ("0.7.4", "two_sided")])
+def test_moe_ep_one_communication_per_budget_and_cleanup_destroys_them(cluster, profile, kind):
+    from impl_programs import moe_ep_layers_then_cleanup
+
+    hidden = 512 if kind == "two_sided" else 256
+    cases = tuple(MoECase(num_experts=8, top_k=2, hidden=hidden, tokens_per_dp=(3, 5), fmt=fmt, seed=i,
+                          max_num_tokens=budget)
+                  for i, (fmt, budget) in enumerate([("nvfp4", 8), ("bf16", 8), ("mxfp8", 16)]))
+    results = cluster.run(moe_ep_layers_then_cleanup, ParallelLayout(2, dp=2), (cases, profile, kind), timeout_s=120)
+    for rank, (builds, outputs, left, after) in enumerate(results):
+        assert builds == 2  # budgets 8 and 16: the two 8-token layers share one
+        for case, out in zip(cases, outputs):
+            assert_matches_reference(case, rank, out)
+        assert left == {}
+        assert after is not None and "has been destroyed" in after, after

@@ -28,6 +28,7 @@ def test_launched_env_read_from_a_launcher():
     assert (env.rank, env.world_size, env.local_rank, env.master_port, env.run_id, env.single_node) == \
         (1, 2, 1, 29500, "job7", True)
     assert not launch_env({**GOOD, "LOCAL_WORLD_SIZE": "1"}).single_node
+    assert not launch_env({k: v for k, v in GOOD.items() if k != "LOCAL_WORLD_SIZE"}).single_node  # unknown
 
 
 @pytest.mark.parametrize("change, rule", [

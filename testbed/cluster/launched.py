@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Mapping, Optional
 
-from fakes.arena import scenario_prefix, unlink_prefix
+from fakes.arena import scenario_prefix, sweep_orphans, unlink_prefix
 from testbed.cluster.layout import ParallelLayout
 from testbed.cluster.worker import rank_context
 
@@ -33,7 +33,7 @@ class LaunchEnv:
     master_addr: str
     master_port: int
     run_id: str
-    single_node: bool  # LOCAL_WORLD_SIZE == WORLD_SIZE
+    single_node: bool  # LOCAL_WORLD_SIZE == WORLD_SIZE (unknown without LOCAL_WORLD_SIZE: False)
 
 
 def launch_env(environ: Optional[Mapping[str, str]] = None) -> Optional[LaunchEnv]:
@@ -64,14 +64,16 @@ def launch_env(environ: Optional[Mapping[str, str]] = None) -> Optional[LaunchEn
         raise ValueError(f"launched rank: MASTER_PORT={values['MASTER_PORT']} must be a TCP port (1-65535)")
     return LaunchEnv(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"], env["MASTER_ADDR"],
                      values["MASTER_PORT"], env.get("TORCHELASTIC_RUN_ID", "none"),
-                     env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]) == env["WORLD_SIZE"])
+                     env.get("LOCAL_WORLD_SIZE") == env["WORLD_SIZE"])
 
 
 def join(env: LaunchEnv, timeout_s: float) -> None:
-    """Join the launched job's default group (gloo, ``env://``), once per process."""
+    """Join the launched job's default group (gloo, ``env://``), once per process; segments
+    an earlier job left behind when its launcher died are removed first."""
     import torch
     import torch.distributed as dist
 
+    sweep_orphans()
     torch.set_num_threads(1)
     if env.single_node:  # every rank here: gloo over loopback, as the pool's ranks
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -79,12 +81,22 @@ def join(env: LaunchEnv, timeout_s: float) -> None:
                             timeout=timedelta(seconds=timeout_s))
 
 
+def leave() -> None:
+    """Leave the launched job: its groups and the default group go."""
+    import torch.distributed as dist
+
+    _GROUPS.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def run_here(env: LaunchEnv, fn: Callable[..., Any], layout: ParallelLayout, args: tuple, *, timeout_s: float,
              seed: int, name: str, index: int, after: Optional[Callable[[Any], Any]] = None) -> Optional[list]:
     """``fn(ctx, *args)`` as this rank of ``layout`` (its world must be the job's), then the
-    scenario's cleanups, then ``after(result)`` on this rank; returns every rank's outcome on
-    rank 0 (in rank order), None on the others. ``index`` numbers the job's scenarios (their
-    shared-memory names)."""
+    scenario's cleanups, then ``after(result)`` on this rank; returns every rank's
+    ``(outcome, leaks)`` on rank 0 (in rank order), None on the others. ``leaks`` are the
+    scenario's shared-memory segments still there once every rank finished (then removed).
+    ``index`` numbers the job's scenarios (their shared-memory names)."""
     import torch.distributed as dist
 
     if layout.world_size != env.world_size:
@@ -97,11 +109,14 @@ def run_here(env: LaunchEnv, fn: Callable[..., Any], layout: ParallelLayout, arg
     try:
         result = fn(ctx, *args)
     finally:
-        for cleanup in reversed(ctx._cleanups):
-            cleanup()
-        ctx.arena.close()
-        unlink_prefix(prefix)
-    outcome = after(result) if after is not None else result
+        try:
+            for cleanup in reversed(ctx._cleanups):
+                cleanup()
+        finally:
+            ctx.arena.close()
+    dist.barrier()  # every rank done with the scenario's segments
+    leaks = unlink_prefix(prefix) if env.local_rank == 0 else []
+    outcome = (after(result) if after is not None else result, leaks)
     gathered = [None] * env.world_size if env.rank == 0 else None
     dist.gather_object(outcome, gathered, dst=0)
     return gathered

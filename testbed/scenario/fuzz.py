@@ -35,6 +35,8 @@ from testbed.scenario.model import (
     Layer,
     Scenario,
     ScenarioInputError,
+    api_for,
+    available_apis,
     hidden_rule,
 )
 
@@ -54,10 +56,8 @@ def scenarios(draw) -> Scenario:
         ep = 1
     profile = draw(st.sampled_from(PROFILES))
     flashinfer = path in ("one_sided", "two_sided")
-    absent = FAKE_PROFILES[profile].absent_modules
-    apis = [a for a, home in (("comm", "comm.trtllm_moe_alltoall"), ("moe_ep", "moe_ep")) if home not in absent]
-    a2a_api = draw(st.sampled_from(["auto"] + apis)) if flashinfer else "auto"
-    on_moe_ep = flashinfer and (a2a_api == "moe_ep" or apis == ["moe_ep"])
+    a2a_api = draw(st.sampled_from(("auto",) + available_apis(path, profile))) if flashinfer else "auto"
+    on_moe_ep = api_for(path, profile, a2a_api) == "moe_ep"
     divisible = path == "two_sided" or profile in ("0.6.8", "0.6.14") or on_moe_ep
     unit = math.lcm(4, ep) if path == "two_sided" else ep
     experts = draw(st.sampled_from([n for n in range(max(ep, 2), 33) if n % (unit if divisible else 1) == 0]))

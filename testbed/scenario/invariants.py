@@ -6,9 +6,10 @@
   dispatch left stale must not reach them), order-insensitive.
 - ``workspace``: after each layer is built the live ``MoeAlltoAll`` covers every layer built
   so far at its own budget; sizes never shrink; builds = strict increases of the need; the
-  same on every rank of the EP group. On ``moe_ep``: every round runs on a communication
-  whose token capacity and dispatch bytes per token cover its layer, built for the model's
-  top_k and experts, the same builds on every rank of the EP group.
+  same on every rank of the EP group. On ``moe_ep``: one communication per distinct layer
+  budget, built with the layers (not during the forwards) for the model's top_k and experts;
+  every round runs on one whose token capacity covers its layer; the same builds on every
+  rank of the EP group.
 - ``collectives``: ``impl`` uses the EP group (set-up, barriers, all-to-all rounds), the TP
   group for the reduce (and under sequence parallel the all-gather), and on the
   all-gather/reduce-scatter path the DP group; the ranks of a group issue the same
@@ -38,7 +39,7 @@ import torch
 from fakes.flashinfer.comm import trtllm_moe_alltoall
 from fakes.flashinfer.profiles import fake_profile
 from testbed.scenario import audit
-from testbed.scenario.model import Scenario, row_bytes
+from testbed.scenario.model import Scenario
 from testbed.scenario.reference import (
     TOLERANCE,
     dispatch_bytes,
@@ -212,11 +213,7 @@ def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                     f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected_builds[i]} "
                           f"(one, plus one per layer whose need exceeded the size so far or whose budget "
                           f"exceeded every earlier one)")
-        if stage in seen_stage and (seen_stage[stage][1] != builds if complete else
-                                    seen_stage[stage][1][:len(builds)] != builds[:len(seen_stage[stage][1])]):
-            f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
-                  f"{seen_stage[stage][1]}")
-        seen_stage.setdefault(stage, (rank, builds))
+        _same_builds_in_stage(f, seen_stage, stage, rank, builds, complete)
         if not v.builds[stage]:
             v.builds[stage] = builds
     f.close()
@@ -228,33 +225,43 @@ def _moe_ep_workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     seen_stage: dict[int, tuple] = {}
     for rank, events in sorted(logs.items()):
         stage = _stage(sc, rank)
-        layers, built, layer = sc.stages[stage], {}, None
+        layers, built, layer, forwarded = sc.stages[stage], {}, None, False
+        budgets = len({ly.max_num_tokens for ly in layers})
         for e in events:
             if e["ev"] == "ep_build":
                 built[e["index"]] = e
+                if forwarded:
+                    f.add(f"rank {rank}: communication {e['index']} built during the forwards, not with the layers")
                 if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
                     f.add(f"rank {rank}: communication {e['index']} has top_k {e['top_k']}, num_experts "
                           f"{e['num_experts']}; the model has {sc.top_k}, {sc.experts}")
             elif e["ev"] == "forward":
-                layer = e["layer"]
+                layer, forwarded = e["layer"], True
             elif e["ev"] == "dispatch" and layer is not None:
                 ly, comm = layers[layer], built.get(e.get("build"))
-                need = sum(row_bytes(ly.fmt, sc.hidden).values())
                 if comm is None:
                     f.add(f"rank {rank}: layer {layer} dispatched on a communication it never built")
-                elif comm["max_num_tokens"] < ly.max_num_tokens or comm["bytes_per_token"] < need:
+                elif comm["max_num_tokens"] < ly.max_num_tokens:
                     f.add(f"rank {rank}: layer {layer} ({ly}) runs on communication {comm['index']} sized for "
-                          f"{comm['max_num_tokens']} tokens of {comm['bytes_per_token']} bytes; the layer needs "
-                          f"{ly.max_num_tokens} tokens of {need} bytes")
-        builds = [(b["max_num_tokens"], b["bytes_per_token"]) for _, b in sorted(built.items())]
-        if stage in seen_stage and (seen_stage[stage][1] != builds if complete else
-                                    seen_stage[stage][1][:len(builds)] != builds[:len(seen_stage[stage][1])]):
-            f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
-                  f"{seen_stage[stage][1]}")
-        seen_stage.setdefault(stage, (rank, builds))
+                          f"{comm['max_num_tokens']} tokens")
+        if complete and len(built) != budgets:
+            f.add(f"rank {rank}: {len(built)} communication(s) built for {budgets} distinct layer budget(s) "
+                  f"{sorted({ly.max_num_tokens for ly in layers})} (one per sizing, shared by the layers that have it)")
+        builds = [(b["max_num_tokens"], b["workspace_size"]) for _, b in sorted(built.items())]
+        _same_builds_in_stage(f, seen_stage, stage, rank, builds, complete)
         if not v.builds[stage]:
             v.builds[stage] = builds
     f.close()
+
+
+def _same_builds_in_stage(f: _Findings, seen_stage: dict, stage: int, rank: int, builds: list, complete: bool) -> None:
+    """Every rank of an EP group builds what the first of them built (a prefix of it when the
+    scenario did not complete)."""
+    if stage in seen_stage and (seen_stage[stage][1] != builds if complete else
+                                seen_stage[stage][1][:len(builds)] != builds[:len(seen_stage[stage][1])]):
+        f.add(f"rank {rank} built {builds} but rank {seen_stage[stage][0]} of the same EP group built "
+              f"{seen_stage[stage][1]}")
+    seen_stage.setdefault(stage, (rank, builds))
 
 
 def _size(ep: int, max_num_tokens: int, dispatch: int = 0, combine: int = 0) -> int:
@@ -369,7 +376,7 @@ def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
                 where = f"rank {rank} pass {e['pass_']} layer {e['layer']}"
             elif e["ev"] in ("dispatch", "combine") and want is not None:
                 rounds[e["ev"]] += 1
-                if e["rtm"] != want:
+                if e["rtm"] is not None and e["rtm"] != want:
                     f.add(f"{where}: {e['ev']} with runtime_max_tokens_per_rank {e['rtm']}; the dispatching ranks' "
                           f"largest token count is {want} (every EP rank must pass the same value)")
             elif e["ev"] == "forward_end" and rounds != Counter(dispatch=1, combine=1):

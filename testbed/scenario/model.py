@@ -53,7 +53,7 @@ SUPPORTED_TOP_K = tuple(range(1, 9))
 # rows in 16-byte units, so every payload row (values and scales) must fill whole units.
 TWO_SIDED_ROW_UNIT = 16
 BLOCK = {"bf16": 1, "nvfp4": 16, "mxfp8": 32, "fp8_block": 128}
-MAX_EP_RANKS = 64  # kMaxRanks of MoeAlltoAll's kernels and of MnnvlMoe; moe_ep's per release
+MAX_EP_RANKS = 64  # kMaxRanks of MoeAlltoAll's kernels and of MnnvlMoe; 0.7.4's one-sided moe_ep kernels' per profile
 
 
 class ScenarioInputError(ValueError):
@@ -119,13 +119,8 @@ class Scenario:
 
     @property
     def api(self) -> str | None:
-        """The FlashInfer API the path runs on (None off the FlashInfer paths): ``--a2a-api``,
-        or for ``auto`` what the release offers, ``comm`` first (impl's probe decides the same)."""
-        if self.path not in ("one_sided", "two_sided"):
-            return None
-        if self.a2a_api != "auto":
-            return self.a2a_api
-        return "comm" if "comm.trtllm_moe_alltoall" not in FAKE_PROFILES[self.profile].absent_modules else "moe_ep"
+        """The FlashInfer API the path runs on (None off the FlashInfer paths)."""
+        return api_for(self.path, self.profile, self.a2a_api)
 
     @property
     def ep_size(self) -> int:
@@ -205,7 +200,8 @@ class Scenario:
         if self.routing in ("random", "spread", "local") and self.top_k > self.experts:
             raise ScenarioInputError("--top-k", f"routing {self.routing!r} picks {self.top_k} distinct experts "
                                      f"per token but there are only {self.experts}")
-        max_ranks = FAKE_PROFILES[self.profile].k_max_ranks if self.api == "moe_ep" else MAX_EP_RANKS
+        own_kernels = self.api == "moe_ep" and self.path == "one_sided" and FAKE_PROFILES[self.profile].moe_ep_kernels
+        max_ranks = FAKE_PROFILES[self.profile].k_max_ranks if own_kernels else MAX_EP_RANKS
         if self.ep_size > max_ranks:
             raise ScenarioInputError("--layout", f"FlashInfer supports at most {max_ranks} EP ranks "
                                      f"(kMaxRanks), the layout has {self.ep_size}")
@@ -265,8 +261,8 @@ class Scenario:
             return
         if self.path not in ("one_sided", "two_sided"):
             raise ScenarioInputError("--a2a-api", "applies to the FlashInfer paths (one_sided, two_sided) only")
-        home = "comm.trtllm_moe_alltoall" if self.a2a_api == "comm" else "moe_ep"
-        if home in FAKE_PROFILES[self.profile].absent_modules:
+        if self.a2a_api not in available_apis(self.path, self.profile):
+            home = _API_HOME[self.a2a_api][self.path == "two_sided"]
             raise ScenarioInputError("--a2a-api", f"FlashInfer {self.profile} does not ship flashinfer.{home}")
 
     def _check_moe_ep(self) -> None:
@@ -359,6 +355,24 @@ class Scenario:
         sig += " moe_ep" if self.api == "moe_ep" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
+
+
+# The module of the fake that holds each API's one- and two-sided all-to-all.
+_API_HOME = {"comm": ("comm.trtllm_moe_alltoall", "comm.trtllm_alltoall"), "moe_ep": ("moe_ep", "moe_ep")}
+
+
+def available_apis(path: str, profile: str) -> tuple[str, ...]:
+    """The FlashInfer APIs release ``profile`` carries FlashInfer path ``path`` on, ``comm`` first."""
+    absent = FAKE_PROFILES[profile].absent_modules
+    return tuple(api for api, homes in _API_HOME.items() if homes[path == "two_sided"] not in absent)
+
+
+def api_for(path: str, profile: str, a2a_api: str) -> str | None:
+    """The FlashInfer API ``path`` runs on under ``profile`` (None off the FlashInfer paths):
+    ``a2a_api``, or for ``auto`` the first the release offers (impl's probe decides the same)."""
+    if path not in ("one_sided", "two_sided"):
+        return None
+    return a2a_api if a2a_api != "auto" else available_apis(path, profile)[0]
 
 
 def hidden_rule(fmt: str, hidden: int, path: str) -> str | None:

@@ -23,9 +23,10 @@ from impl.formats import FP8_BLOCK, FP8_DTYPE, QuantConfig, dispatch_layout
 from impl.forward_context import forward_context
 from impl.moe_layer import MoELayer, MoELayerConfig
 from impl.parallel import ONE_SIDED, TWO_SIDED, ParallelConfig
+from impl.factory import make_manager, make_prepare_finalize
 from impl.moe_ep import MoeEpManager, MoeEpPrepareFinalize
-from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from impl.two_sided import TwoSidedManager, TwoSidedPrepareFinalize
+from impl.one_sided import OneSidedManager
+from impl.two_sided import TwoSidedPrepareFinalize
 from testbed.scenario import mutants
 from testbed.scenario.experts import Experts
 from testbed.scenario.reference import (
@@ -162,34 +163,33 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     ep_group = ctx.groups["ep"]
     layers = stages[ctx.coords.pp_rank]
     result = LayersResult(dp_rank=ctx.coords.dp_rank)
-    if kind not in ("one_sided", "two_sided"):
-        raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
-    if api.a2a_api(kind == "two_sided", a2a_api) == "moe_ep":
-        mgr = MoeEpManager(api, ep_group, kind)
-        pfs = [MoeEpPrepareFinalize(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k, num_experts=case.num_experts,
-                                    hidden_size=case.hidden, layout=dispatch_layout(case.hidden, case.quant_config(),
-                                                                                    ACT_DTYPE),
-                                    invalid_expert_id=-1 if kind == "one_sided" else case.num_experts)
-               for case in layers]
-        result.builds = [mgr.builds] * len(layers)
-    elif kind == "one_sided":
-        mgr = OneSidedManager(api, ep_group)
-        pfs = []
-        for case in layers:
-            before = mgr.moe_alltoall
-            pfs.append(OneSidedPrepareFinalize(mgr, max_num_tokens=case.max_tokens, top_k=case.top_k,
-                              num_experts=case.num_experts, hidden_size=case.hidden,
-                              layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE)))
+    parallel = _parallel(ctx, kind)
+    mgr = make_manager(parallel, api, ep_group, a2a_api)
+    pfs = []
+    for case in layers:
+        before = getattr(mgr, "moe_alltoall", None)
+        pfs.append(make_prepare_finalize(parallel, mgr, dp_group=ctx.groups["dp"], ep_group=ep_group,
+                                         max_num_tokens=case.max_tokens, top_k=case.top_k, num_experts=case.num_experts,
+                                         hidden_size=case.hidden,
+                                         layout=dispatch_layout(case.hidden, case.quant_config(), ACT_DTYPE)))
+        if isinstance(mgr, (OneSidedManager, MoeEpManager)):
             result.builds.append(mgr.builds)
+        if isinstance(mgr, OneSidedManager):
             result.workspace_sizes.append(mgr.workspace_size)
             result.rebuilt.append(mgr.moe_alltoall is not before)
+    if isinstance(mgr, OneSidedManager):
         result.probe = mgr.combine_supports_output
-    else:
-        mgr = TwoSidedManager(api, ep_group)
-        pfs = [TwoSidedPrepareFinalize(mgr) for _ in layers]
     if forward:
         result.outputs = [forward_layer(ctx, pf, case, device).cpu() for case, pf in zip(layers, pfs)]
     return result
+
+
+def _parallel(ctx, kind: str) -> ParallelConfig:
+    """This rank's stage as vLLM's parallel config of the ``kind`` all-to-all, SP off."""
+    if kind not in ("one_sided", "two_sided"):
+        raise ValueError(f"kind must be 'one_sided' or 'two_sided', got {kind!r}")
+    return ParallelConfig(tp=dist.get_world_size(ctx.groups["tp"]), dp=dist.get_world_size(ctx.groups["dp"]),
+                          all2all_backend=TWO_SIDED if kind == "two_sided" else ONE_SIDED, sequence_parallel_moe=False)
 
 
 def case_layer(ctx, pf, case: MoECase) -> MoELayer:
@@ -197,9 +197,7 @@ def case_layer(ctx, pf, case: MoECase) -> MoELayer:
     ep_group = ctx.groups["ep"]
     two_sided = isinstance(pf, TwoSidedPrepareFinalize) or isinstance(pf, MoeEpPrepareFinalize) \
         and pf.manager.kind == "two_sided"
-    kind = TWO_SIDED if two_sided else ONE_SIDED
-    parallel = ParallelConfig(tp=dist.get_world_size(ctx.groups["tp"]), dp=dist.get_world_size(ctx.groups["dp"]),
-                              all2all_backend=kind, sequence_parallel_moe=False)
+    parallel = _parallel(ctx, "two_sided" if two_sided else "one_sided")
     experts = case_experts(case, dist.get_world_size(ep_group), dist.get_rank(ep_group))
     return MoELayer(MoELayerConfig(case.num_experts, case.top_k, case.hidden, case.quant_config()), parallel, pf,
                     experts, tp_group=ctx.groups["tp"])

@@ -276,8 +276,8 @@ CATALOGUE: tuple[Mutant, ...] = (
     # -- flashinfer.moe_ep (issue 10) ------------------------------------------------------------
     _m("moe-ep-first-layer-communication", "historical bug 2 on moe_ep: every layer runs on the first "
        "layer's communication", f"{EP_MGR}.communication",
-       "key = (max_num_tokens, top_k, num_experts, hidden_size, extra, invalid_expert_id)", "key = ()",
-       ("workspace", "runs on communication"), ("completes", "must be in (0")),
+       "key = (max_num_tokens, top_k, num_experts, hidden_size, invalid_expert_id)", "key = ()",
+       ("workspace", "communication"), ("completes", "must be in (0")),
     _m("moe-ep-unaligned-payloads", "0.7.4: a sequence-parallel chunk of the ids is dispatched where it starts",
        "impl.moe_ep:aligned", "return t if t is None or t.data_ptr() % PAYLOAD_ALIGNMENT == 0 else t.clone()",
        "return t", ("completes", "16-byte aligned")),

@@ -108,21 +108,30 @@ def _recording_mnnvl_moe(base: type, log: audit.EventLog, ep_ranks: tuple[int, .
 
 def _recording_communication(create, log: audit.EventLog, ep_ranks: tuple[int, ...]):
     """``moe_ep.create_communication`` whose communications log their construction (token
-    capacity and dispatch bytes per token), and their dispatches and combines as ``MoeAlltoAll``'s
+    capacity and workspace bytes per rank), and their dispatches and combines as ``MoeAlltoAll``'s
     do (the probe reads the real signatures through ``__wrapped__``)."""
     builds = itertools.count(1)
 
     def create_communication(bootstrap, params, backend, **options):
         comm = create(bootstrap, params, backend, **options)
-        config = options.get("config", backend)
         comm._testbed_build = next(builds)
         log.write(ev="ep_build", index=comm._testbed_build, kind=comm.backend_name,
                   max_num_tokens=params.max_tokens_per_rank, top_k=params.top_k, num_experts=params.num_experts,
-                  bytes_per_token=params.dispatch_bytes_per_token + getattr(config, "extra_payload_bytes_per_token", 0))
+                  workspace_size=_workspace_bytes(comm))
         comm.__class__ = _recording_communication_class(type(comm), log, ep_ranks)
         return comm
 
     return create_communication
+
+
+def _workspace_bytes(comm) -> int:
+    """Bytes per rank of the fake communication's (main) workspace: 0.7.4's one-sided layout,
+    0.7.2's ``MoeAlltoAll``, or the two-sided FIFO."""
+    if hasattr(comm, "metainfo"):
+        return int(comm.metainfo[comm._index.WORKSPACE_SIZE_INDEX])
+    if hasattr(comm, "alltoall"):
+        return comm.alltoall.workspace_size_per_rank
+    return comm._workspace.size(1) * comm._workspace.element_size()
 
 
 def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tuple[int, ...]) -> type:
@@ -131,9 +140,7 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
         result_kw = kwargs.get("runtime_max_tokens_per_rank", kwargs.get("max_tokens_per_rank"))
         log.write(ev="coll", op="moe_ep_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
         log.write(ev="dispatch", rtm=result_kw, tokens=topk_ids.size(0), build=self._testbed_build)
-        result = base.dispatch(self, hidden_states, topk_ids, *args, **kwargs)
-        self._testbed_round = result.tokens_per_rank
-        return result
+        return base.dispatch(self, hidden_states, topk_ids, *args, **kwargs)
 
     @functools.wraps(base.get_combine_input_buffer)
     def get_combine_input_buffer(self, dtype):
@@ -143,8 +150,8 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
     @functools.wraps(base.combine)
     def combine(self, expert_output, *args, **kwargs):
         buffer, self._testbed_buffer = getattr(self, "_testbed_buffer", None), None
-        log.write(ev="combine", build=self._testbed_build, output=kwargs.get("output") is not None,
-                  rtm=getattr(self, "_testbed_round", None),
+        # moe_ep's combine takes no step size: it runs with its dispatch's (rtm None)
+        log.write(ev="combine", build=self._testbed_build, output=kwargs.get("output") is not None, rtm=None,
                   in_workspace=buffer is not None and expert_output.data_ptr() == buffer.data_ptr())
         log.write(ev="coll", op="moe_ep_combine", group=list(ep_ranks), site=audit.impl_call_site())
         return base.combine(self, expert_output, *args, **kwargs)

@@ -54,8 +54,10 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
 def run_launched(env, sc: Scenario, *, index: int, mutant: Optional[str] = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> Optional[Verdict]:
     """``sc`` as this rank of a launched job (:mod:`testbed.cluster.launched`): every rank runs
-    its share and sends rank 0 its result and event log; rank 0 checks every invariant and
-    returns the verdict (the others None). ``index`` numbers the job's scenarios."""
+    its share and sends rank 0 its result, event log and leftover segments; rank 0 checks
+    every invariant and returns the verdict (the others None). ``index`` numbers the job's
+    scenarios. Unlike :func:`run`, a rank that raises or hangs ends the job (the launcher's
+    handling), so ``completes`` is judged by the job's exit, not here."""
     from testbed.cluster.launched import run_here
 
     log_dir = tempfile.mkdtemp(prefix="a2atb-log-")
@@ -68,9 +70,12 @@ def run_launched(env, sc: Scenario, *, index: int, mutant: Optional[str] = None,
         shutil.rmtree(log_dir, ignore_errors=True)
     if gathered is None:
         return None
-    verdict = invariants.check(sc, {rank: events for rank, (_, events) in enumerate(gathered)},
-                               [result for result, _ in gathered], None)
+    verdict = invariants.check(sc, {rank: events for rank, ((_, events), _) in enumerate(gathered)},
+                               [result for (result, _), _ in gathered], None)
     verdict.seconds = time.monotonic() - started
+    leaks = sorted(name for _, names in gathered for name in names)
+    if leaks:
+        verdict.failures.append(Failure("no-leaks", f"shared-memory segments left after the scenario: {leaks}"))
     return verdict
 
 

@@ -72,7 +72,6 @@ def _check_config(config: NVLinkOneSidedConfig, params: MoEEpCommParams) -> None
         raise ValueError(f"NVLinkOneSidedAlltoAll supports top_k in {SUPPORTED_TOP_K}, got {params.top_k}")
 
 
-
 @register_communication("nvlink_one_sided")
 class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
     """Rank-major dispatch/combine with the NVLink one-sided put/get kernels; received rows
@@ -313,7 +312,10 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
         self._state = self._round = self.workspace = self.metainfo = None
         state["refcount"] -= 1
         if state["refcount"] == 0:
+            from fakes.flashinfer.comm.mnnvl import _MnnvlMemory
+
             self._WORKSPACES.pop(state["key"], None)
+            _MnnvlMemory.close_mnnvl_memory(state["mnnvl_mem"].ptr)
 
 
 @register_communication("nvlink_two_sided")
