@@ -20,19 +20,14 @@ from impl.backend import FlashInferAPI
 from impl.communicator import EPGroupManager, make_communicator
 from impl.compat import supports_kw
 from impl.formats import DispatchLayout, QuantConfig
-from impl.forward_context import runtime_max_tokens_per_rank
 from impl.moe_layer import PrepareResult
 from impl.one_sided import (
     INVALID_EXPERT_ID,
-    check_activation_alignment,
+    OneSidedLayer,
     check_combine_dtype,
     check_expert_output,
-    check_invalid_expert_id,
-    check_layout,
-    check_prepare_inputs,
     check_workspace_resident,
 )
-from impl.quant import quantize_input
 
 KINDS = ("one_sided", "two_sided")
 ROW_DTYPE = torch.bfloat16  # the unquantized row moe_ep sizes from: what combine takes back
@@ -103,9 +98,9 @@ class MoeEpManager(EPGroupManager):
             raise error
 
 
-class MoeEpPrepareFinalize:
+class MoeEpPrepareFinalize(OneSidedLayer):
     """One MoE layer's dispatch and combine through a ``moe_ep`` communication of
-    :class:`MoeEpManager`; the arguments are :class:`impl.one_sided.OneSidedPrepareFinalize`'s.
+    :class:`MoeEpManager`; the arguments are :class:`impl.one_sided.OneSidedLayer`'s.
 
     Received rows are ``[R * S, ...]`` rank-major; rows without a token carry
     ``invalid_expert_id`` in every slot. The one-sided combine region can take the experts'
@@ -115,18 +110,11 @@ class MoeEpPrepareFinalize:
     def __init__(self, manager: MoeEpManager, *, max_num_tokens: int, top_k: int, num_experts: int,
                  hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None,
                  invalid_expert_id: int = INVALID_EXPERT_ID):
-        check_invalid_expert_id(invalid_expert_id, num_experts)
-        if manager.kind == "one_sided":
-            # 0.7.2's backend packs payloads back to back (MoeAlltoAll); 0.7.4 aligns each, so
-            # there the rule is stricter than needed, never too lenient.
-            check_activation_alignment(layout, hidden_size)
-        self.manager = manager
-        self.max_num_tokens = max_num_tokens
-        self.top_k = top_k
-        self.num_experts = num_experts
-        self.hidden_size = hidden_size
-        self.layout = layout
-        self.num_dispatchers_ = num_dispatchers or manager.world_size
+        # 0.7.2's one-sided backend packs payloads back to back (MoeAlltoAll); 0.7.4 aligns
+        # each, so there the rule is stricter than needed, never too lenient.
+        super().__init__(manager, max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
+                         hidden_size=hidden_size, layout=layout, num_dispatchers=num_dispatchers,
+                         invalid_expert_id=invalid_expert_id, packed_payloads=manager.kind == "one_sided")
         self.comm = manager.communication(max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
                                           hidden_size=hidden_size, layout=layout,
                                           invalid_expert_id=invalid_expert_id)
@@ -134,17 +122,6 @@ class MoeEpPrepareFinalize:
         self._step_kw = ("runtime_max_tokens_per_rank"
                          if supports_kw(self.comm.dispatch, "runtime_max_tokens_per_rank", allow_var_kwargs=False)
                          else "max_tokens_per_rank")
-        self.runtime_max_tokens_per_rank: Optional[int] = None
-        self._workspace_output: Optional[torch.Tensor] = None
-
-    def output_is_reduced(self) -> bool:
-        return True
-
-    def topk_indices_dtype(self) -> Optional[torch.dtype]:
-        return torch.int32
-
-    def num_dispatchers(self) -> int:
-        return self.num_dispatchers_
 
     def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,
@@ -153,16 +130,11 @@ class MoeEpPrepareFinalize:
 
         ``expert_map`` is unused: ids travel global and the experts select their own.
         """
-        a1 = check_prepare_inputs(a1, topk_weights, topk_ids, num_experts, apply_router_weight_on_input,
-                                  hidden_size=self.hidden_size, top_k=self.top_k, layer_experts=self.num_experts)
-        S = runtime_max_tokens_per_rank(a1.size(0))
-        if S > self.max_num_tokens:
-            raise ValueError(f"runtime max tokens per rank {S} exceeds the layer's max_num_tokens {self.max_num_tokens}")
-        a1q, a1q_scale = (a1, None) if defer_input_quant else quantize_input(a1, quant_config)
-        check_layout(self.layout, a1q, a1q_scale)
+        S, a1q, a1q_scale = self._quantized_input(a1, topk_weights, topk_ids, num_experts, apply_router_weight_on_input,
+                                                  quant_config, defer_input_quant, self.max_num_tokens,
+                                                  "the layer's max_num_tokens")
         recv = self.comm.dispatch(aligned(a1q), aligned(topk_ids), aligned(topk_weights),
                                   hidden_states_scale=aligned(a1q_scale), **{self._step_kw: S})
-        self.runtime_max_tokens_per_rank = S
         return PrepareResult(recv.hidden_states, recv.hidden_states_scale, None, recv.topk_ids, recv.topk_weights)
 
     def expert_output_buffer(self, dtype: torch.dtype) -> torch.Tensor:

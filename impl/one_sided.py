@@ -184,33 +184,34 @@ class OneSidedManager(EPGroupManager):
         return method
 
 
-class OneSidedPrepareFinalize:
-    """One MoE layer's dispatch and combine through the shared :class:`OneSidedManager`.
+class OneSidedLayer:
+    """What the one-sided prepare/finalizes (``MoeAlltoAll``'s and ``moe_ep``'s) share: one
+    layer's facts, the contract's answers (an output already reduced over the experts, int32
+    ids) and the input side of ``prepare``.
 
-    The constructor grows the manager to this layer's payload (``layout``, ``top_k``, ...).
     ``num_dispatchers`` is the EP size: every EP rank dispatches its own tokens.
     ``invalid_expert_id`` marks received lanes without a token: -1 (what vLLM passes) or
     ``num_experts`` (the two-sided path's sentinel); the expert kernels skip both.
+    ``packed_payloads``: the payloads lie back to back in the workspace (``MoeAlltoAll``), so
+    the int32 ids after the activations need those to be a multiple of 4 bytes.
     """
 
-    def __init__(self, manager: OneSidedManager, *, max_num_tokens: int, top_k: int, num_experts: int,
-                 hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None,
-                 invalid_expert_id: int = INVALID_EXPERT_ID):
+    def __init__(self, manager: EPGroupManager, *, max_num_tokens: int, top_k: int, num_experts: int,
+                 hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int],
+                 invalid_expert_id: int, packed_payloads: bool):
         check_invalid_expert_id(invalid_expert_id, num_experts)
-        self.invalid_expert_id = invalid_expert_id
-        self._workspace_output: Optional[torch.Tensor] = None
+        if packed_payloads:
+            check_activation_alignment(layout, hidden_size)
         self.manager = manager
         self.max_num_tokens = max_num_tokens
         self.top_k = top_k
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.layout = layout
+        self.invalid_expert_id = invalid_expert_id
         self.num_dispatchers_ = num_dispatchers or manager.world_size
         self.runtime_max_tokens_per_rank: Optional[int] = None
-        check_activation_alignment(layout, hidden_size)
-        manager.initialize(max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
-                           hidden_size=hidden_size, x_bytes_per_token=layout.x_bytes_per_token,
-                           x_sf_bytes_per_token=layout.x_sf_bytes_per_token)
+        self._workspace_output: Optional[torch.Tensor] = None
 
     def output_is_reduced(self) -> bool:
         return True
@@ -221,6 +222,37 @@ class OneSidedPrepareFinalize:
     def num_dispatchers(self) -> int:
         return self.num_dispatchers_
 
+    def _quantized_input(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                         num_experts: int, apply_router_weight_on_input: bool, quant_config: QuantConfig,
+                         defer_input_quant: bool, capacity: int, capacity_name: str):
+        """Check ``prepare``'s inputs, take this round's S (at most ``capacity``) and quantize:
+        ``(S, a1q, a1q_scale)``."""
+        a1 = check_prepare_inputs(a1, topk_weights, topk_ids, num_experts, apply_router_weight_on_input,
+                                  hidden_size=self.hidden_size, top_k=self.top_k, layer_experts=self.num_experts)
+        S = runtime_max_tokens_per_rank(a1.size(0))
+        if S > capacity:
+            raise ValueError(f"runtime max tokens per rank {S} exceeds {capacity_name} {capacity}")
+        self.runtime_max_tokens_per_rank = S
+        a1q, a1q_scale = (a1, None) if defer_input_quant else quantize_input(a1, quant_config)
+        check_layout(self.layout, a1q, a1q_scale)
+        return S, a1q, a1q_scale
+
+
+class OneSidedPrepareFinalize(OneSidedLayer):
+    """One MoE layer's dispatch and combine through the shared :class:`OneSidedManager`; the
+    constructor grows the manager to this layer's payload (``layout``, ``top_k``, ...). The
+    arguments are :class:`OneSidedLayer`'s."""
+
+    def __init__(self, manager: OneSidedManager, *, max_num_tokens: int, top_k: int, num_experts: int,
+                 hidden_size: int, layout: DispatchLayout, num_dispatchers: Optional[int] = None,
+                 invalid_expert_id: int = INVALID_EXPERT_ID):
+        super().__init__(manager, max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
+                         hidden_size=hidden_size, layout=layout, num_dispatchers=num_dispatchers,
+                         invalid_expert_id=invalid_expert_id, packed_payloads=True)
+        manager.initialize(max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
+                           hidden_size=hidden_size, x_bytes_per_token=layout.x_bytes_per_token,
+                           x_sf_bytes_per_token=layout.x_sf_bytes_per_token)
+
     def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,
                 quant_config: QuantConfig, defer_input_quant: bool = False) -> PrepareResult:
@@ -229,15 +261,9 @@ class OneSidedPrepareFinalize:
 
         ``expert_map`` is unused: ids travel global and the experts select their own.
         """
-        a1 = check_prepare_inputs(a1, topk_weights, topk_ids, num_experts, apply_router_weight_on_input,
-                                  hidden_size=self.hidden_size, top_k=self.top_k, layer_experts=self.num_experts)
-        S = runtime_max_tokens_per_rank(a1.size(0))
-        if S > self.manager.max_num_tokens:
-            raise ValueError(f"runtime max tokens per rank {S} exceeds the workspace's max_num_tokens "
-                             f"{self.manager.max_num_tokens}")
-        self.runtime_max_tokens_per_rank = S
-        a1q, a1q_scale = (a1, None) if defer_input_quant else quantize_input(a1, quant_config)
-        check_layout(self.layout, a1q, a1q_scale)
+        S, a1q, a1q_scale = self._quantized_input(a1, topk_weights, topk_ids, num_experts, apply_router_weight_on_input,
+                                                  quant_config, defer_input_quant, self.manager.max_num_tokens,
+                                                  "the workspace's max_num_tokens")
         payloads = [a1q] + ([a1q_scale] if a1q_scale is not None else []) + [topk_ids, topk_weights]
         ids_index = len(payloads) - 2
         recv = self.manager.moe_alltoall.dispatch(

@@ -120,8 +120,9 @@ CATALOGUE: tuple[Mutant, ...] = (
        f"{MGR}.combine_into", "output_TH.copy_(self.moe_alltoall.combine(", "(self.moe_alltoall.combine(",
        ("output", "")),
     # -- the reduce contract (seed 002) ------------------------------------------------------
-    _m("double-reduce-one-sided", "historical bug 1: one-sided output_is_reduced() says False",
-       f"{PF}.output_is_reduced", "return True", "return False", ("reduce", "output_is_reduced")),
+    _m("double-reduce-one-sided", "historical bug 1: one-sided output_is_reduced() says False (MoeAlltoAll "
+       "and moe_ep)", "impl.one_sided:OneSidedLayer.output_is_reduced", "return True", "return False",
+       ("reduce", "output_is_reduced")),
     _m("double-reduce-two-sided", "historical bug 1 on the two-sided path",
        "impl.two_sided:TwoSidedPrepareFinalize.output_is_reduced", "return True", "return False",
        ("reduce", "output_is_reduced")),
@@ -285,8 +286,6 @@ CATALOGUE: tuple[Mutant, ...] = (
        f"{EP_MGR}.communication", "comm_backend = make_communicator(self.api, self.cpu_group)",
        "comm_backend = make_communicator(self.api, dist.group.WORLD)",
        ("completes", "MNNVL communicator has"), ("collectives", "")),
-    _m("moe-ep-double-reduce", "historical bug 1 on moe_ep: output_is_reduced() says False",
-       f"{EP_PF}.output_is_reduced", "return True", "return False", ("reduce", "output_is_reduced")),
     _m("moe-ep-old-step-keyword", "0.7.4's dispatch is called with 0.7.2's max_tokens_per_rank keyword",
        f"{EP_PF}.__init__", 'if supports_kw(self.comm.dispatch, "runtime_max_tokens_per_rank", allow_var_kwargs=False)',
        "if False", ("completes", "max_tokens_per_rank")),

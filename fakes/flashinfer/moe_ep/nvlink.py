@@ -42,6 +42,36 @@ class NVLinkTwoSidedConfig:
     comm_backend: Optional[Any] = None
 
 
+def dispatch_payloads(hidden_states, hidden_states_scale, topk_ids, topk_weights) -> tuple[list, int]:
+    """The one-sided dispatch's payloads ``[hidden, (scale), ids (int32), (weights)]`` and the
+    index of the ids among them."""
+    if topk_ids.dtype != torch.int32:
+        topk_ids = topk_ids.to(torch.int32)
+    payloads = [hidden_states] + ([hidden_states_scale] if hidden_states_scale is not None else [])
+    ids_at = len(payloads)
+    return payloads + [topk_ids] + ([topk_weights] if topk_weights is not None else []), ids_at
+
+
+def dispatch_result(recv, ids_at: int, has_scale: bool, has_weights: bool, tokens_per_rank: int,
+                    eplb_gathered_stats) -> MoEEpDispatchResult:
+    """The result over the ``[ep_size, tokens_per_rank, ...]`` receive buffers of
+    :func:`dispatch_payloads`' payloads, flattened rank-major."""
+    recv = [t.flatten(0, 1) for t in recv]
+    return MoEEpDispatchResult(
+        hidden_states=recv[0], hidden_states_scale=recv[1] if has_scale else None, topk_ids=recv[ids_at],
+        topk_weights=recv[ids_at + 1] if has_weights else None, tokens_per_rank=tokens_per_rank,
+        eplb_gathered_stats=eplb_gathered_stats)
+
+
+def rank_major(expert_output, ep_size: int, tokens_per_rank: int):
+    """``[ep_size, tokens_per_rank, hidden]`` of a combine's 2D or 3D expert output."""
+    if expert_output.dim() == 2:
+        return expert_output.view(ep_size, tokens_per_rank, -1)
+    if expert_output.dim() == 3:
+        return expert_output
+    raise ValueError(f"expert_output must be 2D or 3D, got shape {tuple(expert_output.shape)}")
+
+
 def nvlink_platform_supported() -> bool:
     from fakes.flashinfer.comm import mnnvl
 
@@ -122,25 +152,14 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication):
         if self._tokens_per_rank is not None:
             raise RuntimeError("dispatch called twice without an intervening combine")
         tokens_per_rank = self._tokens_per_rank_for(max_tokens_per_rank)
-        if topk_ids.dtype != torch.int32:
-            topk_ids = topk_ids.to(torch.int32)
-        payloads = [hidden_states] + ([hidden_states_scale] if hidden_states_scale is not None else [])
-        ids_at = len(payloads)
-        payloads += [topk_ids] + ([topk_weights] if topk_weights is not None else [])
-        recv = alltoall.dispatch(topk_ids, payloads, tokens_per_rank,
+        payloads, ids_at = dispatch_payloads(hidden_states, hidden_states_scale, topk_ids, topk_weights)
+        recv = alltoall.dispatch(payloads[ids_at], payloads, tokens_per_rank,
                                  invalid_token_expert_id=self.params.invalid_expert_id,
                                  expert_id_payload_index=ids_at, eplb_local_stats=eplb_local_stats,
                                  active_rank_mask=active_rank_mask)
         self._tokens_per_rank = tokens_per_rank
-        recv = [t.flatten(0, 1) for t in recv]
-        return MoEEpDispatchResult(
-            hidden_states=recv[0],
-            hidden_states_scale=recv[1] if hidden_states_scale is not None else None,
-            topk_ids=recv[ids_at],
-            topk_weights=recv[ids_at + 1] if topk_weights is not None else None,
-            tokens_per_rank=tokens_per_rank,
-            eplb_gathered_stats=alltoall.eplb_gathered_stats,
-        )
+        return dispatch_result(recv, ids_at, hidden_states_scale is not None, topk_weights is not None,
+                               tokens_per_rank, alltoall.eplb_gathered_stats)
 
     def get_combine_input_buffer(self, dtype):
         """``[ep_size * tokens_per_rank, hidden_size]`` view of this rank's combine region."""
@@ -156,12 +175,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication):
         tokens_per_rank = self._tokens_per_rank
         if tokens_per_rank is None:
             raise RuntimeError("combine called before dispatch")
-        if expert_output.dim() == 2:
-            payload = expert_output.view(self.ep_size, tokens_per_rank, -1)
-        elif expert_output.dim() == 3:
-            payload = expert_output
-        else:
-            raise ValueError(f"expert_output must be 2D or 3D, got shape {tuple(expert_output.shape)}")
+        payload = rank_major(expert_output, self.ep_size, tokens_per_rank)
         in_workspace = (self._combine_buffer is not None
                         and expert_output.data_ptr() == self._combine_buffer.data_ptr())
         combined = alltoall.combine(payload, tokens_per_rank, payload_in_workspace=in_workspace, output=output,

@@ -18,13 +18,16 @@ import torch
 
 from fakes.flashinfer.comm.mnnvl import on_scenario_end
 from fakes.flashinfer.moe_ep import one_sided_ops as ops
-from fakes.flashinfer.moe_ep.communication import (
-    MoEEpCommParams,
-    MoEEpCommunication_0_7_4,
-    MoEEpDispatchResult,
-    register_communication,
+from fakes.flashinfer.moe_ep import nvlink
+from fakes.flashinfer.moe_ep.communication import MoEEpCommParams, MoEEpCommunication_0_7_4, register_communication
+from fakes.flashinfer.moe_ep.nvlink import (
+    TwoSidedRows,
+    dispatch_payloads,
+    dispatch_result,
+    mnnvl_mapping_and_config,
+    nvlink_platform_supported,
+    rank_major,
 )
-from fakes.flashinfer.moe_ep.nvlink import TwoSidedRows, mnnvl_mapping_and_config, nvlink_platform_supported
 
 logger = logging.getLogger("flashinfer.moe_ep.backends.split.comm.nvlink_one_sided.communication")
 
@@ -33,16 +36,10 @@ MAX_TIMEOUT_S = ops.MAX_TIMEOUT_S
 
 
 @dataclass
-class NVLinkOneSidedConfig:
+class NVLinkOneSidedConfig(nvlink.NVLinkOneSidedConfig):
     """Options of :class:`NVLinkOneSidedAlltoAll` (0.7.4): 0.7.2's, plus the CFT and Lamport
     transport choices, the wait timeout (seconds; a wait past it traps) and PDL."""
 
-    backend_name: str = "nvlink_one_sided"
-    extra_payload_bytes_per_token: int = 0
-    eplb_stats_num_experts: int = 0
-    enable_rank_mask: bool = False
-    use_low_precision_combine: bool = False
-    comm_backend: Optional[Any] = None
     cft: Optional[bool] = None
     cft_max_tokens_for_dispatch: int = 128
     cft_max_tokens_for_combine: int = 128
@@ -204,14 +201,10 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
         self._check_rank_mask(active_rank_mask)
         params = self.params
         tokens_per_rank = self._resolve_runtime_max_tokens_per_rank(runtime_max_tokens_per_rank)
-        if topk_ids.dtype != torch.int32:
-            topk_ids = topk_ids.to(torch.int32)
-        payloads = [hidden_states] + ([hidden_states_scale] if hidden_states_scale is not None else [])
-        ids_at = len(payloads)
-        payloads += [topk_ids] + ([topk_weights] if topk_weights is not None else [])
+        payloads, ids_at = dispatch_payloads(hidden_states, hidden_states_scale, topk_ids, topk_weights)
         self._launch()
         recv_offsets, combine_offset, eplb_offset = self._module.moe_a2a_dispatch(
-            topk_ids, payloads, self.workspace, self.metainfo, tokens_per_rank, self.ep_rank, self.ep_size,
+            payloads[ids_at], payloads, self.workspace, self.metainfo, tokens_per_rank, self.ep_rank, self.ep_size,
             params.top_k, params.num_experts, eplb_local_stats, False, -1, params.invalid_expert_id, False,
             self.config.enable_rank_mask, active_rank_mask, self.config.timeout_sec, self._enable_pdl)
         recv = [self._view(int(offset), p.dtype, (self.ep_size, tokens_per_rank, p.shape[1]))
@@ -224,11 +217,8 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
         self._round = {"tokens_per_rank": tokens_per_rank, "local_num_tokens": topk_ids.shape[0],
                        "combine_offset": int(combine_offset)}
         self._state["round_owner"] = self
-        recv = [t.flatten(0, 1) for t in recv]
-        return MoEEpDispatchResult(
-            hidden_states=recv[0], hidden_states_scale=recv[1] if hidden_states_scale is not None else None,
-            topk_ids=recv[ids_at], topk_weights=recv[ids_at + 1] if topk_weights is not None else None,
-            tokens_per_rank=tokens_per_rank, eplb_gathered_stats=eplb_gathered_stats)
+        return dispatch_result(recv, ids_at, hidden_states_scale is not None, topk_weights is not None,
+                               tokens_per_rank, eplb_gathered_stats)
 
     def get_combine_input_buffer(self, dtype: torch.dtype) -> torch.Tensor:
         """``[ep_size * tokens_per_rank, hidden_size]`` view of this rank's combine input region."""
@@ -248,12 +238,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             raise RuntimeError("combine called before dispatch")
         self._check_rank_mask(active_rank_mask)
         tokens_per_rank = state["tokens_per_rank"]
-        if expert_output.dim() == 2:
-            payload = expert_output.view(self.ep_size, tokens_per_rank, -1)
-        elif expert_output.dim() == 3:
-            payload = expert_output
-        else:
-            raise ValueError(f"expert_output must be 2D or 3D, got shape {tuple(expert_output.shape)}")
+        payload = rank_major(expert_output, self.ep_size, tokens_per_rank)
         if output is None:
             output = torch.empty(state["local_num_tokens"], payload.shape[-1], dtype=payload.dtype)
         self._launch()
