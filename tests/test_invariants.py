@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fakes.flashinfer.comm import moe_a2a_kernels
 from testbed.cluster.layout import ParallelLayout
@@ -82,16 +83,24 @@ def test_invariant_reduce_and_probe():
 def test_slot_order_is_reproducible_and_differs_per_target():
     k = moe_a2a_kernels
     mode, seed = k.SlotOrder.mode, k.SlotOrder.seed
+    dest = torch.randint(0, 4, (64,), generator=torch.Generator().manual_seed(5))
+    counts = torch.bincount(dest, minlength=4)
+
+    def per_target(slots):
+        return [slots[dest == t].tolist() for t in range(4)]
+
     try:
         k.SlotOrder.mode, k.SlotOrder.seed = "shuffled", 11
-        first = [k.slot_permutation(16, 0, t, 1) for t in range(4)]
-        assert all(p.sort().values.tolist() == list(range(16)) for p in first)
-        assert [p.tolist() for p in first] == [k.slot_permutation(16, 0, t, 1).tolist() for t in range(4)]
-        assert len({tuple(p.tolist()) for p in first}) == 4  # each target its own order
-        assert k.slot_permutation(16, 0, 0, 2).tolist() != first[0].tolist()  # and each round
+        first = per_target(k.send_slots(dest, counts, 0, 1))
+        assert [sorted(s) for s in first] == [list(range(int(n))) for n in counts]
+        assert per_target(k.send_slots(dest, counts, 0, 1)) == first
+        assert len({tuple(s) for s in first}) == 4  # each target its own order
+        assert all(s != sorted(s) for s in first)
+        assert per_target(k.send_slots(dest, counts, 0, 2)) != first  # and each round
+        assert per_target(k.send_slots(dest, counts, 1, 1)) != first  # and each source
         k.SlotOrder.seed = 12
-        assert k.slot_permutation(16, 0, 0, 1).tolist() != first[0].tolist()
+        assert per_target(k.send_slots(dest, counts, 0, 1)) != first
         k.SlotOrder.mode = "deterministic"
-        assert k.slot_permutation(16, 0, 0, 1).tolist() == list(range(16))
+        assert per_target(k.send_slots(dest, counts, 0, 1)) == [list(range(int(n))) for n in counts]
     finally:
         k.SlotOrder.mode, k.SlotOrder.seed = mode, seed

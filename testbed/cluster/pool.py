@@ -353,16 +353,20 @@ class RankPool:
         deadline = started + timeout_s
         failed_at = None
         mismatch = None
+        monitor_at = started  # not on every reply: with 64 ranks that reads every log 64 times
         while waiting:
             limit = deadline if failed_at is None else min(deadline, failed_at + abort_grace_s)
-            remaining = limit - time.monotonic()
+            now = time.monotonic()
+            remaining = limit - now
             if remaining <= 0:
                 break
             if monitor is not None and failed_at is None:
-                mismatch = monitor({r for r, rep in reports.items() if rep.status == "ok"})
-                if mismatch:
-                    break
-                remaining = min(remaining, MONITOR_PERIOD_S)
+                if now >= monitor_at:
+                    mismatch = monitor({r for r, rep in reports.items() if rep.status == "ok"})
+                    if mismatch:
+                        break
+                    monitor_at = now + MONITOR_PERIOD_S
+                remaining = min(remaining, monitor_at - now)
             by_handle = {}
             for rank, w in waiting.items():
                 by_handle[w.cmd] = rank

@@ -19,6 +19,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from fakes.flashinfer import moe_ep, profiles
+from fakes.flashinfer.comm import moe_a2a_kernels
+from fakes.flashinfer.comm import trtllm_alltoall as two_sided_mod
+from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 from impl.backend import resolve_backend
 from impl.experts import QuantizedWeights, TrtLlmExperts
 from impl.factory import make_manager, make_prepare_finalize
@@ -161,11 +165,6 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
 
 
 def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
-    from fakes.flashinfer import moe_ep, profiles
-    from fakes.flashinfer.comm import moe_a2a_kernels
-    from fakes.flashinfer.comm import trtllm_alltoall as two_sided_mod
-    from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
-
     profile_before, slot_before = profiles.active().name, (moe_a2a_kernels.SlotOrder.mode,
                                                            moe_a2a_kernels.SlotOrder.seed)
     api = resolve_backend("fake", profile=sc.profile)

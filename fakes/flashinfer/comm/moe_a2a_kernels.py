@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from fakes import futex
 from fakes.flashinfer._check import check_contiguous, check_input_type, icheck, icheck_eq
 from fakes.flashinfer.comm.mnnvl import on_scenario_end
 from fakes.flashinfer.profiles import Profile
@@ -72,21 +73,31 @@ class SlotOrder:
     """How slots inside a source's block are assigned: ``shuffled`` stands in for the GPU's
     atomics (nothing may depend on it), ``deterministic`` is source token order.
 
-    A shuffled order is a function of ``seed`` (the scenario's), the source rank, the round
-    (the source's dispatch flag value) and the target rank, so a rerun of a scenario sees the
-    same orders and each target sees its own, as each target's counter races on its own."""
+    A shuffled order is a function of ``seed`` (the scenario's), the source rank and the
+    round (the source's dispatch flag value), so a rerun of a scenario sees the same orders
+    and each round and source its own."""
 
     mode = os.environ.get("A2A_FAKE_SLOT_ORDER", "shuffled")
     seed = 0
 
 
-def slot_permutation(n: int, source: int, target: int, round_: int) -> torch.Tensor:
-    """The slot of each of the ``n`` tokens ``source`` sends to ``target`` in ``round_``,
-    in source token order."""
-    if SlotOrder.mode == "deterministic" or n <= 1:
-        return torch.arange(n)
-    key = ((SlotOrder.seed * 1_000_003 + source) * 7919 + target) * 104_729 + round_
-    return torch.randperm(n, generator=torch.Generator().manual_seed(key % (1 << 63)))
+def send_slots(dest: torch.Tensor, counts_R: torch.Tensor, source: int, round_: int) -> torch.Tensor:
+    """The slot of each send of ``source`` in ``round_`` (``dest``: its target rank, in source
+    token order; ``counts_R``: sends per target): the sends to one target take the slots
+    ``0..n-1`` of ``source``'s block there, in the order :class:`SlotOrder` says."""
+    if SlotOrder.mode not in ("shuffled", "deterministic"):
+        raise ValueError(f"slot order {SlotOrder.mode!r}: expected 'shuffled' or 'deterministic'")
+    n = dest.numel()
+    if SlotOrder.mode == "deterministic":
+        key = torch.arange(n)
+    else:
+        seed = (SlotOrder.seed * 1_000_003 + source) * 104_729 + round_
+        key = torch.randperm(n, generator=torch.Generator().manual_seed(seed % (1 << 63)))
+    by_target = torch.argsort(dest * n + key)
+    first_R = torch.cumsum(counts_R, 0) - counts_R
+    slot = torch.empty_like(dest)
+    slot[by_target] = torch.arange(n) - first_R[dest[by_target]]
+    return slot
 
 
 class Hooks:
@@ -159,6 +170,20 @@ def _i32(workspace: torch.Tensor, rank: int, offset: int, count: int) -> torch.T
     return workspace[rank, offset:offset + 4 * count].view(torch.int32)
 
 
+def _blocks(workspace: torch.Tensor, offset: int, rows: int, row_bytes: int) -> torch.Tensor:
+    """``[R, rows, row_bytes]`` uint8 view: ``rows`` rows of ``row_bytes`` bytes at byte
+    ``offset`` of every rank's row, so one indexed copy reaches every peer at once."""
+    return workspace.as_strided((workspace.size(0), rows, row_bytes), (workspace.stride(0), row_bytes, 1),
+                                workspace.storage_offset() + offset)
+
+
+def _put_i32(workspace: torch.Tensor, peers_P: torch.Tensor, offset: int, values: torch.Tensor) -> None:
+    """Write int32 ``values`` (one row of ``n`` per peer, or one row for all) at byte
+    ``offset`` of each row in ``peers_P``."""
+    n = values.size(-1)
+    workspace[peers_P, offset:offset + 4 * n] = values.to(torch.int32).contiguous().view(torch.uint8)
+
+
 def _check_workspace_and_metainfo(workspace, metainfo, ep_size, profile: Profile):
     icheck(metainfo.device.type == "cpu", "metainfo.device.device_type == kDLCPU",
            "metainfo must be a CPU tensor")
@@ -205,8 +230,9 @@ def _switch_top_k(top_k: int, launch: str, profile: Profile) -> None:
 
 
 def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
-    """Spin (with back-off) until every peer wrote ``expected`` into our completion flags; past
-    ``timeout_s`` the kernel traps."""
+    """Wait until every peer wrote ``expected`` into our completion flags (the kernel spins;
+    here a rank sleeps on the first missing flag, see :mod:`fakes.futex`); past ``timeout_s``
+    the kernel traps."""
     flags = _i32(workspace, ep_rank, offset, workspace.size(0))
     peers_t = torch.tensor(peers, dtype=torch.long)
     deadline = time.monotonic() + timeout_s
@@ -215,17 +241,26 @@ def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
         missing = peers_t[flags[peers_t] != expected]
         if missing.numel() == 0:
             return
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left < 0:
             Trap.reason = (f"{phase}: rank {ep_rank} timed out after {timeout_s:g} s waiting for "
                            f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})")
             raise CompletionTimeout(Trap.reason)
-        time.sleep(delay)
-        delay = min(delay * 2, 1e-3)
+        if futex.AVAILABLE:
+            # Bounded, so a flag that changes without a wake-up (a late peer's memset) is
+            # still seen and the deadline still kept.
+            first = flags[int(missing[0]):int(missing[0]) + 1]
+            futex.wait(first, int(first.item()), min(left, 0.05))
+        else:
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
 
 
 def _post_flags(workspace, ep_rank, offset, peers, value):
-    for peer in peers:
-        _i32(workspace, peer, offset + 4 * ep_rank, 1)[0] = value
+    _put_i32(workspace, torch.tensor(peers, dtype=torch.long), offset + 4 * ep_rank, torch.tensor([value]))
+    if futex.AVAILABLE:
+        at = workspace[0, offset + 4 * ep_rank:].data_ptr()
+        futex.wake(at + peer * workspace.stride(0) for peer in peers)
 
 
 def initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts, profile: Profile):
@@ -354,14 +389,8 @@ def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, 
         valid_TK &= torch.tensor(active[:ep_size])[target_TK.clamp(min=0)]
     tok, lane = valid_TK.nonzero(as_tuple=True)
     dest = target_TK[tok, lane]
-    if SlotOrder.mode not in ("shuffled", "deterministic"):
-        raise ValueError(f"slot order {SlotOrder.mode!r}: expected 'shuffled' or 'deterministic'")
     counts_R = torch.bincount(dest, minlength=ep_size)
-    slot = torch.empty_like(dest)
-    for r in range(ep_size):
-        sel = (dest == r).nonzero().flatten()
-        if sel.numel():
-            slot[sel] = slot_permutation(sel.numel(), me, r, expected)
+    slot = send_slots(dest, counts_R, me, expected)
 
     send_TK = torch.full((T, top_k), -1, dtype=torch.int32)
     send_TK[tok, lane] = slot.to(torch.int32)
@@ -372,25 +401,16 @@ def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, 
 
     # is_contiguous() ignores the strides of size-1 and empty dims (the kernel only needs the
     # row-major bytes); view() does not: read each payload through its row-major strides.
-    bytes_TB = [p.as_strided(p.shape, (p.size(1), 1)).view(torch.uint8).reshape(T, p.size(1) * p.element_size())
-                for p in payloads]
-    for r in peers:
-        sel = dest == r
-        n = int(counts_R[r])
-        if n == 0:
-            continue
-        # A target's slots are a permutation of 0..n-1: gather in slot order straight into
-        # the peer's contiguous block (index_select copies whole rows).
-        by_slot = tok[sel][torch.argsort(slot[sel])]
-        for data_TB, at in zip(bytes_TB, recv_offsets):
-            region_RSB = workspace[r, at:at + ep_size * rtm * data_TB.size(1)].view(ep_size, rtm, -1)
-            torch.index_select(data_TB, 0, by_slot, out=region_RSB[me, :n])
+    for p, at in zip(payloads, recv_offsets):
+        B = p.size(1) * p.element_size()
+        data_TB = p.as_strided(p.shape, (p.size(1), 1)).view(torch.uint8).reshape(T, B)
+        _blocks(workspace, at + me * rtm * B, rtm, B)[dest, slot] = data_TB[tok]
     recv_at = _recv_counters_at(regions, ep_size, recv_parity)
-    n_eplb = 0 if eplb_local_stats is None else eplb_local_stats.size(0)
-    for r in peers:
-        _i32(workspace, r, recv_at + 4 * me, 1)[0] = int(counts_R[r])
-        if n_eplb:
-            _i32(workspace, r, regions.EPLB_GATHERED_STATS + 4 * me * n_eplb, n_eplb)[:] = eplb_local_stats
+    peers_P = torch.tensor(peers, dtype=torch.long)
+    _put_i32(workspace, peers_P, recv_at + 4 * me, counts_R[peers_P, None])
+    if eplb_local_stats is not None and eplb_local_stats.size(0):
+        n_eplb = eplb_local_stats.size(0)
+        _put_i32(workspace, peers_P, regions.EPLB_GATHERED_STATS + 4 * me * n_eplb, eplb_local_stats[None])
     _post_flags(workspace, me, regions.DISPATCH_FLAGS, peers, expected)
     _wait_flags(workspace, me, regions.DISPATCH_FLAGS, peers, expected, "dispatch", timeout_s)
     return expected
@@ -464,15 +484,12 @@ def get(payload_RSH, T, workspace, regions: "Regions", combine_offset, me, ep_si
     flag += 1
     expected = int(flag.item())
     region_RSH = workspace[me, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, -1, H)
-    recv_R = _i32(workspace, me, _recv_counters_at(regions, ep_size, recv_parity), ep_size).tolist()
+    recv_R = _i32(workspace, me, _recv_counters_at(regions, ep_size, recv_parity), ep_size)
+    filled_RS = torch.arange(region_RSH.size(1))[None, :] < recv_R[:, None]
     if not payload_in_workspace:
-        for src, n in enumerate(recv_R):
-            if n > 0:
-                region_RSH[src, :n] = payload_RSH[src, :n]
+        region_RSH[filled_RS] = payload_RSH[filled_RS]
     if use_low_precision:
-        for src, n in enumerate(recv_R):
-            if n > 0:
-                region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
+        region_RSH[filled_RS] = region_RSH[filled_RS].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
     _post_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected)
     _wait_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected, "combine", timeout_s)
     if Hooks.before_combine_read is not None:
@@ -481,14 +498,16 @@ def get(payload_RSH, T, workspace, regions: "Regions", combine_offset, me, ep_si
     # moeA2ACombineKernel: sum, per local token, the rows its target ranks hold for it.
     tgt_TK = _i32(workspace, me, regions.TOPK_TARGET_RANKS, T * top_k).view(T, top_k)
     send_TK = _i32(workspace, me, regions.TOPK_SEND_INDICES, T * top_k).view(T, top_k)
+    sent_TK = (send_TK >= 0) & (tgt_TK >= 0) & (tgt_TK < ep_size)
+    if active is not None:
+        sent_TK &= torch.tensor(active[:ep_size])[tgt_TK.clamp(0, ep_size - 1).long()]
+    tok, lane = sent_TK.nonzero(as_tuple=True)
+    row = H * payload_RSH.element_size()
+    S = payload_RSH.size(1)
+    rows_PB = _blocks(workspace, combine_offset + me * S * row, S, row)[tgt_TK[tok, lane].long(),
+                                                                       send_TK[tok, lane].long()]
     acc_TH = torch.zeros(T, H, dtype=torch.float32)
-    for r in peers:
-        tok, lane = ((tgt_TK == r) & (send_TK >= 0)).nonzero(as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        peer_RSH = workspace[r, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, -1, H)
-        rows_PH = peer_RSH[me].index_select(0, send_TK[tok, lane].long())
-        acc_TH.index_add_(0, tok, rows_PH.float())
+    acc_TH.index_add_(0, tok, rows_PB.view(payload_RSH.dtype).float())
     if output is None:
         return acc_TH.to(out_dtype)
     output.copy_(acc_TH)
