@@ -61,3 +61,19 @@ def hold_gil(ctx, rank: int) -> None:
     if ctx.rank == rank:
         re.match(r"(a+)+$", "a" * 64 + "b")
     dist.barrier()
+
+
+def world_mark(ctx, raise_on: int | None = None) -> str:
+    """Check an all-reduce on every group of the layout, then return a mark of this
+    process's default group, its store's file and the group object: the same mark in a later
+    scenario means the same world was kept. ``raise_on``: the rank that raises after the checks."""
+    for kind, group in ctx.groups.items():
+        total = torch.tensor([ctx.rank])
+        dist.all_reduce(total, group=group)
+        assert int(total) == sum(ctx.group_ranks[kind]), (kind, int(total), ctx.group_ranks[kind])
+    store = dist.distributed_c10d._get_default_store()
+    while not hasattr(store, "path"):
+        store = store.underlying_store
+    if ctx.rank == raise_on:
+        raise RuntimeError(f"rank {ctx.rank} fails on purpose")
+    return f"{store.path}:{id(dist.group.WORLD)}"

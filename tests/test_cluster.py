@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import glob
 import os
 import select
 import signal
@@ -142,6 +143,37 @@ def test_cluster_reuses_workers(no_leaks):
     second = no_leaks.run(rankprogs.pid, ParallelLayout(2, dp=2))
     assert first == second
     assert no_leaks.workers_spawned == spawned
+
+
+def test_cluster_keeps_a_world_only_while_every_rank_held_it(no_leaks):
+    """Over a random walk of layouts and failures, a job reuses the previous world (its
+    default group and the groups built on it) exactly when the previous job had the same
+    world size and every rank finished it; collectives are right on every group either way."""
+    import random
+
+    rng = random.Random(7)
+    layouts = [ParallelLayout(4, dp=4), ParallelLayout(4, tp=2, dp=2), ParallelLayout(2, dp=2),
+               ParallelLayout(3, dp=3), ParallelLayout(4, tp=2, pp=2)]
+    no_leaks.run(rankprogs.pid, ParallelLayout(4, dp=4))  # workers killed by earlier tests replaced
+    previous, reused = None, set()  # (world size, marks, passed)
+    for step in range(14):
+        layout = rng.choice(layouts)
+        raise_on = rng.randrange(layout.world_size) if rng.random() < 0.25 else None
+        try:
+            marks = no_leaks.run(rankprogs.world_mark, layout, (raise_on,), timeout_s=60)
+            passed = True
+        except RankFailedError as err:
+            assert raise_on is not None and err.reports[raise_on].status == "raised", str(err)
+            passed, marks = False, None
+        if marks is not None and previous is not None and previous[1] is not None:
+            expect = previous[0] == layout.world_size and previous[2]
+            assert (marks == previous[1]) == expect, (step, layout, previous)
+            assert expect or not set(marks) & set(previous[1]), (step, layout)
+            reused.add(expect)
+        previous = (layout.world_size, marks, passed)
+        stores = set(glob.glob(os.path.join(no_leaks._dump_dir, "*store")))
+        assert stores <= {world[0] for world in no_leaks._worlds.values()}  # a left world's store goes
+    assert reused == {True, False}  # the walk saw both
 
 
 @pytest.mark.parametrize(

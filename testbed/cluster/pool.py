@@ -19,6 +19,7 @@ and one :class:`ScenarioError` names what each rank did.
 from __future__ import annotations
 
 import atexit
+import glob
 import multiprocessing as mp
 import os
 import pickle
@@ -211,6 +212,9 @@ class RankPool:
         self._initializer = initializer
         self._dump_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
         self._workers: list[_Worker] = []
+        # The world each worker kept after its last scenario: (store path, world size, group
+        # timeout, its rank there).
+        self._worlds: dict[_Worker, tuple[str, int, float, int]] = {}
         self._spawned = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -321,7 +325,7 @@ class RankPool:
     def _run(self, name, payload, layout, timeout_s, abort_grace_s, pg_timeout_s, seed, monitor):
         workers = self._ensure_workers(layout.world_size)
         prefix = scenario_prefix(os.getpid(), uuid.uuid4().hex[:12])
-        store_path = os.path.join(self._dump_dir, prefix + "store")
+        store_path = self._world_store(workers, pg_timeout_s) or os.path.join(self._dump_dir, prefix + "store")
         started = time.monotonic()
         in_flight = dict(enumerate(workers))
         try:
@@ -334,15 +338,17 @@ class RankPool:
                     )
                 )
             reports, mismatch = self._watch(in_flight, started, timeout_s, abort_grace_s, monitor)
-            reports.update(self._teardown(in_flight, reports))
+            reports.update(self._teardown(in_flight, reports, (store_path, layout.world_size, pg_timeout_s)))
             in_flight = {}
         finally:
             # Interrupted (Ctrl-C, pytest-timeout): the ranks are in an unknown state.
             for w in in_flight.values():
                 w.kill()
                 self._discard(w)
-            if os.path.exists(store_path):
-                os.unlink(store_path)
+            kept = {world[0] for world in self._worlds.values()}
+            for path in [store_path] + glob.glob(os.path.join(self._dump_dir, "*store")):
+                if path not in kept and os.path.exists(path):
+                    os.unlink(path)
             unlink_prefix(prefix)
         self.scenarios_run += 1
         return self._result(name, layout, time.monotonic() - started, timeout_s, reports, mismatch)
@@ -417,10 +423,23 @@ class RankPool:
         return RankReport(rank, w.process.pid, "died", f"process {w.process.pid} {how}", "",
                           time.monotonic() - started, time.time())
 
-    def _teardown(self, in_flight, reports) -> dict[int, RankReport]:
-        """Let the surviving ranks drop their process groups; kill any that cannot."""
+    def _world_store(self, workers: list[_Worker], pg_timeout_s: float) -> str | None:
+        """The store of the world every one of ``workers`` kept, each as its rank here and
+        with the same timeout (so the job reuses its groups), or None."""
+        kept = [self._worlds.get(w) for w in workers]
+        if kept[0] is None:
+            return None
+        store_path = kept[0][0]
+        if kept != [(store_path, len(workers), pg_timeout_s, rank) for rank in range(len(workers))]:
+            return None
+        return store_path
+
+    def _teardown(self, in_flight, reports, world) -> dict[int, RankReport]:
+        """Let the surviving ranks drop the scenario (and their groups, unless they keep
+        ``world``); kill any that cannot."""
         live = {r: w for r, w in in_flight.items() if w in self._workers}
         for w in live.values():
+            self._worlds.pop(w, None)
             w.cmd.send("end")
         deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
         problems = {}
@@ -433,6 +452,8 @@ class RankPool:
             except (EOFError, OSError):
                 pass
             if msg is not None and msg[2] is None:
+                if msg[3]:
+                    self._worlds[w] = (*world, rank)
                 continue
             detail = msg[2] if msg is not None else w.stacks()
             w.kill()
@@ -507,6 +528,7 @@ class RankPool:
         return self._workers[:n]
 
     def _discard(self, w: _Worker) -> None:
+        self._worlds.pop(w, None)
         if w in self._workers:
             self._workers.remove(w)
 
