@@ -32,13 +32,16 @@ def test_bench_a2a_prints_json_line():
 
 
 def test_bench_scale_prints_json_line():
-    result = _bench("scale", "--worlds", "2,4")
+    result = _bench("scale", "--worlds", "2,4", "--repeats", "1")
     assert result["bench"] == "scale" and [w["world"] for w in result["worlds"]] == [2, 4]
     assert result["preload_s"] > 0
     for w in result["worlds"]:
-        for key in ("start_s", "rendezvous_s", "scenario_s", "rank_uss_mb", "rank_uss_mb_max"):
+        for key in ("start_s", "rendezvous_s", "scenario_s", "warm_scenario_s", "rank_uss_mb", "rank_uss_mb_max"):
             assert w[key] > 0, key
         assert w["rank_uss_mb"] <= w["rank_uss_mb_max"]
+    small, large = result["worlds"]
+    assert result["scaling"]["from"] == 2 and result["scaling"]["to"] == 4
+    assert result["scaling"]["scenario_s"] == pytest.approx(large["scenario_s"] / small["scenario_s"] / 2, abs=0.01)
 
 
 def test_bench_scenarios_prints_json_line():

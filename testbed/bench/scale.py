@@ -1,12 +1,16 @@
-"""Scale: pool start, rendezvous and one integration scenario per EP world size, and memory.
+"""Scale: pool start, rendezvous and integration scenarios per EP world size, and memory.
 
 First ``preload_s``: this process's fork server importing torch and the testbed, which the
 first pool of a process pays once. Then per world size W, on a fresh
-:class:`testbed.cluster.pool.RankPool`: ``start_s`` (W rank processes forked and ready), ``rendezvous_s`` (a scenario that does nothing: the gloo rendezvous, every
-group of the layout, the teardown), ``scenario_s`` (one integration scenario on EP W,
-``4 * W`` experts, top_k 8, an nvfp4 and a bf16 layer, checked against every invariant),
-and ``rank_uss_mb`` (unique set size of each rank after it: the memory that is that rank's
-alone; mean and max over ranks).
+:class:`testbed.cluster.pool.RankPool`: ``start_s`` (W rank processes forked and ready),
+``rendezvous_s`` (a scenario that does nothing: the gloo rendezvous and every group of the
+layout, which the ranks keep for the next scenarios), ``scenario_s`` (one integration
+scenario on EP W, ``4 * W`` experts, top_k 8, an nvfp4 and a bf16 layer, checked against
+every invariant: the first on these ranks, so it pays each process's first use of every
+op), ``warm_scenario_s`` (the median of ``--repeats`` more, other seeds) and
+``rank_uss_mb`` (unique set size of each rank after them: the memory that is that rank's
+alone; mean and max over ranks). ``scaling``: from the smallest to the largest world, the
+growth of each time over the growth of the world (1.0 is linear).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ DEFAULT_WORLDS = "8,16,32,64"
 def add_arguments(parser) -> None:
     parser.add_argument("--worlds", default=DEFAULT_WORLDS, metavar="W,W,...",
                         help="EP world sizes (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N",
+                        help="warm scenarios per world, after the first (default: %(default)s)")
 
 
 def _nothing(ctx) -> None:
@@ -41,13 +47,14 @@ def uss_mb(pid: int) -> float:
     return sum(fields.values()) / 1024
 
 
-def scenario(world: int) -> Scenario:
+def scenario(world: int, seed: int = 0) -> Scenario:
     return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
                          stages=((Layer("nvfp4", 16), Layer("bf16", 16)),),
-                         passes=(tuple(0 if d == 0 else min(4 + d, 16) for d in range(world)),), label="scale")
+                         passes=(tuple(0 if d == 0 else min(4 + d, 16) for d in range(world)),), label="scale",
+                         seed=seed)
 
 
-def measure(world: int) -> dict:
+def measure(world: int, repeats: int) -> dict:
     started = time.perf_counter()
     with RankPool() as pool:
         pool.start(world)
@@ -55,13 +62,27 @@ def measure(world: int) -> dict:
         started = time.perf_counter()
         pool.run(_nothing, ParallelLayout(world, 1, world, 1))
         rendezvous_s = time.perf_counter() - started
-        verdict = runner.run(pool, scenario(world), timeout_s=300)
+        verdicts = [runner.run(pool, scenario(world, seed), timeout_s=300) for seed in range(1 + repeats)]
         uss = [uss_mb(pid) for pid in pool.worker_pids]
-    if not verdict.passed:
-        raise RuntimeError(f"the scale scenario failed at world {world}: {verdict.failures}")
+    failed = [v.failures for v in verdicts if not v.passed]
+    if failed:
+        raise RuntimeError(f"the scale scenario failed at world {world}: {failed[0]}")
+    warm = sorted(v.seconds for v in verdicts[1:])
     return {"world": world, "start_s": round(start_s, 2), "rendezvous_s": round(rendezvous_s, 2),
-            "scenario_s": round(verdict.seconds, 2), "rank_uss_mb": round(sum(uss) / len(uss), 1),
-            "rank_uss_mb_max": round(max(uss), 1)}
+            "scenario_s": round(verdicts[0].seconds, 2),
+            "warm_scenario_s": round(warm[len(warm) // 2], 2) if warm else None,
+            "rank_uss_mb": round(sum(uss) / len(uss), 1), "rank_uss_mb_max": round(max(uss), 1)}
+
+
+def scaling(worlds: list[dict]) -> dict:
+    """From the smallest to the largest world: each time's growth over the world's."""
+    small, large = min(worlds, key=lambda w: w["world"]), max(worlds, key=lambda w: w["world"])
+    grow = large["world"] / small["world"]
+    out = {"from": small["world"], "to": large["world"]}
+    for key in ("start_s", "rendezvous_s", "scenario_s", "warm_scenario_s"):
+        if small[key] and large[key] is not None:
+            out[key] = round(large[key] / small[key] / grow, 2)
+    return out
 
 
 def run(args) -> dict:
@@ -71,8 +92,11 @@ def run(args) -> dict:
         raise SystemExit(f"--worlds: comma-separated integers, got {args.worlds!r}") from None
     if not worlds or min(worlds) < 1:
         raise SystemExit(f"--worlds: world sizes must be >= 1, got {args.worlds!r}")
+    if args.repeats < 0:
+        raise SystemExit(f"--repeats: must be >= 0, got {args.repeats}")
     started = time.perf_counter()
     with RankPool() as pool:
         pool.start(1)
     preload_s = time.perf_counter() - started
-    return {"bench": "scale", "preload_s": round(preload_s, 2), "worlds": [measure(w) for w in worlds]}
+    measured = [measure(w, args.repeats) for w in worlds]
+    return {"bench": "scale", "preload_s": round(preload_s, 2), "worlds": measured, "scaling": scaling(measured)}
