@@ -77,3 +77,61 @@ def world_mark(ctx, raise_on: int | None = None) -> str:
     if ctx.rank == raise_on:
         raise RuntimeError(f"rank {ctx.rank} fails on purpose")
     return f"{store.path}:{id(dist.group.WORLD)}"
+
+
+def _gather_input(seed: int, rank: int, dtype: torch.dtype, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(n, generator=g).to(dtype) if not dtype.is_complex else torch.randn(
+            n, dtype=dtype, generator=g)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    return torch.randint(0, 100, (n,), generator=g).to(dtype)
+
+
+def all_gathers(ctx, seed: int) -> tuple[int, int]:
+    """all_gather (uneven sizes, several dtypes, large, strided, asynchronous) and
+    all_gather_object on every group; every rank rebuilds every member's input from the seed.
+    Returns how many gathers were checked and how many went through shared memory."""
+    from testbed.cluster import shm_gather
+
+    rounds_before = sum(seg.round for seg in shm_gather._groups.values())
+    checked = 0
+    for kind, group in ctx.groups.items():
+        members = ctx.group_ranks[kind]
+        sizes = torch.randint(0, 40, (len(members),), generator=torch.Generator().manual_seed(seed)).tolist()
+        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8, torch.complex64):
+            want = [_gather_input(seed, r, dtype, n) for r, n in zip(members, sizes)]
+            out = [torch.empty_like(w) for w in want]
+            dist.all_gather(out, want[members.index(ctx.rank)], group=group)
+            assert all(torch.equal(o, w) for o, w in zip(out, want)), (kind, dtype)
+            checked += 1
+        for n, step, async_op in ((70_000, 1, False), (64, 2, False), (16, 1, True)):  # past a slot, strided, async
+            want = [_gather_input(seed, r, torch.uint8, n * step)[::step] for r in members]
+            out = [torch.empty(n, dtype=torch.uint8) for _ in members]
+            work = dist.all_gather(out, want[members.index(ctx.rank)], group=group, async_op=async_op)
+            if async_op:
+                work.wait()
+            assert all(torch.equal(o, w) for o, w in zip(out, want)), (kind, n, step, async_op)
+            checked += 1
+        objs = [None] * len(members)
+        dist.all_gather_object(objs, {"rank": ctx.rank, "items": list(range(seed + ctx.rank))}, group=group)
+        assert objs == [{"rank": r, "items": list(range(seed + r))} for r in members], kind
+        checked += 1
+    return checked, sum(seg.round for seg in shm_gather._groups.values()) - rounds_before
+
+
+def gather_after_peer_leaves(ctx, how: str) -> None:
+    """Rank 1 raises (or is killed) instead of joining an all-gather of the world."""
+    if ctx.rank == 1:
+        if how == "kill":
+            os.kill(os.getpid(), 9)
+        raise RuntimeError("rank 1 leaves before the gather")
+    dist.all_gather_object([None] * ctx.world_size, ctx.rank)
+
+
+def gather_with_wrong_sizes(ctx) -> None:
+    """Rank 0 expects 4 elements from every rank; the others send 3."""
+    n = 4 if ctx.rank == 0 else 3
+    out = [torch.empty(4, dtype=torch.int32) for _ in range(ctx.world_size)]
+    dist.all_gather(out, torch.zeros(n, dtype=torch.int32))

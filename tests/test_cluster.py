@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import select
 import signal
 import subprocess
@@ -149,8 +150,6 @@ def test_cluster_keeps_a_world_only_while_every_rank_held_it(no_leaks):
     """Over a random walk of layouts and failures, a job reuses the previous world (its
     default group and the groups built on it) exactly when the previous job had the same
     world size and every rank finished it; collectives are right on every group either way."""
-    import random
-
     rng = random.Random(7)
     layouts = [ParallelLayout(4, dp=4), ParallelLayout(4, tp=2, dp=2), ParallelLayout(2, dp=2),
                ParallelLayout(3, dp=3), ParallelLayout(4, tp=2, pp=2)]

@@ -52,12 +52,14 @@ def _torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
 
 
 def test_launched_torchrun_scenario_passes_on_the_fake():
-    before = set(SHM_DIR.glob(f"{PREFIX_ROOT}-*"))
+    # Only the launched job's segments (token "tr<port>x<n>"): the other test workers' pools
+    # create and unlink segments of their own meanwhile.
+    before = set(SHM_DIR.glob(f"{PREFIX_ROOT}-*-tr*"))
     done = _torchrun("--layout", "2,1,2,1", "--profile", "0.7.4", "--tokens", "3,0", "--tokens", "0,0")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS   1/1   w2tp1dp2pp1 one_sided 0.7.4" in done.stdout
     assert "1 passed, 0 failed" in done.stdout and "(ranks from the launcher)" in done.stdout
-    assert set(SHM_DIR.glob(f"{PREFIX_ROOT}-*")) <= before
+    assert set(SHM_DIR.glob(f"{PREFIX_ROOT}-*-tr*")) <= before
 
 
 def test_launched_torchrun_judges_a_mutant_as_failed():

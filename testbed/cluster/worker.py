@@ -33,6 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from fakes.arena import ShmArena, unlink_prefix
+from testbed.cluster import shm_gather
 from testbed.cluster.layout import GROUP_KINDS, ParallelLayout, RankCoords
 
 EXIT_PARENT_GONE = 3
@@ -115,6 +116,7 @@ def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
 
     torch.set_num_threads(1)
     _keep_freed_memory()
+    shm_gather.install()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if initializer is not None:
         initializer()
@@ -234,6 +236,7 @@ def _leave_world(state: _State) -> None:
     import torch.distributed as dist
 
     state.world, state.groups_by_members = None, {}
+    shm_gather.leave_all()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -264,8 +267,12 @@ def rank_context(name: str, layout: ParallelLayout, rank: int, timeout: timedelt
 
     groups: dict[str, Any] = {}
     group_ranks: dict[str, tuple[int, ...]] = {}
+    arena = ShmArena(arena_prefix)
     by_members = {} if groups_by_members is None else groups_by_members
-    by_members.setdefault(tuple(range(layout.world_size)), dist.group.WORLD)
+    world = tuple(range(layout.world_size))
+    if world not in by_members:
+        by_members[world] = dist.group.WORLD
+        shm_gather.attach(dist.group.WORLD, world, arena, timeout.total_seconds())
     for kind in GROUP_KINDS:
         members = layout.group_of(kind, rank)
         if members not in by_members:
@@ -274,9 +281,9 @@ def rank_context(name: str, layout: ParallelLayout, rank: int, timeout: timedelt
             by_members[members] = dist.new_group(
                 list(members), timeout=timeout, use_local_synchronization=True
             )
+            shm_gather.attach(by_members[members], members, arena, timeout.total_seconds())
         groups[kind] = by_members[members]
         group_ranks[kind] = members
-    arena = ShmArena(arena_prefix)
     arena.activate()
     return RankContext(
         name=name,

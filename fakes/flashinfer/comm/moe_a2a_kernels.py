@@ -250,7 +250,9 @@ def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
             # Bounded, so a flag that changes without a wake-up (a late peer's memset) is
             # still seen and the deadline still kept.
             first = flags[int(missing[0]):int(missing[0]) + 1]
-            futex.wait(first, int(first.item()), min(left, 0.05))
+            seen = int(first.item())  # sleep only on the value that said "not yet"
+            if seen != expected:
+                futex.wait(first, seen, min(left, 0.05))
         else:
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)

@@ -1,0 +1,44 @@
+"""The rank pool's all-gather over shared memory: same results as the collective, gloo's
+failure behaviour (a peer that left fails the others at once), a clear error for sizes that
+do not match."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import rankprogs
+from fakes import futex
+from testbed.cluster.layout import ParallelLayout
+from testbed.cluster.pool import RankFailedError
+
+pytestmark = pytest.mark.skipif(not futex.AVAILABLE, reason="the shared-memory all-gather needs futexes (Linux)")
+
+
+@pytest.mark.parametrize("dims, seed", [((4, 1, 4, 1), 1), ((4, 2, 2, 1), 2), ((4, 2, 1, 2), 3), ((3, 1, 3, 1), 4)],
+                         ids=lambda v: str(v))
+def test_shm_gather_results_on_every_group(no_leaks, dims, seed):
+    per_rank = no_leaks.run(rankprogs.all_gathers, ParallelLayout(*dims), (seed,), timeout_s=60)
+    checked = {c for c, _ in per_rank}
+    assert len(checked) == 1 and checked.pop() >= 10
+    assert all(shm > 0 for _, shm in per_rank)  # the pool's ranks did gather through shared memory
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_shm_gather_peer_that_left_fails_the_others_at_once(no_leaks, how):
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        no_leaks.run(rankprogs.gather_after_peer_leaves, ParallelLayout(4, dp=4), (how,), timeout_s=60)
+    assert time.monotonic() - started < 30  # not the group timeout (90 s)
+    reports = info.value.reports
+    assert reports[1].status == ("died" if how == "kill" else "raised")
+    for r in (0, 2, 3):
+        assert reports[r].status == "raised", reports[r]
+        assert "rank(s) [1] left the group" in reports[r].summary
+
+
+def test_shm_gather_wrong_output_sizes_is_a_clear_error(no_leaks):
+    with pytest.raises(RankFailedError) as info:
+        no_leaks.run(rankprogs.gather_with_wrong_sizes, ParallelLayout(2, dp=2), timeout_s=60)
+    assert "rank 1 sent 12 bytes of torch.int32, but rank 0's tensor_list[1] holds 16 bytes" in str(info.value)
