@@ -109,10 +109,9 @@ class _Segment:
         return -(-4 * (3 * W + 1) // 64) * 64
 
     def fits(self, tensor_list, tensor) -> bool:
-        tensors = [tensor, *tensor_list]
-        return (len(tensor_list) == len(self.members)
-                and all(t.device.type == "cpu" and t.is_contiguous() and t.dtype in _DTYPES
-                        and t.numel() * t.element_size() <= SLOT_BYTES for t in tensors))
+        return len(tensor_list) == len(self.members) and all(
+            t.is_cpu and t.is_contiguous() and t.dtype in _DTYPES and t.nbytes <= SLOT_BYTES
+            for t in (tensor, *tensor_list))
 
     def gather(self, tensor_list, tensor) -> None:
         self.round += 1
@@ -124,7 +123,7 @@ class _Segment:
         if self.me != 0:
             futex.wake([self.seq_W[self.me:self.me + 1].data_ptr()])
         self._wait()
-        got_W = torch.tensor([[out.numel() * out.element_size(), _DTYPES[out.dtype]] for out in tensor_list])
+        got_W = torch.tensor([[out.nbytes, _DTYPES[out.dtype]] for out in tensor_list])
         sent_W = bank[:, :_SLOT_HEADER].view(torch.int64)
         bad = (sent_W != got_W).any(1).nonzero().flatten().tolist()
         if bad:
@@ -135,11 +134,12 @@ class _Segment:
                 f"all_gather on the group of ranks {list(self.members)}: rank {self.members[p]} sent "
                 f"{n} bytes of {sent_dtype}, but rank {self.members[self.me]}'s tensor_list[{p}] holds "
                 f"{int(got_W[p, 0])} bytes of {tensor_list[p].dtype} (every rank must pass the same output sizes)")
-        n = int(got_W[0, 0])
-        first = tensor_list[0]
-        if all(out.data_ptr() == first.data_ptr() + p * n and out.untyped_storage().data_ptr()
-               == first.untyped_storage().data_ptr() for p, out in enumerate(tensor_list)) and (got_W[:, 0] == n).all():
-            # Consecutive slices of one buffer (as all_gather_object passes): one copy.
+        n, first = int(got_W[0, 0]), tensor_list[0]
+        at = first.data_ptr()
+        if (all(out.data_ptr() == at + p * n for p, out in enumerate(tensor_list)) and bool((got_W[:, 0] == n).all())
+                and first.storage_offset() * first.element_size() + len(tensor_list) * n
+                <= first.untyped_storage().nbytes()):
+            # Consecutive slices of the first one's memory (as all_gather_object passes): one copy.
             rows = torch.as_strided(_bytes(first), (len(tensor_list), n), (n, 1))
             rows.copy_(bank[:, _SLOT_HEADER:_SLOT_HEADER + n])
             return
