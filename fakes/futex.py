@@ -5,38 +5,75 @@ Ranks sharing a laptop's two cores do not: a rank polling its flags takes the cy
 rank it waits for, and the more ranks, the worse (64 ranks polling at 1 kHz keep a core busy).
 On Linux a waiter sleeps in the kernel on one flag word (``FUTEX_WAIT`` on a shared mapping
 keys the word by file and offset, so it works between processes) and the rank that writes the
-word wakes it; elsewhere :data:`AVAILABLE` is False and callers poll.
+word wakes it; elsewhere (or where a sandbox forbids the call) :data:`AVAILABLE` is False and
+callers poll.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import os
 import platform
 import sys
 
 import torch
 
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine()) if sys.platform == "linux" else None
+# x86-64 only: its stores are seen in program order, so a peer that sees a flag sees the data
+# written before it; elsewhere the callers poll (and no ordering is promised either).
+_SYS_FUTEX = 202 if sys.platform == "linux" and platform.machine() == "x86_64" else None
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _WAKE_ALL = 0x7FFFFFFF
-AVAILABLE = _SYS_FUTEX is not None
-_libc = ctypes.CDLL(None, use_errno=True) if AVAILABLE else None
+_EXPECTED = {0, errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR}  # woken, changed, timed out, signal
 
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
+def _syscall():
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = libc.syscall
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_int]
+    return fn
+
+
+_futex = _syscall() if _SYS_FUTEX is not None else None
+
+
+def _call(address: int, op: int, value: int, timeout: "_Timespec | None") -> int:
+    """The futex call's errno, 0 when it succeeded (a wake returns how many it woke)."""
+    if _futex(_SYS_FUTEX, address, op, value, ctypes.byref(timeout) if timeout is not None else None, None, 0) != -1:
+        return 0
+    return ctypes.get_errno()
+
+
+def _works() -> bool:
+    """A sandbox may forbid the call (seccomp: ENOSYS, EPERM): then every wait would return at
+    once and the callers would spin, worse than polling."""
+    word = ctypes.c_int32(0)
+    changed = _call(ctypes.addressof(word), _FUTEX_WAIT, 1, _Timespec(1, 0))
+    timed_out = _call(ctypes.addressof(word), _FUTEX_WAIT, 0, _Timespec(0, 1000))
+    return changed == errno.EAGAIN and timed_out in (errno.ETIMEDOUT, errno.EINTR)
+
+
+AVAILABLE = _futex is not None and _works()
+
+
 def wait(word: torch.Tensor, seen: int, timeout_s: float) -> None:
     """Sleep while the int32 ``word`` (a one-element view of shared memory) still holds
     ``seen``, at most ``timeout_s``; returns at once if it holds something else. A wake-up
     says nothing: callers read the word again."""
-    ts = _Timespec(int(timeout_s), int(timeout_s % 1 * 1e9))
-    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(word.data_ptr()), _FUTEX_WAIT, ctypes.c_int(seen),
-                  ctypes.byref(ts), None, 0)
+    err = _call(word.data_ptr(), _FUTEX_WAIT, seen, _Timespec(int(timeout_s), int(timeout_s % 1 * 1e9)))
+    if err not in _EXPECTED:
+        raise OSError(err, f"futex wait: {os.strerror(err)}")
 
 
 def wake(addresses) -> None:
     """Wake every process sleeping on the int32 word at any of ``addresses`` (ints)."""
     for address in addresses:
-        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
+        err = _call(address, _FUTEX_WAKE, _WAKE_ALL, None)
+        if err not in _EXPECTED:
+            raise OSError(err, f"futex wake: {os.strerror(err)}")

@@ -90,34 +90,50 @@ def _gather_input(seed: int, rank: int, dtype: torch.dtype, n: int) -> torch.Ten
 
 
 def all_gathers(ctx, seed: int) -> tuple[int, int]:
-    """all_gather (uneven sizes, several dtypes, large, strided, asynchronous) and
-    all_gather_object on every group; every rank rebuilds every member's input from the seed.
-    Returns how many gathers were checked and how many went through shared memory."""
+    """all_gather (several dtypes, strided input and outputs, past a slot, asynchronous),
+    all_gather_object and the calls torch and gloo refuse, on every group; every rank rebuilds
+    every member's input from the seed. Returns how many gathers were checked and how many
+    went through shared memory."""
     from testbed.cluster import shm_gather
 
     rounds_before = sum(seg.round for seg in shm_gather._groups.values())
     checked = 0
     for kind, group in ctx.groups.items():
         members = ctx.group_ranks[kind]
-        sizes = torch.randint(0, 40, (len(members),), generator=torch.Generator().manual_seed(seed)).tolist()
+        me = members.index(ctx.rank)
+        n = int(torch.randint(1, 40, (1,), generator=torch.Generator().manual_seed(seed)))
         for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8, torch.complex64):
-            want = [_gather_input(seed, r, dtype, n) for r, n in zip(members, sizes)]
+            want = [_gather_input(seed, r, dtype, n) for r in members]
             out = [torch.empty_like(w) for w in want]
-            dist.all_gather(out, want[members.index(ctx.rank)], group=group)
+            dist.all_gather(out, want[me], group=group)
             assert all(torch.equal(o, w) for o, w in zip(out, want)), (kind, dtype)
             checked += 1
-        for n, step, async_op in ((70_000, 1, False), (64, 2, False), (16, 1, True)):  # past a slot, strided, async
-            want = [_gather_input(seed, r, torch.uint8, n * step)[::step] for r in members]
-            out = [torch.empty(n, dtype=torch.uint8) for _ in members]
-            work = dist.all_gather(out, want[members.index(ctx.rank)], group=group, async_op=async_op)
+        for m, step, async_op in ((70_000, 1, False), (64, 2, False), (16, 1, True)):  # past a slot, strided, async
+            want = [_gather_input(seed, r, torch.uint8, m * step)[::step] for r in members]
+            out = [torch.empty(m * step, dtype=torch.uint8)[::step] for _ in members]
+            work = dist.all_gather(out, want[me], group=group, async_op=async_op)
             if async_op:
-                work.wait()
-            assert all(torch.equal(o, w) for o, w in zip(out, want)), (kind, n, step, async_op)
+                assert work.wait()
+            assert all(torch.equal(o, w) for o, w in zip(out, want)), (kind, m, step, async_op)
             checked += 1
         objs = [None] * len(members)
         dist.all_gather_object(objs, {"rank": ctx.rank, "items": list(range(seed + ctx.rank))}, group=group)
         assert objs == [{"rank": r, "items": list(range(seed + r))} for r in members], kind
         checked += 1
+        for outs, x, error in (
+                ([torch.zeros(2)] * (len(members) - 1) + [torch.zeros(3)], torch.zeros(2),
+                 f"invalid tensor size at index {len(members) - 1} (expected (2), got (3))"),
+                ([torch.zeros(2)] * len(members), torch.zeros(3), "invalid tensor size at index 0 (expected (3), got (2))"),
+                ([torch.zeros(2, dtype=torch.float8_e4m3fn)] * len(members), torch.zeros(2, dtype=torch.float8_e4m3fn),
+                 "Invalid scalar type"),
+                ([torch.zeros(2, dtype=torch.int32)] * len(members), torch.zeros(2), "different dtypes")):
+            try:
+                dist.all_gather(outs, x, group=group)
+            except (RuntimeError, ValueError) as exc:
+                assert error in str(exc), (kind, str(exc))
+            else:
+                raise AssertionError(f"{kind}: all_gather took {[tuple(o.shape) for o in outs]} from {tuple(x.shape)}")
+            checked += 1
     return checked, sum(seg.round for seg in shm_gather._groups.values()) - rounds_before
 
 
@@ -131,7 +147,11 @@ def gather_after_peer_leaves(ctx, how: str) -> None:
 
 
 def gather_with_wrong_sizes(ctx) -> None:
-    """Rank 0 expects 4 elements from every rank; the others send 3."""
+    """Each rank consistent with itself, not with the other: rank 0 gathers 4 elements, rank 1 3."""
     n = 4 if ctx.rank == 0 else 3
-    out = [torch.empty(4, dtype=torch.int32) for _ in range(ctx.world_size)]
-    dist.all_gather(out, torch.zeros(n, dtype=torch.int32))
+    dist.all_gather([torch.empty(n, dtype=torch.int32) for _ in range(ctx.world_size)], torch.zeros(n, dtype=torch.int32))
+
+
+def make_own_group(ctx) -> None:
+    """A scenario that builds a process group of its own (as FlashInfer's TorchDistBackend.Split does)."""
+    dist.new_group(list(range(ctx.world_size)), use_local_synchronization=True)

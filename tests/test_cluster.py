@@ -175,6 +175,16 @@ def test_cluster_keeps_a_world_only_while_every_rank_held_it(no_leaks):
     assert reused == {True, False}  # the walk saw both
 
 
+def test_cluster_world_with_groups_of_a_scenario_is_not_kept(no_leaks):
+    """A scenario's own process groups would pile up in a kept world: after one, the next job
+    gets a new world."""
+    layout = ParallelLayout(2, dp=2)
+    first = no_leaks.run(rankprogs.world_mark, layout)
+    assert no_leaks.run(rankprogs.world_mark, layout) == first
+    no_leaks.run(rankprogs.make_own_group, layout)
+    assert not set(no_leaks.run(rankprogs.world_mark, layout)) & set(first)
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [({"timeout_s": 0}, ValueError), ({"timeout_s": -1}, ValueError)],

@@ -1,6 +1,6 @@
-"""The rank pool's all-gather over shared memory: same results as the collective, gloo's
-failure behaviour (a peer that left fails the others at once), a clear error for sizes that
-do not match."""
+"""The rank pool's all-gather over shared memory: the collective's results, torch's and
+gloo's checks and messages, gloo's failure behaviour (a peer that left fails the others at
+once), a clear error where members gather different sizes."""
 
 from __future__ import annotations
 
@@ -41,4 +41,4 @@ def test_shm_gather_peer_that_left_fails_the_others_at_once(no_leaks, how):
 def test_shm_gather_wrong_output_sizes_is_a_clear_error(no_leaks):
     with pytest.raises(RankFailedError) as info:
         no_leaks.run(rankprogs.gather_with_wrong_sizes, ParallelLayout(2, dp=2), timeout_s=60)
-    assert "rank 1 sent 12 bytes of torch.int32, but rank 0's tensor_list[1] holds 16 bytes" in str(info.value)
+    assert "rank 1 sent 12 bytes of torch.int32, rank 0 16 bytes of torch.int32" in str(info.value)

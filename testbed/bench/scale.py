@@ -23,6 +23,7 @@ from testbed.scenario import runner
 from testbed.scenario.model import Layer, Scenario
 
 DEFAULT_WORLDS = "8,16,32,64"
+TIMEOUT_S = 300.0
 
 
 def add_arguments(parser) -> None:
@@ -60,9 +61,9 @@ def measure(world: int, repeats: int) -> dict:
         pool.start(world)
         start_s = time.perf_counter() - started
         started = time.perf_counter()
-        pool.run(_nothing, ParallelLayout(world, 1, world, 1))
+        pool.run(_nothing, ParallelLayout(world, 1, world, 1), timeout_s=TIMEOUT_S)  # the scenarios' world
         rendezvous_s = time.perf_counter() - started
-        verdicts = [runner.run(pool, scenario(world, seed), timeout_s=300) for seed in range(1 + repeats)]
+        verdicts = [runner.run(pool, scenario(world, seed), timeout_s=TIMEOUT_S) for seed in range(1 + repeats)]
         uss = [uss_mb(pid) for pid in pool.worker_pids]
     failed = [v.failures for v in verdicts if not v.passed]
     if failed:

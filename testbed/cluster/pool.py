@@ -1,9 +1,10 @@
 """The simulated cluster: a persistent pool of rank processes and the watchdog over them.
 
 ``RankPool.run(fn, layout)`` runs ``fn(ctx, *args, **kwargs)`` on ``layout.world_size``
-rank processes joined by a fresh gloo rendezvous (a new FileStore in the pool's private
-directory, so concurrent pools under pytest-xdist never meet), with every TP / DP / PP /
-EP group of the layout built. Not a TCPStore: its client reverse-resolves the store's
+rank processes joined by a gloo rendezvous (a FileStore in the pool's private directory,
+so concurrent pools under pytest-xdist never meet), with every TP / DP / PP / EP group of
+the layout built; when every one of those processes kept the world of the previous job
+(same size, ranks and timeout: :mod:`testbed.cluster.worker`), the job runs on it. Not a TCPStore: its client reverse-resolves the store's
 address, and on machines whose resolver drops those queries that costs 5 s per rank. Workers
 fork from a fork server that imported torch and the testbed once (:data:`PRELOAD`), so a
 worker starts in milliseconds and shares those pages (about 20 MiB unique memory per rank);

@@ -6,10 +6,14 @@ keeps its process groups alive until the parent sends ``"end"`` (so a rank that 
 early does not turn a peer's hang into a "connection closed" error, which a GPU would
 not do either), then tears down and answers ``("clean", rank, error, kept)``.
 
-After a scenario every rank finished, the worker keeps its world (the default group and
-the groups built on it) for the next job naming the same store, world size, rank and
-timeout: the parent names the same store only when every rank of the job kept that world.
-Destroying a gloo group waits one 10 ms event-loop tick per peer, 0.6 s at 64 ranks.
+After a scenario its rank finished, a worker keeps its world (the default group, the
+groups built on it and their shared-memory all-gather) for a next job naming the same store,
+world size, rank and timeout; the parent names the same store only when every rank of the
+job kept that world. A world is left instead when the scenario made process groups of its
+own or an all-gather failed (members may be out of step). Destroying a gloo group waits one
+10 ms event-loop tick per peer, 0.6 s at 64 ranks. What a kept world cannot catch: an
+asynchronous collective a scenario left in flight on every rank would pair with the next
+scenario's (the testbed's programs wait for theirs).
 
 A second pipe is served by a daemon thread: it answers stack requests while the main
 thread is blocked, and its EOF means the parent is gone, so the worker unlinks its
@@ -93,6 +97,7 @@ class _State:
     arena_prefix: str | None = None
     world: tuple | None = None  # (store path, world size, rank, group timeout) of the kept world
     groups_by_members: dict = field(default_factory=dict)
+    process_groups: int = 0  # how many this process had when the scenario started
 
 
 # A world that gathered more groups than this (many layouts of one world size) is left, so
@@ -205,7 +210,7 @@ def _run(job: Job, conn, state: _State) -> None:
     except (EOFError, OSError):
         return
     if reply[0] == "ok":
-        teardown_error = _teardown(ctx, state, keep=len(state.groups_by_members) <= MAX_KEPT_GROUPS)
+        teardown_error = _teardown(ctx, state, keep=_keepable(state))
         ctx = None
     state.arena_prefix = None
     conn.send(("clean", job.rank, teardown_error, state.world is not None))
@@ -232,6 +237,15 @@ def _teardown(ctx: RankContext | None, state: _State, keep: bool) -> str | None:
         return error
 
 
+def _keepable(state: _State) -> bool:
+    """Whether the world may serve the next scenario: no group came or went besides the
+    layouts' (a scenario's own groups would pile up), not too many of those, no failed gather."""
+    import torch.distributed as dist
+
+    return (len(dist.distributed_c10d._world.pg_map) == state.process_groups
+            and len(state.groups_by_members) <= MAX_KEPT_GROUPS and shm_gather.healthy())
+
+
 def _leave_world(state: _State) -> None:
     import torch.distributed as dist
 
@@ -254,8 +268,10 @@ def _setup(job: Job, state: _State) -> RankContext:
             "gloo", store=store, rank=job.rank, world_size=layout.world_size, timeout=timeout
         )
         state.world = world
-    return rank_context(job.name, layout, job.rank, timeout, job.arena_prefix, job.seed,
-                        state.groups_by_members)
+    ctx = rank_context(job.name, layout, job.rank, timeout, job.arena_prefix, job.seed,
+                       state.groups_by_members)
+    state.process_groups = len(dist.distributed_c10d._world.pg_map)
+    return ctx
 
 
 def rank_context(name: str, layout: ParallelLayout, rank: int, timeout: timedelta, arena_prefix: str,
