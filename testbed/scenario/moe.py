@@ -149,7 +149,7 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     come back on the CPU either way. ``a2a_api`` (``"comm"`` or ``"moe_ep"``) picks the
     FlashInfer API; None takes what the release offers (``comm`` first).
     """
-    device = _rank_device(ctx, backend)
+    device = rank_device(ctx, backend)
     if mutant:
         ctx.add_cleanup(mutants.apply(mutant))
     if backend == "fake":
@@ -214,7 +214,8 @@ def forward_layer(ctx, pf, case: MoECase, device: Optional[torch.device] = None)
         return case_layer(ctx, pf, case)(x_TH, w_TK, ids_TK)
 
 
-def _rank_device(ctx, backend: str) -> torch.device:
+def rank_device(ctx, backend: str) -> torch.device:
+    """Where this rank's tensors live: the CPU for the fake, else this rank's GPU (made current)."""
     if backend == "fake":
         return torch.device("cpu")
     index = ctx.rank % torch.cuda.device_count()
