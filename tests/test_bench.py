@@ -48,3 +48,26 @@ def test_bench_scenarios_prints_json_line():
     result = _bench("scenarios", "--matrix", "2", "--fuzz-examples", "2")
     assert result["bench"] == "scenarios" and result["matrix_passed"] == result["matrix_scenarios"] == 2
     assert result["fuzz_examples"] == 2 and result["matrix_s"] > 0
+
+
+@pytest.mark.parametrize("profile, with_output", [("0.7.2", True), ("0.6.8", False)])
+def test_bench_combine_prints_json_line(profile, with_output):
+    result = _bench("combine", "--profile", profile, "--ranks", "2", "--hidden", "256", "--tokens", "8",
+                    "--iters", "3", "--warmup", "1")
+    assert result["bench"] == "combine" and result["timer"] == "wall clock"
+    assert result["copy_us"] > 0 and result["resident_us"] > 0
+    assert (result["output_us"] is not None) == with_output  # 0.6.8's combine has no output=
+    separate = result["output_us"] if with_output else result["copy_us"]
+    assert result["resident_vs_separate"] == pytest.approx(result["resident_us"] / separate, rel=0.01)
+
+
+def test_bench_combine_refuses_what_it_cannot_run():
+    from testbed.gpu_env import missing_for_gpu_tests
+
+    cases = [(["--profile", "0.7.4"], "no MoeAlltoAll"), (["--iters", "0"], "--iters: must be >= 1")]
+    if missing_for_gpu_tests():  # here the real backend cannot run: it says what is missing
+        cases.append((["--backend", "flashinfer"], "--backend flashinfer:"))
+    for args, error in cases:
+        done = subprocess.run([sys.executable, "-m", "testbed.bench", "combine", *args],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode != 0 and error in done.stderr, (args, done.stderr)

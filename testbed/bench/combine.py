@@ -1,0 +1,146 @@
+"""Combine: ``output=`` against combine + copy, workspace-resident expert output against separate.
+
+Every rank builds ``impl``'s one-sided workspace for ``[x bf16 [T, H], ids int32 [T, K],
+weights fp32 [T, K]]`` and, per round, dispatches (not timed) and combines ``[R, T, H]`` bf16
+expert outputs (the rows that arrived: the experts' values do not change the time) one of
+three ways, timed alone: ``copy`` (combine returns a tensor, copied into the layer's output),
+``output`` (combine writes the output itself, ``output=``), ``resident`` (the expert output
+already sits in the combine region, ``payload_in_workspace=True``, with ``output=`` where the
+release takes it). Per variant the median over ``--iters`` rounds after ``--warmup``; the
+slowest rank's median is reported. On GPUs (``--backend flashinfer``) CUDA events time the
+combine on the rank's stream; on the fake, the wall clock. Prints ``{"bench": "combine",
+"copy_us", "output_us", "resident_us", "output_vs_copy", "resident_vs_separate", ...}``
+(``output_us`` None where the release's combine has no ``output=``; ``resident_vs_separate``
+against ``output`` there is one, else against ``copy``).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+
+from impl.backend import resolve_backend
+from impl.factory import make_manager
+from impl.parallel import ONE_SIDED, ParallelConfig
+from testbed.cluster.layout import ParallelLayout
+from testbed.cluster.pool import RankPool
+from testbed.scenario.moe import rank_device
+
+VARIANTS = ("copy", "output", "resident")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--backend", choices=("fake", "flashinfer"), default="fake")
+    parser.add_argument("--profile", default="0.7.2", help="the fake's release (default: %(default)s)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per rank")
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+
+
+def bench_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k: int, experts: int,
+               iters: int, warmup: int) -> dict:
+    api = resolve_backend("fake", profile=profile) if backend == "fake" else resolve_backend(backend)
+    if not api.has("comm"):
+        raise RuntimeError(f"flashinfer {api.root.__version__} has no MoeAlltoAll (0.7.4 moved it to moe_ep): "
+                           "this benchmark drives MoeAlltoAll")
+    device = rank_device(ctx, backend)
+    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    g = torch.Generator().manual_seed(me)
+    x_TH = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device)
+    ids_TK = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    ids_TK, w_TK = ids_TK.to(device), torch.rand(tokens, top_k, generator=g).to(device)
+    parallel = ParallelConfig(tp=1, dp=R, all2all_backend=ONE_SIDED, sequence_parallel_moe=False)
+    manager = make_manager(parallel, api, ctx.groups["ep"], "comm")
+    manager.initialize(max_num_tokens=tokens, top_k=top_k, num_experts=experts, hidden_size=hidden,
+                       x_bytes_per_token=2 * hidden, x_sf_bytes_per_token=0)
+    a2a = manager.moe_alltoall
+    out_TH = torch.empty(tokens, hidden, dtype=torch.bfloat16, device=device)
+    with_output = bool(manager.combine_supports_output)
+
+    def combine(variant: str, payload_RSH: torch.Tensor) -> None:
+        resident = {"payload_in_workspace": True} if variant == "resident" else {}
+        if variant == "copy" or not with_output:
+            out_TH.copy_(a2a.combine(payload_RSH, tokens, **resident))
+        else:
+            a2a.combine(payload_RSH, tokens, output=out_TH, **resident)
+
+    medians = {}
+    try:
+        for variant in VARIANTS:
+            if variant == "output" and not with_output:
+                medians[variant] = None
+                continue
+            times = []
+            for i in range(warmup + iters):
+                recv_x_RSH = a2a.dispatch(ids_TK, [x_TH, ids_TK, w_TK], tokens)[0]
+                if variant == "resident":
+                    payload = a2a.get_combine_payload_tensor_in_workspace(tokens, hidden, torch.bfloat16)
+                    payload.copy_(recv_x_RSH)  # where the experts would have written it
+                else:
+                    payload = recv_x_RSH.clone()  # the experts' separate output
+                seconds = _timed(functools.partial(combine, variant, payload), device)
+                if i >= warmup:
+                    times.append(seconds)
+            medians[variant] = statistics.median(times) * 1e6
+    finally:
+        manager.cleanup()
+    return medians
+
+
+def _timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def run(args) -> dict:
+    for name in ("ranks", "hidden", "tokens", "top_k", "experts", "iters"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise SystemExit(f"--warmup: must be >= 0, got {args.warmup}")
+    if args.backend == "fake":
+        from fakes.flashinfer.profiles import PROFILES
+
+        if args.profile not in PROFILES:
+            raise SystemExit(f"--profile: one of {sorted(PROFILES)}, got {args.profile!r}")
+        if "comm.trtllm_moe_alltoall" in PROFILES[args.profile].absent_modules:
+            raise SystemExit(f"--profile {args.profile}: that release has no MoeAlltoAll (moe_ep only); "
+                             "this benchmark drives MoeAlltoAll")
+    else:
+        from testbed.gpu_env import missing_for_gpu_tests
+
+        missing = missing_for_gpu_tests()
+        if missing:
+            raise SystemExit(f"--backend flashinfer: {missing}")
+        if args.ranks > torch.cuda.device_count():
+            raise SystemExit(f"--ranks {args.ranks}: this machine has {torch.cuda.device_count()} GPUs")
+    with RankPool() as pool:
+        per_rank = pool.run(bench_rank, ParallelLayout(args.ranks, dp=args.ranks),
+                            (args.backend, args.profile, args.hidden, args.tokens, args.top_k, args.experts,
+                             args.iters, args.warmup), timeout_s=600)
+    slowest = {v: max(r[v] for r in per_rank) if per_rank[0][v] is not None else None for v in VARIANTS}
+    return {"bench": "combine", "backend": args.backend, "ranks": args.ranks, "hidden": args.hidden,
+            "tokens": args.tokens, "top_k": args.top_k, "experts": args.experts, "iters": args.iters,
+            "warmup": args.warmup, "timer": "cuda events" if args.backend == "flashinfer" else "wall clock",
+            **{f"{v}_us": round(t, 1) if t is not None else None for v, t in slowest.items()},
+            "output_vs_copy": _ratio(slowest["output"], slowest["copy"]),
+            "resident_vs_separate": _ratio(slowest["resident"], slowest["output"] or slowest["copy"])}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
