@@ -148,25 +148,6 @@ def wrong_layout(ctx, case: MoECase, layout_fmt: str) -> None:
     forward_layer(ctx, pf, case)
 
 
-def _wait_for_peer_next_dispatch(peer: int, timeout_s: float = 20.0):
-    """A ``before_combine_read`` hook: this rank stalls in combine until ``peer`` has finished
-    writing its next dispatch (its flag for the next round is in our dispatch flags)."""
-    import time
-
-    from fakes.flashinfer.comm import moe_a2a_kernels as k
-
-    def hook(workspace, me, offsets):
-        k.Hooks.before_combine_read = None  # once
-        current = int(k._i32(workspace, me, offsets[k.FLAG_VAL], 1)[0])
-        flag = k._i32(workspace, me, offsets[k.DISPATCH_FLAGS] + 4 * peer, 1)
-        deadline = time.monotonic() + timeout_s
-        while int(flag[0]) != current + 1:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {peer} never started its next dispatch")
-            time.sleep(1e-3)
-    return hook
-
-
 def back_to_back_rounds(ctx, layers: tuple[MoECase, ...]) -> list[torch.Tensor]:
     """Two layers' forwards with nothing between the rounds, EP rank 1 slow in its first
     combine: it reads its results only after rank 0 has written the next dispatch."""
@@ -177,7 +158,7 @@ def back_to_back_rounds(ctx, layers: tuple[MoECase, ...]) -> list[torch.Tensor]:
     mgr = OneSidedManager(resolve_backend("fake", profile="0.7.2"), ctx.groups["ep"])
     pfs = [_layer(mgr, case) for case in layers]
     if ctx.coords.ep_rank == 1:
-        k.Hooks.before_combine_read = _wait_for_peer_next_dispatch(peer=0)
+        k.Hooks.before_combine_read = k.stall_until_next_dispatch(peer=0)
         ctx.add_cleanup(lambda: setattr(k.Hooks, "before_combine_read", None))
     outs = []
     for case, pf in zip(layers, pfs):

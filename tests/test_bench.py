@@ -71,3 +71,20 @@ def test_bench_combine_refuses_what_it_cannot_run():
         done = subprocess.run([sys.executable, "-m", "testbed.bench", "combine", *args],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode != 0 and error in done.stderr, (args, done.stderr)
+
+
+@pytest.mark.parametrize("args, corrupted", [([], True), (["--no-stall", "--between-rounds", "collective"], False)])
+def test_bench_race_on_the_fake(args, corrupted):
+    """The fake's answer to the cross-round race: a late combine reads rows the next, larger
+    dispatch overwrote; a collective between the rounds orders the fake's ranks (whose
+    kernels run on the host), so every round is clean. Without either it depends on how the
+    ranks are scheduled, so that case is not asserted."""
+    result = _bench("race", "--trials", "4", "--hidden", "256", *args)
+    assert result["bench"] == "race" and result["trials"] == 4
+    assert result["corrupted"] == (4 if corrupted else 0) and result["clean"] == 4 - result["corrupted"]
+
+
+def test_bench_race_refuses_a_deadlock_on_the_fake():
+    done = subprocess.run([sys.executable, "-m", "testbed.bench", "race", "--between-rounds", "collective"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "a deadlock, not a race" in done.stderr

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from testbed.bench import a2a, cluster, combine, scale, scenarios
+from testbed.bench import a2a, cluster, combine, race, scale, scenarios
 
-BENCHES = {"cluster": cluster, "a2a": a2a, "scenarios": scenarios, "scale": scale, "combine": combine}
+BENCHES = {"cluster": cluster, "a2a": a2a, "scenarios": scenarios, "scale": scale, "combine": combine, "race": race}
 
 
 def main(argv: list[str] | None = None) -> int:

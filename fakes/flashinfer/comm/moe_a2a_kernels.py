@@ -111,6 +111,27 @@ class Hooks:
     before_initialize_zero = None
 
 
+def stall_until_next_dispatch(peer: int, timeout_s: float = 20.0):
+    """A ``Hooks.before_combine_read`` for one combine: this rank stalls before reading its
+    peers' rows until ``peer`` has written its next dispatch (its flag for the next round is
+    in our dispatch flags): a GPU whose combine kernel runs late while its peers move on."""
+
+    def hook(workspace, me, regions):
+        Hooks.before_combine_read = None  # once
+        current = int(_i32(workspace, me, regions.FLAG_VAL, 1)[0])
+        flag = _i32(workspace, me, regions.DISPATCH_FLAGS + 4 * peer, 1)
+        deadline = time.monotonic() + timeout_s
+        while (seen := int(flag[0])) != current + 1:
+            left = deadline - time.monotonic()
+            if left < 0:
+                raise TimeoutError(f"rank {peer} never started its next dispatch (stalled combine of rank {me})")
+            if futex.AVAILABLE:
+                futex.wait(flag, seen, min(left, 0.05))
+            else:
+                time.sleep(1e-3)
+    return hook
+
+
 KERNELS_CU = "csrc/nv_internal/tensorrt_llm/kernels/communicationKernels/moeAlltoAllKernels.cu"
 FLAG_TIMEOUT_S = float(os.environ.get("A2A_FAKE_FLAG_TIMEOUT_S", "30"))
 

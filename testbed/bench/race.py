@@ -1,0 +1,145 @@
+"""Race: is a combine still reading when the next, larger dispatch overwrites what it reads?
+
+FlashInfer's one-sided protocol waits for peers at the start of dispatch's and combine's
+reads, never after combine. Each trial, on a workspace built for an nvfp4 layer and then a
+bf16 one (``impl``'s manager), every rank dispatches the nvfp4-sized round, combines, and at
+once (``--between-rounds nothing``, no host synchronization) dispatches the bf16 round, whose
+payload region reaches into the first round's combine region; EP rank 1 runs its first
+combine late (``--stall``): on GPUs ``torch.cuda._sleep(--sleep-cycles)`` queued before it on
+its stream, on the fake a combine that reads only after rank 0 wrote the next dispatch.
+``--between-rounds collective`` puts vLLM's per-forward host collective between the rounds
+(on GPUs it does not order device work; on the fake it would wait forever for the stalled
+rank, so it is refused there). The first round's output is checked on every rank against
+``sum_k w * (e + 1)`` (the experts scale ones by ``e + 1``). Prints ``{"bench": "race",
+"trials", "corrupted", "clean", "max_error", ...}``: a trial is corrupted when any rank's
+first-round output is off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import torch.distributed as dist
+
+from impl.backend import resolve_backend
+from impl.factory import make_manager
+from impl.parallel import ONE_SIDED, ParallelConfig
+from testbed.cluster.layout import ParallelLayout
+from testbed.cluster.pool import RankPool
+from testbed.scenario.moe import rank_device
+from testbed.scenario.reference import local_experts
+
+RTOL = 2e-2  # expert outputs travel as bf16
+INVALID_ID = -1
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--backend", choices=("fake", "flashinfer"), default="fake")
+    parser.add_argument("--profile", default="0.7.2", help="the fake's release (default: %(default)s)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per rank, both rounds")
+    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--stall", action=argparse.BooleanOptionalAction, default=True,
+                        help="EP rank 1 runs its first combine late (default: on; --no-stall: the control)")
+    parser.add_argument("--between-rounds", choices=("nothing", "collective"), default="nothing")
+    parser.add_argument("--sleep-cycles", type=int, default=10_000_000, help="GPU: the stall, in clock cycles")
+
+
+def race_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k: int, trials: int, stall: bool,
+              between_rounds: str, sleep_cycles: int) -> dict:
+    from fakes.flashinfer.comm import moe_a2a_kernels
+
+    api = resolve_backend("fake", profile=profile) if backend == "fake" else resolve_backend(backend)
+    device = rank_device(ctx, backend)
+    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    experts = 4 * R
+    mine = local_experts(experts, R, me)
+    parallel = ParallelConfig(tp=1, dp=R, all2all_backend=ONE_SIDED, sequence_parallel_moe=False)
+    manager = make_manager(parallel, api, ctx.groups["ep"], "comm")
+    for x_bytes, sf_bytes in ((hidden // 2, hidden // 16), (2 * hidden, 0)):  # an nvfp4 layer, then a bf16 one
+        manager.initialize(max_num_tokens=tokens, top_k=top_k, num_experts=experts, hidden_size=hidden,
+                           x_bytes_per_token=x_bytes, x_sf_bytes_per_token=sf_bytes)
+    a2a = manager.moe_alltoall
+    corrupted, max_error = 0, 0.0
+    try:
+        for trial in range(trials):
+            g = torch.Generator().manual_seed(trial * 1000 + me)
+            ids_TK = torch.argsort(torch.rand(tokens, experts, generator=g), dim=1)[:, :top_k].to(torch.int32)
+            w_TK = torch.rand(tokens, top_k, generator=g)
+            x4_TB = torch.randint(0, 256, (tokens, hidden // 2), generator=g, dtype=torch.uint8)
+            sf_TB = torch.randint(0, 256, (tokens, hidden // 16), generator=g, dtype=torch.uint8)
+            x_TH = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+            ids, w, x4, sf, x = (t.to(device) for t in (ids_TK, w_TK, x4_TB, sf_TB, x_TH))
+
+            _, _, recv_ids_RSK, recv_w_RSK = a2a.dispatch(ids, [x4, sf, ids, w], tokens,
+                                                       invalid_token_expert_id=INVALID_ID, expert_id_payload_index=2)
+            local_RSK = (recv_ids_RSK >= mine.start) & (recv_ids_RSK < mine.stop)
+            scale_RS1 = torch.where(local_RSK, recv_w_RSK * (recv_ids_RSK.float() + 1), 0).sum(-1, keepdim=True)
+            expert_out_RSH = scale_RS1.expand(-1, -1, hidden).to(torch.bfloat16).contiguous()
+            if stall and me == 1:
+                if device.type == "cuda":
+                    torch.cuda._sleep(sleep_cycles)
+                else:
+                    moe_a2a_kernels.Hooks.before_combine_read = moe_a2a_kernels.stall_until_next_dispatch(peer=0)
+            first_TH = a2a.combine(expert_out_RSH, tokens)
+            if between_rounds == "collective":
+                dist.all_reduce(torch.zeros(1), group=ctx.groups["ep"])
+            a2a.combine(a2a.dispatch(ids, [x, ids, w], tokens)[0], tokens)
+            want_T = (w_TK * (ids_TK.float() + 1)).sum(1)
+            err = float((first_TH.float().cpu() - want_T[:, None]).abs().max()) if tokens else 0.0
+            tolerance = RTOL * max(1.0, float(want_T.abs().max())) if tokens else 0.0
+            bad = torch.tensor([int(not err <= tolerance)])  # NaN is corrupted too
+            dist.all_reduce(bad, group=ctx.groups["ep"])  # a trial is corrupted when any rank's output is
+            corrupted += int(bad.item() > 0)
+            max_error = max(max_error, err) if math.isfinite(err) else float("inf")
+    finally:
+        moe_a2a_kernels.Hooks.before_combine_read = None
+        manager.cleanup()
+    return {"corrupted": corrupted, "max_error": max_error}
+
+
+def run(args) -> dict:
+    for name in ("ranks", "hidden", "tokens", "top_k", "trials", "sleep_cycles"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.ranks < 2:
+        raise SystemExit("--ranks: the race needs >= 2 ranks (rank 1 runs late)")
+    if args.hidden % 16:
+        raise SystemExit(f"--hidden: a multiple of 16 (nvfp4 packs 2 values per byte, one scale per 16), got {args.hidden}")
+    if args.backend == "fake":
+        from fakes.flashinfer.profiles import PROFILES
+
+        if args.profile not in PROFILES:
+            raise SystemExit(f"--profile: one of {sorted(PROFILES)}, got {args.profile!r}")
+        if "comm.trtllm_moe_alltoall" in PROFILES[args.profile].absent_modules:
+            raise SystemExit(f"--profile {args.profile}: that release has no MoeAlltoAll (moe_ep only)")
+        if args.stall and args.between_rounds == "collective":
+            raise SystemExit("--between-rounds collective with --stall on the fake: the stalled rank waits for the "
+                             "next dispatch, which the collective holds back (a deadlock, not a race); "
+                             "use --no-stall, or a GPU")
+    else:
+        from testbed.gpu_env import missing_for_gpu_tests
+
+        missing = missing_for_gpu_tests()
+        if missing:
+            raise SystemExit(f"--backend flashinfer: {missing}")
+        if args.ranks > torch.cuda.device_count():
+            raise SystemExit(f"--ranks {args.ranks}: this machine has {torch.cuda.device_count()} GPUs")
+    with RankPool() as pool:
+        per_rank = pool.run(race_rank, ParallelLayout(args.ranks, dp=args.ranks),
+                            (args.backend, args.profile, args.hidden, args.tokens, args.top_k, args.trials,
+                             args.stall, args.between_rounds, args.sleep_cycles), timeout_s=600)
+    corrupted = per_rank[0]["corrupted"]
+    return {"bench": "race", "backend": args.backend, "ranks": args.ranks, "hidden": args.hidden,
+            "tokens": args.tokens, "stall": args.stall, "between_rounds": args.between_rounds,
+            "trials": args.trials, "corrupted": corrupted, "clean": args.trials - corrupted,
+            "max_error": _json_number(max(r["max_error"] for r in per_rank))}
+
+
+def _json_number(x: float) -> float | str:
+    """``x`` rounded, or ``"non-finite"`` (JSON has no NaN or infinity)."""
+    return round(x, 4) if math.isfinite(x) else "non-finite"
