@@ -22,20 +22,15 @@ import time
 
 import torch
 
-from impl.backend import resolve_backend
-from impl.factory import make_manager
-from impl.parallel import ONE_SIDED, ParallelConfig
+from testbed.bench.one_sided import add_backend_arguments, check_backend, rank_manager
 from testbed.cluster.layout import ParallelLayout
 from testbed.cluster.pool import RankPool
-from testbed.scenario.moe import rank_device
 
 VARIANTS = ("copy", "output", "resident")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--backend", choices=("fake", "flashinfer"), default="fake")
-    parser.add_argument("--profile", default="0.7.2", help="the fake's release (default: %(default)s)")
-    parser.add_argument("--ranks", type=int, default=2)
+    add_backend_arguments(parser)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--tokens", type=int, default=256, help="tokens per rank")
     parser.add_argument("--top-k", type=int, default=8)
@@ -46,18 +41,12 @@ def add_arguments(parser) -> None:
 
 def bench_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k: int, experts: int,
                iters: int, warmup: int) -> dict:
-    api = resolve_backend("fake", profile=profile) if backend == "fake" else resolve_backend(backend)
-    if not api.has("comm"):
-        raise RuntimeError(f"flashinfer {api.root.__version__} has no MoeAlltoAll (0.7.4 moved it to moe_ep): "
-                           "this benchmark drives MoeAlltoAll")
-    device = rank_device(ctx, backend)
-    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    device, manager = rank_manager(ctx, backend, profile)
+    me = ctx.coords.ep_rank
     g = torch.Generator().manual_seed(me)
     x_TH = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device)
     ids_TK = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(torch.int32)
     ids_TK, w_TK = ids_TK.to(device), torch.rand(tokens, top_k, generator=g).to(device)
-    parallel = ParallelConfig(tp=1, dp=R, all2all_backend=ONE_SIDED, sequence_parallel_moe=False)
-    manager = make_manager(parallel, api, ctx.groups["ep"], "comm")
     manager.initialize(max_num_tokens=tokens, top_k=top_k, num_experts=experts, hidden_size=hidden,
                        x_bytes_per_token=2 * hidden, x_sf_bytes_per_token=0)
     a2a = manager.moe_alltoall
@@ -113,22 +102,7 @@ def run(args) -> dict:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         raise SystemExit(f"--warmup: must be >= 0, got {args.warmup}")
-    if args.backend == "fake":
-        from fakes.flashinfer.profiles import PROFILES
-
-        if args.profile not in PROFILES:
-            raise SystemExit(f"--profile: one of {sorted(PROFILES)}, got {args.profile!r}")
-        if "comm.trtllm_moe_alltoall" in PROFILES[args.profile].absent_modules:
-            raise SystemExit(f"--profile {args.profile}: that release has no MoeAlltoAll (moe_ep only); "
-                             "this benchmark drives MoeAlltoAll")
-    else:
-        from testbed.gpu_env import missing_for_gpu_tests
-
-        missing = missing_for_gpu_tests()
-        if missing:
-            raise SystemExit(f"--backend flashinfer: {missing}")
-        if args.ranks > torch.cuda.device_count():
-            raise SystemExit(f"--ranks {args.ranks}: this machine has {torch.cuda.device_count()} GPUs")
+    check_backend(args)
     with RankPool() as pool:
         per_rank = pool.run(bench_rank, ParallelLayout(args.ranks, dp=args.ranks),
                             (args.backend, args.profile, args.hidden, args.tokens, args.top_k, args.experts,

@@ -23,12 +23,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from impl.backend import resolve_backend
-from impl.factory import make_manager
-from impl.parallel import ONE_SIDED, ParallelConfig
+from testbed.bench.one_sided import add_backend_arguments, check_backend, rank_manager
 from testbed.cluster.layout import ParallelLayout
 from testbed.cluster.pool import RankPool
-from testbed.scenario.moe import rank_device
 from testbed.scenario.reference import local_experts
 
 RTOL = 2e-2  # expert outputs travel as bf16
@@ -36,9 +33,7 @@ INVALID_ID = -1
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--backend", choices=("fake", "flashinfer"), default="fake")
-    parser.add_argument("--profile", default="0.7.2", help="the fake's release (default: %(default)s)")
-    parser.add_argument("--ranks", type=int, default=2)
+    add_backend_arguments(parser)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--tokens", type=int, default=16, help="tokens per rank, both rounds")
     parser.add_argument("--top-k", type=int, default=2)
@@ -53,13 +48,10 @@ def race_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k: 
               between_rounds: str, sleep_cycles: int) -> dict:
     from fakes.flashinfer.comm import moe_a2a_kernels
 
-    api = resolve_backend("fake", profile=profile) if backend == "fake" else resolve_backend(backend)
-    device = rank_device(ctx, backend)
+    device, manager = rank_manager(ctx, backend, profile)
     R, me = ctx.layout.ep_size, ctx.coords.ep_rank
     experts = 4 * R
     mine = local_experts(experts, R, me)
-    parallel = ParallelConfig(tp=1, dp=R, all2all_backend=ONE_SIDED, sequence_parallel_moe=False)
-    manager = make_manager(parallel, api, ctx.groups["ep"], "comm")
     for x_bytes, sf_bytes in ((hidden // 2, hidden // 16), (2 * hidden, 0)):  # an nvfp4 layer, then a bf16 one
         manager.initialize(max_num_tokens=tokens, top_k=top_k, num_experts=experts, hidden_size=hidden,
                            x_bytes_per_token=x_bytes, x_sf_bytes_per_token=sf_bytes)
@@ -110,25 +102,11 @@ def run(args) -> dict:
         raise SystemExit("--ranks: the race needs >= 2 ranks (rank 1 runs late)")
     if args.hidden % 16:
         raise SystemExit(f"--hidden: a multiple of 16 (nvfp4 packs 2 values per byte, one scale per 16), got {args.hidden}")
-    if args.backend == "fake":
-        from fakes.flashinfer.profiles import PROFILES
-
-        if args.profile not in PROFILES:
-            raise SystemExit(f"--profile: one of {sorted(PROFILES)}, got {args.profile!r}")
-        if "comm.trtllm_moe_alltoall" in PROFILES[args.profile].absent_modules:
-            raise SystemExit(f"--profile {args.profile}: that release has no MoeAlltoAll (moe_ep only)")
-        if args.stall and args.between_rounds == "collective":
-            raise SystemExit("--between-rounds collective with --stall on the fake: the stalled rank waits for the "
-                             "next dispatch, which the collective holds back (a deadlock, not a race); "
-                             "use --no-stall, or a GPU")
-    else:
-        from testbed.gpu_env import missing_for_gpu_tests
-
-        missing = missing_for_gpu_tests()
-        if missing:
-            raise SystemExit(f"--backend flashinfer: {missing}")
-        if args.ranks > torch.cuda.device_count():
-            raise SystemExit(f"--ranks {args.ranks}: this machine has {torch.cuda.device_count()} GPUs")
+    check_backend(args)
+    if args.backend == "fake" and args.stall and args.between_rounds == "collective":
+        raise SystemExit("--between-rounds collective with --stall on the fake: the stalled rank waits for the "
+                         "next dispatch, which the collective holds back (a deadlock, not a race); "
+                         "use --no-stall, or a GPU")
     with RankPool() as pool:
         per_rank = pool.run(race_rank, ParallelLayout(args.ranks, dp=args.ranks),
                             (args.backend, args.profile, args.hidden, args.tokens, args.top_k, args.trials,
