@@ -3,7 +3,8 @@
 On every EP rank, each backend in turn gets a one-sided workspace from ``impl``'s manager,
 dispatches this rank's ``[x, topk_ids, topk_weights]`` (ids sanitized past each source's
 count), runs the same linear experts on what arrived and combines. Compared order-insensitively
-(slot order is not fixed on GPUs): per source, the count and the arrived rows as a multiset;
+(slot order is not fixed on GPUs): per source, the count (also against what the routing
+implies) and the arrived rows as a multiset;
 whether every id past the count is the invalid id; the combined output against the other
 side and against a dense fp32 reference that never calls either. A difference is a bug in the
 fake (or in the real release): :func:`differential` returns both sides to print.
@@ -61,10 +62,14 @@ def one_side(ctx, case: MoECase, backend: str, *, profile: str = "0.7.2", slot_o
     ``slot_order``: the fake's)."""
     R, me = ctx.layout.ep_size, ctx.coords.ep_rank
     if backend == "fake":
-        from fakes.flashinfer.comm import moe_a2a_kernels
+        from fakes.flashinfer import profiles
+        from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 
+        before = profiles.active().name, kernels.SlotOrder.mode, kernels.SlotOrder.seed
+        ctx.add_cleanup(lambda: (profiles.set_profile(before[0]),
+                                 setattr(kernels.SlotOrder, "mode", before[1]), setattr(kernels.SlotOrder, "seed", before[2])))
         api = resolve_backend("fake", profile=profile)
-        moe_a2a_kernels.SlotOrder.mode, moe_a2a_kernels.SlotOrder.seed = slot_order, ctx.seed
+        kernels.SlotOrder.mode, kernels.SlotOrder.seed = slot_order, ctx.seed
     else:
         api = resolve_backend(backend)
     device = rank_device(ctx, backend)
@@ -77,6 +82,7 @@ def one_side(ctx, case: MoECase, backend: str, *, profile: str = "0.7.2", slot_o
         x_TH, ids_TK, w_TK = (t.to(device) for t in rank_inputs(case, me))
         recv_x_RSH, recv_ids_RSK, recv_w_RSK = manager.moe_alltoall.dispatch(
             ids_TK, [x_TH, ids_TK, w_TK], S, invalid_token_expert_id=INVALID_ID, expert_id_payload_index=1)
+        x_RSH, ids_RSK, w_RSK = (t.cpu() for t in (recv_x_RSH, recv_ids_RSK, recv_w_RSK))  # before combine reuses memory
         experts = local_experts(case.num_experts, R, me)
         local_RSK = (recv_ids_RSK >= experts.start) & (recv_ids_RSK < experts.stop)
         scale_RS = torch.where(local_RSK, expert_scale_TK(recv_ids_RSK, recv_w_RSK), 0).sum(-1, keepdim=True)
@@ -85,10 +91,8 @@ def one_side(ctx, case: MoECase, backend: str, *, profile: str = "0.7.2", slot_o
         if device.type == "cuda":
             torch.cuda.synchronize()
         dist.barrier(group=ctx.groups["ep"])  # every peer read this rank's combine region
-        recv = [t.cpu() for t in (recv_x_RSH, recv_ids_RSK, recv_w_RSK)]
     finally:
         manager.cleanup()
-    x_RSH, ids_RSK, w_RSK = recv
     counts = (ids_RSK[:, :, 0] != INVALID_ID).sum(1).tolist()
     return Side(
         backend=backend if backend != "fake" else f"fake {profile} {slot_order}",
@@ -100,11 +104,22 @@ def one_side(ctx, case: MoECase, backend: str, *, profile: str = "0.7.2", slot_o
     )
 
 
-def differences(a: Side, b: Side, ref_TH: torch.Tensor) -> list[str]:
-    """What ``b`` did differently from ``a`` (and where either combined away from ``ref_TH``)."""
+def expected_counts(case: MoECase, ep_size: int, ep_rank: int) -> list[int]:
+    """Per source, its tokens with at least one expert on ``ep_rank`` (from the routing alone)."""
+    mine = local_experts(case.num_experts, ep_size, ep_rank)
+    return [int(((ids_TK >= mine.start) & (ids_TK < mine.stop)).any(1).sum())
+            for ids_TK in (rank_inputs(case, src)[1] for src in range(ep_size))]
+
+
+def differences(a: Side, b: Side, ref_TH: torch.Tensor, counts_R: list[int]) -> list[str]:
+    """What ``b`` did differently from ``a``, and where either strayed from the truth: the
+    per-source ``counts_R`` the routing implies and the dense ``ref_TH``."""
     found = []
     if a.counts_R != b.counts_R:
         found.append(f"counts per source: {a.counts_R} ({a.backend}) != {b.counts_R} ({b.backend})")
+    for side in (a, b):
+        if side.counts_R != counts_R:
+            found.append(f"{side.backend}: counts per source {side.counts_R}, the routing sends {counts_R}")
     for src, (rows_a, rows_b) in enumerate(zip(a.rows_R, b.rows_R)):
         if rows_a != rows_b:
             found.append(f"rows from source {src} differ as sets: {len(set(rows_a) - set(rows_b))} only in "
@@ -115,10 +130,10 @@ def differences(a: Side, b: Side, ref_TH: torch.Tensor) -> list[str]:
     atol = RTOL * max(1.0, float(ref_TH.abs().max())) if ref_TH.numel() else RTOL
     for side in (a, b):
         err = _max_error(side.out_TH, ref_TH)
-        if err > atol:
+        if not err <= atol:  # NaN too
             found.append(f"{side.backend}: combine is {err:.3g} from the fp32 reference (tolerance {atol:.3g})")
     err = _max_error(a.out_TH, b.out_TH)
-    if err > atol:
+    if not err <= atol:
         found.append(f"combine differs by {err:.3g} between {a.backend} and {b.backend} (tolerance {atol:.3g})")
     return found
 
@@ -128,7 +143,8 @@ def differential(ctx, case: MoECase, sides: tuple[dict, dict]) -> dict:
     e.g. ``{"backend": "fake"}`` and ``{"backend": "flashinfer"}``). Returns this rank's
     ``differences`` and both sides."""
     a, b = (one_side(ctx, case, **side) for side in sides)
-    return {"rank": ctx.rank, "differences": differences(a, b, reference_TH(case, ctx.coords.ep_rank)),
+    R, me = ctx.layout.ep_size, ctx.coords.ep_rank
+    return {"rank": ctx.rank, "differences": differences(a, b, reference_TH(case, me), expected_counts(case, R, me)),
             "sides": (a, b)}
 
 

@@ -55,7 +55,7 @@ def test_bench_combine_prints_json_line(profile, with_output):
     result = _bench("combine", "--profile", profile, "--ranks", "2", "--hidden", "256", "--tokens", "8",
                     "--iters", "3", "--warmup", "1")
     assert result["bench"] == "combine" and result["timer"] == "wall clock"
-    assert result["copy_us"] > 0 and result["resident_us"] > 0
+    assert result["copy_us"] > 0 and result["resident_us"] > 0 and result["outputs_agree"] is True
     assert (result["output_us"] is not None) == with_output  # 0.6.8's combine has no output=
     separate = result["output_us"] if with_output else result["copy_us"]
     assert result["resident_vs_separate"] == pytest.approx(result["resident_us"] / separate, rel=0.01)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.differential import INVALID_ID, Side, differences, differential, reference_TH
+from testbed.differential import INVALID_ID, Side, differences, differential, expected_counts, reference_TH
 from testbed.scenario.moe import MoECase
 
 
@@ -39,19 +39,30 @@ def _side(**changes) -> Side:
     ({"sanitized": False}, f"is not {INVALID_ID}"),
     ({"out_TH": torch.ones(2, 4) * 1.5}, "combine"),
     ({"out_TH": torch.ones(3, 4)}, "combine"),
+    ({"out_TH": torch.full((2, 4), float("nan"))}, "combine"),
 ])
 def test_differential_catches_what_a_wrong_backend_does(change, expect):
     ref = torch.ones(2, 4)
-    assert differences(_side(), _side(backend="b", raw_digest="y"), ref) == []  # layout alone is no difference
-    found = differences(_side(), _side(backend="b", **change), ref)
+    assert differences(_side(), _side(backend="b", raw_digest="y"), ref, [2, 1]) == []  # layout alone is no difference
+    found = differences(_side(), _side(backend="b", **change), ref, [2, 1])
     assert found and any(expect in f for f in found), found
 
 
-def test_differential_reference_is_the_dense_sum():
-    case = MoECase(num_experts=8, top_k=2, hidden=16, tokens_per_dp=(3,), seed=5)
+def test_differential_counts_against_the_routing():
+    found = differences(_side(), _side(backend="b"), torch.ones(2, 4), [2, 2])
+    assert any("the routing sends [2, 2]" in f for f in found), found
+
+
+def test_differential_reference_and_counts_from_the_routing():
+    """Per-token loops, against the vectorized reference and counts."""
+    case = MoECase(num_experts=8, top_k=2, hidden=16, tokens_per_dp=(3, 5), seed=5)
     from testbed.scenario.moe import rank_inputs
 
     x_TH, ids_TK, w_TK = rank_inputs(case, 0)
     dense = torch.stack([sum(float(w_TK[t, k]) * (int(ids_TK[t, k]) + 1) * x_TH[t].float() for k in range(2))
                          for t in range(3)])
     torch.testing.assert_close(reference_TH(case, 0), dense)
+    for me, experts in ((0, range(0, 4)), (1, range(4, 8))):
+        want = [sum(any(int(e) in experts for e in rank_inputs(case, src)[1][t]) for t in range(n))
+                for src, n in enumerate((3, 5))]
+        assert expected_counts(case, 2, me) == want

@@ -7,8 +7,9 @@ three ways, timed alone: ``copy`` (combine returns a tensor, copied into the lay
 ``output`` (combine writes the output itself, ``output=``), ``resident`` (the expert output
 already sits in the combine region, ``payload_in_workspace=True``, with ``output=`` where the
 release takes it). Per variant the median over ``--iters`` rounds after ``--warmup``; the
-slowest rank's median is reported. On GPUs (``--backend flashinfer``) CUDA events time the
-combine on the rank's stream; on the fake, the wall clock. Prints ``{"bench": "combine",
+slowest rank's median is reported, and whether every variant combined the same output. On
+GPUs (``--backend flashinfer``) CUDA events time the combine on the rank's stream, queued
+behind a short spin so that host launches are not timed; on the fake, the wall clock. Prints ``{"bench": "combine",
 "copy_us", "output_us", "resident_us", "output_vs_copy", "resident_vs_separate", ...}``
 (``output_us`` None where the release's combine has no ``output=``; ``resident_vs_separate``
 against ``output`` there is one, else against ``copy``).
@@ -21,6 +22,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 from testbed.bench.one_sided import add_backend_arguments, check_backend, rank_manager
 from testbed.cluster.layout import ParallelLayout
@@ -60,7 +62,7 @@ def bench_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k:
         else:
             a2a.combine(payload_RSH, tokens, output=out_TH, **resident)
 
-    medians = {}
+    medians, outputs = {}, {}
     try:
         for variant in VARIANTS:
             if variant == "output" and not with_output:
@@ -74,18 +76,29 @@ def bench_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k:
                     payload.copy_(recv_x_RSH)  # where the experts would have written it
                 else:
                     payload = recv_x_RSH.clone()  # the experts' separate output
-                seconds = _timed(functools.partial(combine, variant, payload), device)
+                seconds = _timed(functools.partial(combine, variant, payload), device, ctx.groups["ep"])
                 if i >= warmup:
                     times.append(seconds)
             medians[variant] = statistics.median(times) * 1e6
+            outputs[variant] = out_TH.float().cpu()
     finally:
         manager.cleanup()
+    # Every variant combined the same rows: a path that is fast because it is wrong shows here.
+    medians["outputs_agree"] = all(torch.equal(out, outputs["copy"]) for out in outputs.values())
     return medians
 
 
-def _timed(fn, device: torch.device) -> float:
+# About 1 ms of GPU spin before the timed kernels: the ranks' hosts line up at a barrier, then
+# every launch of the timed region is queued before the GPU reaches it, so the events time
+# the kernels (and their wait for the peers' kernels), not the host's launches.
+_QUEUE_CYCLES = 2_000_000
+
+
+def _timed(fn, device: torch.device, group) -> float:
+    dist.barrier(group=group)
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(_QUEUE_CYCLES)
         start.record()
         fn()
         end.record()
@@ -100,19 +113,23 @@ def run(args) -> dict:
     for name in ("ranks", "hidden", "tokens", "top_k", "experts", "iters"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        raise SystemExit(f"--warmup: must be >= 0, got {args.warmup}")
+    if args.warmup < 0 or args.warmup == 0 and args.backend == "flashinfer":
+        raise SystemExit(f"--warmup: must be >= 0 (>= 1 on GPUs: the first call loads kernels), got {args.warmup}")
+    if args.top_k > args.experts or args.experts < args.ranks:
+        raise SystemExit(f"--top-k {args.top_k}, --experts {args.experts}, --ranks {args.ranks}: "
+                         "need top_k <= experts and experts >= ranks")
     check_backend(args)
     with RankPool() as pool:
         per_rank = pool.run(bench_rank, ParallelLayout(args.ranks, dp=args.ranks),
                             (args.backend, args.profile, args.hidden, args.tokens, args.top_k, args.experts,
                              args.iters, args.warmup), timeout_s=600)
     slowest = {v: max(r[v] for r in per_rank) if per_rank[0][v] is not None else None for v in VARIANTS}
+    agree = all(r["outputs_agree"] for r in per_rank)
     return {"bench": "combine", "backend": args.backend, "ranks": args.ranks, "hidden": args.hidden,
             "tokens": args.tokens, "top_k": args.top_k, "experts": args.experts, "iters": args.iters,
             "warmup": args.warmup, "timer": "cuda events" if args.backend == "flashinfer" else "wall clock",
             **{f"{v}_us": round(t, 1) if t is not None else None for v, t in slowest.items()},
-            "output_vs_copy": _ratio(slowest["output"], slowest["copy"]),
+            "outputs_agree": agree, "output_vs_copy": _ratio(slowest["output"], slowest["copy"]),
             "resident_vs_separate": _ratio(slowest["resident"], slowest["output"] or slowest["copy"])}
 
 

@@ -35,6 +35,10 @@ def check_backend(args) -> None:
     missing = missing_for_gpu_tests()
     if missing:
         raise SystemExit(f"--backend flashinfer: {missing}")
+    api = resolve_backend("flashinfer")
+    if not api.has("comm"):
+        raise SystemExit(f"--backend flashinfer: flashinfer {api.root.__version__} has no MoeAlltoAll (moe_ep only); "
+                         "this benchmark drives MoeAlltoAll")
     if args.ranks > torch.cuda.device_count():
         raise SystemExit(f"--ranks {args.ranks}: this machine has {torch.cuda.device_count()} GPUs")
 

@@ -7,6 +7,11 @@ once (``--between-rounds nothing``, no host synchronization) dispatches the bf16
 payload region reaches into the first round's combine region; EP rank 1 runs its first
 combine late (``--stall``): on GPUs ``torch.cuda._sleep(--sleep-cycles)`` queued before it on
 its stream, on the fake a combine that reads only after rank 0 wrote the next dispatch.
+The two differ: the real combine kernel signals its peers that it is ready and then reads, and
+a sleep queued before it delays both, so its peers wait for it and the window between its
+signal and its reads stays as narrow as the kernels make it; the fake's stall sits in that
+window. A GPU run without corruption therefore says that window did not open, not that the
+protocol orders the rounds.
 ``--between-rounds collective`` puts vLLM's per-forward host collective between the rounds
 (on GPUs it does not order device work; on the fake it would wait forever for the stalled
 rank, so it is refused there). The first round's output is checked on every rank against
@@ -46,8 +51,6 @@ def add_arguments(parser) -> None:
 
 def race_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k: int, trials: int, stall: bool,
               between_rounds: str, sleep_cycles: int) -> dict:
-    from fakes.flashinfer.comm import moe_a2a_kernels
-
     device, manager = rank_manager(ctx, backend, profile)
     R, me = ctx.layout.ep_size, ctx.coords.ep_rank
     experts = 4 * R
@@ -76,6 +79,8 @@ def race_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k: 
                 if device.type == "cuda":
                     torch.cuda._sleep(sleep_cycles)
                 else:
+                    from fakes.flashinfer.comm import moe_a2a_kernels
+
                     moe_a2a_kernels.Hooks.before_combine_read = moe_a2a_kernels.stall_until_next_dispatch(peer=0)
             first_TH = a2a.combine(expert_out_RSH, tokens)
             if between_rounds == "collective":
@@ -89,7 +94,10 @@ def race_rank(ctx, backend: str, profile: str, hidden: int, tokens: int, top_k: 
             corrupted += int(bad.item() > 0)
             max_error = max(max_error, err) if math.isfinite(err) else float("inf")
     finally:
-        moe_a2a_kernels.Hooks.before_combine_read = None
+        if backend == "fake":
+            from fakes.flashinfer.comm import moe_a2a_kernels
+
+            moe_a2a_kernels.Hooks.before_combine_read = None
         manager.cleanup()
     return {"corrupted": corrupted, "max_error": max_error}
 
@@ -100,8 +108,9 @@ def run(args) -> dict:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     if args.ranks < 2:
         raise SystemExit("--ranks: the race needs >= 2 ranks (rank 1 runs late)")
-    if args.hidden % 16:
-        raise SystemExit(f"--hidden: a multiple of 16 (nvfp4 packs 2 values per byte, one scale per 16), got {args.hidden}")
+    if args.hidden % 64:
+        raise SystemExit(f"--hidden: a multiple of 64 (nvfp4's 9H/16 bytes per token must keep the ids 4-byte "
+                         f"aligned), got {args.hidden}")
     check_backend(args)
     if args.backend == "fake" and args.stall and args.between_rounds == "collective":
         raise SystemExit("--between-rounds collective with --stall on the fake: the stalled rank waits for the "
