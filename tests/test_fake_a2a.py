@@ -37,6 +37,14 @@ def test_fake_a2a_round_trip_matches_dense_reference(cluster, world, profile):
     _check(per_rank, case)
 
 
+@pytest.mark.parametrize("hidden", [32, 4096])
+def test_fake_a2a_round_trip_either_copy_path(cluster, hidden):
+    """Rows of 96 bytes take one indexed copy for every peer, rows over 8 KiB one copy per peer
+    (``moe_a2a_kernels._one_indexed_copy``): both land the same bytes in the same slots."""
+    case = Case(num_experts=16, top_k=4, hidden=hidden, tokens_per_rank=(3, 0, 6, 9), seed=hidden)
+    _check(cluster.run(round_trip, ParallelLayout(4, dp=4), (case, "0.7.2"), timeout_s=120), case)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_fake_a2a_combine_output_and_workspace_payload_agree(cluster, world):
     case = Case(num_experts=4 * world, top_k=4, hidden=16, tokens_per_rank=(0,) + (5,) * (world - 1), seed=7)

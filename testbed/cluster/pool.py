@@ -7,7 +7,7 @@ the layout built; when every one of those processes kept the world of the previo
 (same size, ranks and timeout: :mod:`testbed.cluster.worker`), the job runs on it. Not a TCPStore: its client reverse-resolves the store's
 address, and on machines whose resolver drops those queries that costs 5 s per rank. Workers
 fork from a fork server that imported torch and the testbed once (:data:`PRELOAD`), so a
-worker starts in milliseconds and shares those pages (about 20 MiB unique memory per rank);
+worker starts in milliseconds and shares those pages (20-30 MiB unique memory per rank);
 they are reused across scenarios; a worker that died, hung or failed to tear down is killed
 and replaced, never reused.
 
