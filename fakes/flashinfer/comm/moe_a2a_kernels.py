@@ -528,13 +528,22 @@ def get(payload_RSH, T, workspace, regions: "Regions", combine_offset, me, ep_si
     flag += 1
     expected = int(flag.item())
     region_RSH = workspace[me, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, -1, H)
-    recv_R = _i32(workspace, me, _recv_counters_at(regions, ep_size, recv_parity), ep_size).tolist()
-    for src, n in enumerate(recv_R):
-        if n > 0:
+    recv_R = _i32(workspace, me, _recv_counters_at(regions, ep_size, recv_parity), ep_size)
+    if not payload_in_workspace or use_low_precision:
+        filled_RS = torch.arange(region_RSH.size(1))[None, :] < recv_R[:, None]
+        sources = int((recv_R > 0).sum())
+        if _one_indexed_copy(int(filled_RS.sum()) * region_RSH.size(2) * region_RSH.element_size(), sources):
             if not payload_in_workspace:
-                region_RSH[src, :n] = payload_RSH[src, :n]
+                region_RSH[filled_RS] = payload_RSH[filled_RS]
             if use_low_precision:
-                region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
+                region_RSH[filled_RS] = region_RSH[filled_RS].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
+        else:
+            for src, n in enumerate(recv_R.tolist()):
+                if n > 0:
+                    if not payload_in_workspace:
+                        region_RSH[src, :n] = payload_RSH[src, :n]
+                    if use_low_precision:
+                        region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
     _post_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected)
     _wait_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected, "combine", timeout_s)
     if Hooks.before_combine_read is not None:
