@@ -209,9 +209,11 @@ class _Segment:
                 if done == self.round:
                     return
                 word, watch = self.done, [0]
-            lost = int(self.lost[0])  # whom the first member found gone, before it left too
-            gone = [lost - 1] if lost else [p for p in (self.left_W != 0).nonzero().flatten().tolist()
-                                            if p in missing or p == 0]
+            left = [p for p in (self.left_W != 0).nonzero().flatten().tolist() if p in missing or p == 0]
+            # Read after the left words: the first member writes whom it found gone before it
+            # leaves, so a member that sees it left also sees that (x86 keeps loads in order).
+            lost = int(self.lost[0])
+            gone = [lost - 1] if lost else left
             now = time.monotonic()
             if not gone and now >= next_pid_check:
                 gone = [p for p in watch if not _alive(int(self.pid_W[p]))]
