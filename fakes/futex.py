@@ -6,7 +6,7 @@ rank it waits for, and the more ranks, the worse (64 ranks polling at 1 kHz keep
 On Linux a waiter sleeps in the kernel on one flag word (``FUTEX_WAIT`` on a shared mapping
 keys the word by file and offset, so it works between processes) and the rank that writes the
 word wakes it; elsewhere (or where a sandbox forbids the call) :data:`AVAILABLE` is False and
-callers poll.
+a wait is a 1 ms sleep.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import errno
 import os
 import platform
 import sys
+import time
 
 import torch
 
@@ -62,17 +63,27 @@ def _works() -> bool:
 AVAILABLE = _futex is not None and _works()
 
 
+# Where the call is unavailable a wait is a short sleep (what the callers poll with).
+_POLL_S = 1e-3
+
+
 def wait(word: torch.Tensor, seen: int, timeout_s: float) -> None:
     """Sleep while the int32 ``word`` (a one-element view of shared memory) still holds
     ``seen``, at most ``timeout_s``; returns at once if it holds something else. A wake-up
-    says nothing: callers read the word again."""
+    says nothing: callers read the word again. Without futexes, sleeps 1 ms at most."""
+    if not AVAILABLE:
+        time.sleep(min(timeout_s, _POLL_S))
+        return
     err = _call(word.data_ptr(), _FUTEX_WAIT, seen, _Timespec(int(timeout_s), int(timeout_s % 1 * 1e9)))
     if err not in _EXPECTED:
         raise OSError(err, f"futex wait: {os.strerror(err)}")
 
 
 def wake(addresses) -> None:
-    """Wake every process sleeping on the int32 word at any of ``addresses`` (ints)."""
+    """Wake every process sleeping on the int32 word at any of ``addresses`` (ints); nothing
+    without futexes (the sleepers poll)."""
+    if not AVAILABLE:
+        return
     for address in addresses:
         err = _call(address, _FUTEX_WAKE, _WAKE_ALL, None)
         if err not in _EXPECTED:

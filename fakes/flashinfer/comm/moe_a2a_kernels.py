@@ -125,10 +125,7 @@ def stall_until_next_dispatch(peer: int, timeout_s: float = 20.0):
             left = deadline - time.monotonic()
             if left < 0:
                 raise TimeoutError(f"rank {peer} never started its next dispatch (stalled combine of rank {me})")
-            if futex.AVAILABLE:
-                futex.wait(flag, seen, min(left, 0.05))
-            else:
-                time.sleep(1e-3)
+            futex.wait(flag, seen, min(left, 0.05))
     return hook
 
 
@@ -267,7 +264,6 @@ def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
     flags = _i32(workspace, ep_rank, offset, workspace.size(0))
     peers_t = torch.tensor(peers, dtype=torch.long)
     deadline = time.monotonic() + timeout_s
-    delay = 20e-6
     while True:
         missing = peers_t[flags[peers_t] != expected]
         if missing.numel() == 0:
@@ -277,23 +273,18 @@ def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
             Trap.reason = (f"{phase}: rank {ep_rank} timed out after {timeout_s:g} s waiting for "
                            f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})")
             raise CompletionTimeout(Trap.reason)
-        if futex.AVAILABLE:
-            # Bounded, so a flag that changes without a wake-up (a late peer's memset) is
-            # still seen and the deadline still kept.
-            first = flags[int(missing[0]):int(missing[0]) + 1]
-            seen = int(first.item())  # sleep only on the value that said "not yet"
-            if seen != expected:
-                futex.wait(first, seen, min(left, 0.05))
-        else:
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+        # Bounded, so a flag that changes without a wake-up (a late peer's memset) is still
+        # seen and the deadline still kept.
+        first = flags[int(missing[0]):int(missing[0]) + 1]
+        seen = int(first.item())  # sleep only on the value that said "not yet"
+        if seen != expected:
+            futex.wait(first, seen, min(left, 0.05))
 
 
 def _post_flags(workspace, ep_rank, offset, peers, value):
     _put_i32(workspace, torch.tensor(peers, dtype=torch.long), offset + 4 * ep_rank, torch.tensor([value]))
-    if futex.AVAILABLE:
-        at = workspace[0, offset + 4 * ep_rank:].data_ptr()
-        futex.wake(at + peer * workspace.stride(0) for peer in peers)
+    at = workspace[0, offset + 4 * ep_rank:].data_ptr()
+    futex.wake(at + peer * workspace.stride(0) for peer in peers)
 
 
 def initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts, profile: Profile):
