@@ -53,6 +53,18 @@ def _owner_gone(name: str) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: not gone and, where ``/proc`` tells, not a zombie (a dead
+    process its parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return not Path("/proc/self").exists() and _signal_reaches(pid)
+    except (ProcessLookupError, IndexError):
+        return False
+
+
+def _signal_reaches(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import rankprogs
-from fakes.arena import SHM_DIR, ShmArena, scenario_prefix, sweep_orphans
+from fakes.arena import SHM_DIR, ShmArena, pid_alive, scenario_prefix, sweep_orphans
 from testbed.cluster.pool import RankFailedError
 from testbed.cluster.layout import ParallelLayout
 
@@ -78,3 +79,12 @@ def test_arena_sweep_orphans_removes_only_dead_owners():
     finally:
         orphan.unlink(missing_ok=True)
         mine.unlink(missing_ok=True)
+
+
+def test_arena_pid_alive_counts_a_zombie_as_dead():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert pid_alive(os.getpid())
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: a zombie
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert not pid_alive(child.pid)

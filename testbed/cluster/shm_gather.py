@@ -29,7 +29,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import _create_work_from_future
 
 from fakes import futex
-from fakes.arena import ShmArena
+from fakes.arena import ShmArena, pid_alive
 
 SLOT_BYTES = 64 << 10  # larger all-gathers stay on gloo
 _SLOT_HEADER = 16  # int64 bytes sent, int64 dtype code
@@ -216,7 +216,7 @@ class _Segment:
             gone = [lost - 1] if lost else left
             now = time.monotonic()
             if not gone and now >= next_pid_check:
-                gone = [p for p in watch if not _alive(int(self.pid_W[p]))]
+                gone = [p for p in watch if not pid_alive(int(self.pid_W[p]))]
                 next_pid_check = now + _PID_CHECK_S
             if gone:
                 if lead:
@@ -241,12 +241,3 @@ class _Segment:
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
-
-
-def _alive(pid: int) -> bool:
-    """Not gone and not a zombie (a dead rank its parent has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
