@@ -20,10 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from impl.backend import resolve_backend
-from impl.factory import make_manager
-from impl.parallel import ONE_SIDED, ParallelConfig
-from testbed.scenario.moe import MoECase, rank_device, rank_inputs
+from testbed.scenario.moe import MoECase, one_sided_manager, rank_api, rank_device, rank_inputs
 from testbed.scenario.reference import local_experts
 
 INVALID_ID = -1
@@ -61,21 +58,9 @@ def one_side(ctx, case: MoECase, backend: str, *, profile: str = "0.7.2", slot_o
     """``case`` through ``backend``'s ``MoeAlltoAll`` on this rank (``profile`` and
     ``slot_order``: the fake's)."""
     R, me = ctx.layout.ep_size, ctx.coords.ep_rank
-    if backend == "fake":
-        from fakes.flashinfer import profiles
-        from fakes.flashinfer.comm import moe_a2a_kernels as kernels
-
-        before = profiles.active().name, kernels.SlotOrder.mode, kernels.SlotOrder.seed
-        ctx.add_cleanup(lambda: (profiles.set_profile(before[0]),
-                                 setattr(kernels.SlotOrder, "mode", before[1]), setattr(kernels.SlotOrder, "seed", before[2])))
-        api = resolve_backend("fake", profile=profile)
-        kernels.SlotOrder.mode, kernels.SlotOrder.seed = slot_order, ctx.seed
-    else:
-        api = resolve_backend(backend)
     device = rank_device(ctx, backend)
+    manager = one_sided_manager(ctx, rank_api(ctx, backend, profile, slot_order))
     S, K, H = case.max_tokens, case.top_k, case.hidden
-    parallel = ParallelConfig(tp=1, dp=R, all2all_backend=ONE_SIDED, sequence_parallel_moe=False)
-    manager = make_manager(parallel, api, ctx.groups["ep"], "comm")
     manager.initialize(max_num_tokens=S, top_k=K, num_experts=case.num_experts, hidden_size=H,
                        x_bytes_per_token=2 * H, x_sf_bytes_per_token=0)
     try:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import torch
 
 from impl.backend import resolve_backend
-from impl.factory import make_manager
-from impl.parallel import ONE_SIDED, ParallelConfig
-from testbed.scenario.moe import rank_device
+from testbed.scenario.moe import one_sided_manager, rank_api, rank_device
 
 
 def add_backend_arguments(parser) -> None:
@@ -46,10 +44,8 @@ def check_backend(args) -> None:
 def rank_manager(ctx, backend: str, profile: str):
     """This rank's device and a one-sided manager (``MoeAlltoAll``) of ``backend`` over the EP
     group, not yet initialized."""
-    api = resolve_backend("fake", profile=profile) if backend == "fake" else resolve_backend(backend)
+    api = rank_api(ctx, backend, profile)
     if not api.has("comm"):
         raise RuntimeError(f"flashinfer {api.root.__version__} has no MoeAlltoAll (0.7.4 moved it to moe_ep): "
                            "this benchmark drives MoeAlltoAll")
-    R = ctx.layout.ep_size
-    parallel = ParallelConfig(tp=1, dp=R, all2all_backend=ONE_SIDED, sequence_parallel_moe=False)
-    return rank_device(ctx, backend), make_manager(parallel, api, ctx.groups["ep"], "comm")
+    return rank_device(ctx, backend), one_sided_manager(ctx, api)

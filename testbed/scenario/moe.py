@@ -152,14 +152,7 @@ def run_layers(ctx, stages: tuple[tuple[MoECase, ...], ...], *, kind: str = "one
     device = rank_device(ctx, backend)
     if mutant:
         ctx.add_cleanup(mutants.apply(mutant))
-    if backend == "fake":
-        from fakes.flashinfer.comm import moe_a2a_kernels
-
-        api = resolve_backend("fake", profile=profile)
-        moe_a2a_kernels.SlotOrder.mode = slot_order
-        moe_a2a_kernels.SlotOrder.seed = ctx.seed
-    else:
-        api = resolve_backend(backend)
+    api = rank_api(ctx, backend, profile, slot_order)
     ep_group = ctx.groups["ep"]
     layers = stages[ctx.coords.pp_rank]
     result = LayersResult(dp_rank=ctx.coords.dp_rank)
@@ -212,6 +205,32 @@ def forward_layer(ctx, pf, case: MoECase, device: Optional[torch.device] = None)
     counts = forward_pass_token_counts(ep_group, ctx.coords.dp_rank, ctx.layout.dp, x_TH.size(0))
     with forward_context(counts):
         return case_layer(ctx, pf, case)(x_TH, w_TK, ids_TK)
+
+
+def rank_api(ctx, backend: str, profile: str = "0.7.2", slot_order: str = "shuffled"):
+    """The FlashInfer ``backend`` names, on this rank; for the fake, release ``profile`` and
+    ``slot_order`` (seeded with the scenario's seed) until the scenario ends."""
+    if backend != "fake":
+        return resolve_backend(backend)
+    from fakes.flashinfer import profiles
+    from fakes.flashinfer.comm import moe_a2a_kernels as kernels
+
+    before = profiles.active().name, kernels.SlotOrder.mode, kernels.SlotOrder.seed
+
+    def restore() -> None:
+        profiles.set_profile(before[0])
+        kernels.SlotOrder.mode, kernels.SlotOrder.seed = before[1:]
+
+    ctx.add_cleanup(restore)
+    api = resolve_backend("fake", profile=profile)
+    kernels.SlotOrder.mode, kernels.SlotOrder.seed = slot_order, ctx.seed
+    return api
+
+
+def one_sided_manager(ctx, api) -> OneSidedManager:
+    """``api``'s one-sided manager (``MoeAlltoAll``) over this rank's EP group, not yet
+    initialized, as vLLM's one-sided backend makes it."""
+    return make_manager(_parallel(ctx, "one_sided"), api, ctx.groups["ep"], "comm")
 
 
 def rank_device(ctx, backend: str) -> torch.device:

@@ -20,10 +20,8 @@ import torch
 import torch.distributed as dist
 
 from fakes.flashinfer import moe_ep, profiles
-from fakes.flashinfer.comm import moe_a2a_kernels
 from fakes.flashinfer.comm import trtllm_alltoall as two_sided_mod
 from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
-from impl.backend import resolve_backend
 from impl.experts import QuantizedWeights, TrtLlmExperts
 from impl.factory import make_manager, make_prepare_finalize
 from impl.formats import dispatch_layout
@@ -32,7 +30,7 @@ from impl.moe_layer import MoELayer, MoELayerConfig
 from testbed.scenario import audit, mutants
 from testbed.scenario.experts import Experts
 from testbed.scenario.model import Scenario
-from testbed.scenario.moe import forward_pass_token_counts, quant_config
+from testbed.scenario.moe import forward_pass_token_counts, quant_config, rank_api
 from testbed.scenario.reference import (
     ACT_DTYPE,
     expert_weight,
@@ -165,11 +163,7 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
 
 
 def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
-    profile_before, slot_before = profiles.active().name, (moe_a2a_kernels.SlotOrder.mode,
-                                                           moe_a2a_kernels.SlotOrder.seed)
-    api = resolve_backend("fake", profile=sc.profile)
-    moe_a2a_kernels.SlotOrder.mode = sc.slot_order
-    moe_a2a_kernels.SlotOrder.seed = sc.seed
+    api = rank_api(ctx, "fake", sc.profile, sc.slot_order)  # ctx.seed is the scenario's
     ep_ranks = ctx.group_ranks["ep"]
     absent = profiles.active().absent_modules
     restores = []
@@ -188,8 +182,6 @@ def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
     def restore():
         for undo in restores:
             undo()
-        moe_a2a_kernels.SlotOrder.mode, moe_a2a_kernels.SlotOrder.seed = slot_before
-        profiles.set_profile(profile_before)
 
     ctx.add_cleanup(restore)
     return api
