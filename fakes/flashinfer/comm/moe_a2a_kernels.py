@@ -257,15 +257,14 @@ def _switch_top_k(top_k: int, launch: str, profile: Profile) -> None:
         raise RuntimeError(f"Error in function '{launch}' at {KERNELS_CU}: Unsupported top_k")
 
 
-def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
+def _wait_flags(workspace, ep_rank, offset, peers_P, expected, phase, timeout_s):
     """Wait until every peer wrote ``expected`` into our completion flags (the kernel spins;
     here a rank sleeps on the first missing flag, see :mod:`fakes.futex`); past ``timeout_s``
     the kernel traps."""
     flags = _i32(workspace, ep_rank, offset, workspace.size(0))
-    peers_t = torch.tensor(peers, dtype=torch.long)
     deadline = time.monotonic() + timeout_s
     while True:
-        missing = peers_t[flags[peers_t] != expected]
+        missing = peers_P[flags[peers_P] != expected]
         if missing.numel() == 0:
             return
         left = deadline - time.monotonic()
@@ -281,10 +280,15 @@ def _wait_flags(workspace, ep_rank, offset, peers, expected, phase, timeout_s):
             futex.wait(first, seen, min(left, 0.05))
 
 
-def _post_flags(workspace, ep_rank, offset, peers, value):
-    _put_i32(workspace, torch.tensor(peers, dtype=torch.long), offset + 4 * ep_rank, torch.tensor([value]))
+def _active_peers(active, ep_size: int) -> torch.Tensor:
+    """The ranks a round exchanges flags with: every rank, or those ``active`` marks."""
+    return torch.tensor([r for r in range(ep_size) if active is None or active[r]], dtype=torch.long)
+
+
+def _post_flags(workspace, ep_rank, offset, peers_P, value):
+    _put_i32(workspace, peers_P, offset + 4 * ep_rank, torch.tensor([value]))
     at = workspace[0, offset + 4 * ep_rank:].data_ptr()
-    futex.wake(at + peer * workspace.stride(0) for peer in peers)
+    futex.wake(at + peer * workspace.stride(0) for peer in peers_P.tolist())
 
 
 def initialize(workspace, ep_rank, ep_size, max_num_tokens, eplb_stats_num_experts, profile: Profile):
@@ -400,7 +404,7 @@ def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, 
     flag = _i32(workspace, me, regions.FLAG_VAL, 1)
     flag += 1
     expected = int(flag.item())
-    peers = [r for r in range(ep_size) if active is None or active[r]]
+    peers_P = _active_peers(active, ep_size)
 
     # moeA2ADispatchKernel: one send per unique target rank, the first lane wins.
     expert_TK = (ids_TK >= 0) & (ids_TK < num_experts) if invalid_ids_route_nowhere else torch.ones_like(
@@ -441,13 +445,12 @@ def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, 
                 for data_TB, block_RSB in blocks:
                     torch.index_select(data_TB, 0, tok_by_slot[first_R[r]:first_R[r] + n], out=block_RSB[r, :n])
     recv_at = _recv_counters_at(regions, ep_size, recv_parity)
-    peers_P = torch.tensor(peers, dtype=torch.long)
     _put_i32(workspace, peers_P, recv_at + 4 * me, counts_R[peers_P, None])
     if eplb_local_stats is not None and eplb_local_stats.size(0):
         n_eplb = eplb_local_stats.size(0)
         _put_i32(workspace, peers_P, regions.EPLB_GATHERED_STATS + 4 * me * n_eplb, eplb_local_stats[None])
-    _post_flags(workspace, me, regions.DISPATCH_FLAGS, peers, expected)
-    _wait_flags(workspace, me, regions.DISPATCH_FLAGS, peers, expected, "dispatch", timeout_s)
+    _post_flags(workspace, me, regions.DISPATCH_FLAGS, peers_P, expected)
+    _wait_flags(workspace, me, regions.DISPATCH_FLAGS, peers_P, expected, "dispatch", timeout_s)
     return expected
 
 
@@ -514,29 +517,20 @@ def get(payload_RSH, T, workspace, regions: "Regions", combine_offset, me, ep_si
     if given)."""
     H = payload_RSH.size(2)
     payload_bytes = payload_RSH.numel() * payload_RSH.element_size()
-    peers = [r for r in range(ep_size) if active is None or active[r]]
+    peers_P = _active_peers(active, ep_size)
     flag = _i32(workspace, me, regions.FLAG_VAL, 1)
     flag += 1
     expected = int(flag.item())
     region_RSH = workspace[me, combine_offset:combine_offset + payload_bytes].view(payload_RSH.dtype).view(ep_size, -1, H)
-    recv_R = _i32(workspace, me, _recv_counters_at(regions, ep_size, recv_parity), ep_size)
-    if not payload_in_workspace or use_low_precision:
-        filled_RS = torch.arange(region_RSH.size(1))[None, :] < recv_R[:, None]
-        sources = int((recv_R > 0).sum())
-        if _one_indexed_copy(int(filled_RS.sum()) * region_RSH.size(2) * region_RSH.element_size(), sources):
+    recv_R = _i32(workspace, me, _recv_counters_at(regions, ep_size, recv_parity), ep_size).tolist()
+    for src, n in enumerate(recv_R):
+        if n > 0:
             if not payload_in_workspace:
-                region_RSH[filled_RS] = payload_RSH[filled_RS]
+                region_RSH[src, :n] = payload_RSH[src, :n]
             if use_low_precision:
-                region_RSH[filled_RS] = region_RSH[filled_RS].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
-        else:
-            for src, n in enumerate(recv_R.tolist()):
-                if n > 0:
-                    if not payload_in_workspace:
-                        region_RSH[src, :n] = payload_RSH[src, :n]
-                    if use_low_precision:
-                        region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
-    _post_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected)
-    _wait_flags(workspace, me, regions.COMBINE_FLAGS, peers, expected, "combine", timeout_s)
+                region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
+    _post_flags(workspace, me, regions.COMBINE_FLAGS, peers_P, expected)
+    _wait_flags(workspace, me, regions.COMBINE_FLAGS, peers_P, expected, "combine", timeout_s)
     if Hooks.before_combine_read is not None:
         Hooks.before_combine_read(workspace, me, regions)
 
@@ -551,11 +545,11 @@ def get(payload_RSH, T, workspace, regions: "Regions", combine_offset, me, ep_si
     row, S = H * payload_RSH.element_size(), payload_RSH.size(1)
     blocks_RSB = _blocks(workspace, combine_offset + me * S * row, S, row)
     acc_TH = torch.zeros(T, H, dtype=torch.float32)
-    peers_P = torch.unique(tgt)
-    if _one_indexed_copy(tok.numel() * row, peers_P.numel()):
+    targets = torch.unique(tgt)
+    if _one_indexed_copy(tok.numel() * row, targets.numel()):
         acc_TH.index_add_(0, tok, blocks_RSB[tgt, send].view(payload_RSH.dtype).float())
     else:  # per peer
-        for r in peers_P.tolist():
+        for r in targets.tolist():
             sel = (tgt == r).nonzero().flatten()
             acc_TH.index_add_(0, tok[sel], blocks_RSB[r].view(payload_RSH.dtype).index_select(0, send[sel]).float())
     if output is None:
