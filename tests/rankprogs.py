@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
@@ -94,9 +95,9 @@ def all_gathers(ctx, seed: int) -> tuple[int, int]:
     all_gather_object and the calls torch and gloo refuse, on every group; every rank rebuilds
     every member's input from the seed. Returns how many gathers were checked and how many
     went through shared memory."""
-    from testbed.cluster import shm_gather
+    from testbed.cluster import shm_collectives
 
-    rounds_before = sum(seg.round for seg in shm_gather._groups.values())
+    rounds_before = sum(seg.round for seg in shm_collectives._groups.values())
     checked = 0
     for kind, group in ctx.groups.items():
         members = ctx.group_ranks[kind]
@@ -134,7 +135,73 @@ def all_gathers(ctx, seed: int) -> tuple[int, int]:
             else:
                 raise AssertionError(f"{kind}: all_gather took {[tuple(o.shape) for o in outs]} from {tuple(x.shape)}")
             checked += 1
-    return checked, sum(seg.round for seg in shm_gather._groups.values()) - rounds_before
+    return checked, sum(seg.round for seg in shm_collectives._groups.values()) - rounds_before
+
+
+def _wrapped(value: int, dtype: torch.dtype) -> int:
+    """``value`` as a ``dtype`` integer holds it: modulo 2**bits, signed where the dtype is."""
+    bits = torch.iinfo(dtype).bits
+    value %= 1 << bits
+    return value - (1 << bits) if torch.iinfo(dtype).min < 0 and value >= 1 << (bits - 1) else value
+
+
+_INT_OPS = {
+    dist.ReduceOp.SUM: lambda a, b: a + b, dist.ReduceOp.PRODUCT: lambda a, b: a * b,
+    dist.ReduceOp.MIN: min, dist.ReduceOp.MAX: max, dist.ReduceOp.BAND: lambda a, b: a & b,
+    dist.ReduceOp.BOR: lambda a, b: a | b, dist.ReduceOp.BXOR: lambda a, b: a ^ b,
+}
+
+
+def all_reduces(ctx, seed: int) -> tuple[int, int]:
+    """all_reduce of every integer dtype gloo takes with every exact operation (values over the
+    whole range, so sums and products wrap), 0-d, strided and asynchronous, plus a float sum
+    (gloo's), on every group; checked against Python integers element by element. Then
+    all_gather_object with one member's object larger than a slot (every member falls back to
+    torch's together). Returns how many calls were checked and how many rounds went through
+    shared memory."""
+    from testbed.cluster import shm_collectives
+
+    rounds_before = sum(seg.round for seg in shm_collectives._groups.values())
+    checked = 0
+    for kind, group in ctx.groups.items():
+        members = ctx.group_ranks[kind]
+        for dtype in (torch.uint8, torch.int8, torch.int32, torch.int64):
+            info = torch.iinfo(dtype)
+            for op, fold in _INT_OPS.items():
+                for shape, step, async_op in (((5,), 1, False), ((), 1, False), ((3, 2), 2, False), ((4,), 1, True)):
+                    def make(r):
+                        g = torch.Generator().manual_seed(seed * 7919 + r * 31 + len(shape) + step)
+                        n = max(1, torch.Size(shape).numel()) * step
+                        values = torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64)
+                        return values.to(dtype)[::step].reshape(shape)
+                    inputs = [make(r) for r in members]
+                    want = [_wrapped(functools.reduce(fold, (int(x.reshape(-1)[i]) for x in inputs)), dtype)
+                            for i in range(inputs[0].numel())]
+                    mine = make(ctx.rank)
+                    work = dist.all_reduce(mine, op=op, group=group, async_op=async_op)
+                    if async_op:
+                        work.wait()
+                    assert mine.reshape(-1).tolist() == want, (kind, dtype, op, shape, step)
+                    checked += 1
+        floats = [_gather_input(seed, r, torch.float32, 6) for r in members]
+        got = _gather_input(seed, ctx.rank, torch.float32, 6)
+        dist.all_reduce(got, group=group)
+        assert torch.allclose(got.double(), torch.stack(floats).double().sum(0), atol=1e-5), kind
+        checked += 1
+        big = ctx.rank == members[0]
+        objs = [None] * len(members)
+        dist.all_gather_object(objs, bytes(100_000) if big else ctx.rank, group=group)
+        assert objs == [bytes(100_000) if r == members[0] else r for r in members], kind
+        checked += 1
+    return checked, sum(seg.round for seg in shm_collectives._groups.values()) - rounds_before
+
+
+def different_calls(ctx) -> None:
+    """Rank 0 gathers objects where rank 1 all-reduces: both reach the segment, out of step."""
+    if ctx.rank == 0:
+        dist.all_gather_object([None] * ctx.world_size, "x")
+    else:
+        dist.all_reduce(torch.zeros(3, dtype=torch.int32))
 
 
 def gather_after_peer_leaves(ctx, how: str) -> None:

@@ -37,7 +37,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from fakes.arena import ShmArena, unlink_prefix
-from testbed.cluster import shm_gather
+from testbed.cluster import shm_collectives
 from testbed.cluster.layout import GROUP_KINDS, ParallelLayout, RankCoords
 
 EXIT_PARENT_GONE = 3
@@ -121,7 +121,7 @@ def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
 
     torch.set_num_threads(1)
     _keep_freed_memory()
-    shm_gather.install()
+    shm_collectives.install()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if initializer is not None:
         initializer()
@@ -243,14 +243,14 @@ def _keepable(state: _State) -> bool:
     import torch.distributed as dist
 
     return (len(dist.distributed_c10d._world.pg_map) == state.process_groups
-            and len(state.groups_by_members) <= MAX_KEPT_GROUPS and shm_gather.healthy())
+            and len(state.groups_by_members) <= MAX_KEPT_GROUPS and shm_collectives.healthy())
 
 
 def _leave_world(state: _State) -> None:
     import torch.distributed as dist
 
     state.world, state.groups_by_members = None, {}
-    shm_gather.leave_all()
+    shm_collectives.leave_all()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -288,7 +288,7 @@ def rank_context(name: str, layout: ParallelLayout, rank: int, timeout: timedelt
     world = tuple(range(layout.world_size))
     if world not in by_members:
         by_members[world] = dist.group.WORLD
-        shm_gather.attach(dist.group.WORLD, world, arena, timeout.total_seconds())
+        shm_collectives.attach(dist.group.WORLD, world, arena, timeout.total_seconds())
     for kind in GROUP_KINDS:
         members = layout.group_of(kind, rank)
         if members not in by_members:
@@ -297,7 +297,7 @@ def rank_context(name: str, layout: ParallelLayout, rank: int, timeout: timedelt
             by_members[members] = dist.new_group(
                 list(members), timeout=timeout, use_local_synchronization=True
             )
-            shm_gather.attach(by_members[members], members, arena, timeout.total_seconds())
+            shm_collectives.attach(by_members[members], members, arena, timeout.total_seconds())
         groups[kind] = by_members[members]
         group_ranks[kind] = members
     arena.activate()

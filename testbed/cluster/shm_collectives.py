@@ -1,17 +1,27 @@
-"""All-gather over shared memory for the rank pool's process groups.
+"""All-gather, all-gather-object and exact all-reduce over shared memory for the rank pool's groups.
 
 gloo's all-gather is a ring: W - 1 dependent hops, each waking every rank, so on a laptop's two
 cores one all-gather costs O(W^2) context switches (20 ms at 8 ranks, 230 ms at 64; gloo's
-all-to-all is no better). ``impl``'s communicator and FlashInfer's workspace exchange call it,
-as ``all_gather_object``, at every layer build: half of a 64-rank scenario. Here each member
-of a group writes its tensor into its slot of a segment the members mapped when the group was
+all-to-all is no better, and its all-reduce of a small tensor took 5 ms at 64). ``impl``'s
+communicator and FlashInfer's workspace exchange call ``all_gather_object`` at every layer
+build, and every forward starts with an all-reduce of the DP token counts. Here each member
+of a group writes its bytes into its slot of a segment the members mapped when the group was
 made and publishes the round number; the first member waits for every round word and wakes the
-others with one word. Same results bit for bit, same checks and messages as torch and gloo
-(every output the input's shape and dtype), same timeout, asynchronous calls served at once; a
-member that left its group (raised) or died fails the others, as gloo's closed connections do.
-Every other collective stays on gloo, and so does an all-gather of a dtype gloo refuses or of
-more than a slot: what decides is what every member passes alike (the outputs), never one
-member's own arguments, so the members never split between the two.
+others with one word.
+
+- ``all_gather``: same results bit for bit, same checks and messages as torch and gloo (every
+  output the input's shape and dtype), asynchronous calls served at once.
+- ``all_gather_object``: one round of pickled bytes (torch's takes two: the sizes, then the
+  padded bytes, then a tensor per member); the same pickler, so the same objects.
+- ``all_reduce`` of integer tensors with an exact operation (sum, product, min, max, bitwise):
+  every member reduces the gathered rows itself. Exact, so bit for bit what gloo's order gives;
+  a floating-point reduction stays on gloo, whose summation order it would not reproduce.
+
+Same timeout; a member that left its group (raised) or died fails the others, as gloo's closed
+connections do. Every other collective stays on gloo, and so does a call of a dtype gloo
+refuses or of more than a slot: what decides is what every member passes alike (the outputs,
+the reduced tensor's shape and dtype and the operation, or every member's object size once
+gathered), never one member's own arguments, so the members never split between the two.
 
 Only the pool's ranks use it (they share one host); launched ranks (torchrun, possibly over
 several nodes) keep gloo's. Legend: W members of the group.
@@ -19,7 +29,9 @@ several nodes) keep gloo's. Legend: W members of the group.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import os
 import time
 
@@ -31,35 +43,48 @@ from torch._C._distributed_c10d import _create_work_from_future
 from fakes import futex
 from fakes.arena import ShmArena, pid_alive
 
-SLOT_BYTES = 64 << 10  # larger all-gathers stay on gloo
-_SLOT_HEADER = 16  # int64 bytes sent, int64 dtype code
+SLOT_BYTES = 64 << 10  # larger calls stay on gloo
+_SLOT_HEADER = 16  # int64 bytes sent, int64 dtype code (_OBJECT for pickled bytes)
+_OBJECT = 0
 # The dtypes gloo gathers (it refuses int16, uint16/32/64 and fp8: "Invalid scalar type").
 _DTYPES = {dtype: code for code, dtype in enumerate(
     (torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
      torch.float64, torch.bool, torch.complex64, torch.complex128), start=1)}
 _PID_CHECK_S = 0.05
+_REDUCE_DTYPES = (torch.uint8, torch.int8, torch.int32, torch.int64)
+_R = dist.ReduceOp.RedOpType
+# On the gathered [W, ...] rows.
+_REDUCE = {
+    _R.SUM: lambda rows: rows.sum(0), _R.PRODUCT: lambda rows: rows.prod(0),
+    _R.MIN: lambda rows: rows.amin(0), _R.MAX: lambda rows: rows.amax(0),
+    _R.BAND: lambda rows: functools.reduce(torch.bitwise_and, rows.unbind(0)),
+    _R.BOR: lambda rows: functools.reduce(torch.bitwise_or, rows.unbind(0)),
+    _R.BXOR: lambda rows: functools.reduce(torch.bitwise_xor, rows.unbind(0)),
+}
+_SERVED = ("all_gather", "all_gather_object", "all_reduce")
 
 _groups: dict[int, "_Segment"] = {}  # id(group) -> its segment (which holds the group)
-_gloo_all_gather = None
+_torch: dict = {}  # name -> torch's own function, once installed
 _failed = False  # a gather failed since the groups were attached: the world must not be kept
 
 
 def install() -> None:
-    """Route ``torch.distributed.all_gather`` (and so ``all_gather_object``) on the groups
-    given to :func:`attach` through their segments, in this process (idempotent). Does
-    nothing where :mod:`fakes.futex` is unavailable."""
-    global _gloo_all_gather
-    if _gloo_all_gather is not None or not futex.AVAILABLE:
+    """Route ``torch.distributed``'s ``all_gather``, ``all_gather_object`` and ``all_reduce``
+    on the groups given to :func:`attach` through their segments, in this process
+    (idempotent). Does nothing where :mod:`fakes.futex` is unavailable."""
+    if _torch or not futex.AVAILABLE:
         return
-    _gloo_all_gather = c10d.all_gather
-    c10d.all_gather = dist.all_gather = _all_gather
+    for name in _SERVED:
+        _torch[name] = getattr(c10d, name)
+        setattr(c10d, name, globals()["_" + name])
+        setattr(dist, name, globals()["_" + name])
 
 
 def attach(group, members: tuple[int, ...], arena: ShmArena, timeout_s: float) -> None:
     """Collective over ``group`` (global ranks ``members``, in group order): its first member
     creates the group's segment in ``arena``, every member maps it, then the name goes (the
     mappings stay). Nothing for a one-member group or where :func:`install` did nothing."""
-    if _gloo_all_gather is None or len(members) < 2:
+    if not _torch or len(members) < 2:
         return
     W, me = len(members), dist.get_rank(group)
     key = "gather-" + hashlib.sha1(repr(members).encode()).hexdigest()[:16]
@@ -93,10 +118,14 @@ def leave_all() -> None:
     _failed = False
 
 
+def _segment(group) -> "_Segment | None":
+    return _groups.get(id(group if group is not None else dist.group.WORLD))
+
+
 def _all_gather(tensor_list, tensor, group=None, async_op=False):
-    segment = _groups.get(id(group if group is not None else dist.group.WORLD))
+    segment = _segment(group)
     if segment is None or not segment.serves(tensor_list):
-        return _gloo_all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        return _torch["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
     c10d._check_tensor_list(tensor_list, "tensor_list")
     c10d._check_single_tensor(tensor, "tensor")
     c10d._ensure_all_tensors_same_dtype(tensor_list, tensor)
@@ -104,17 +133,43 @@ def _all_gather(tensor_list, tensor, group=None, async_op=False):
         if out.shape != tensor.shape:
             raise RuntimeError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
                                f"(expected {_shape(tensor)}, got {_shape(out)})")
-    global _failed
-    try:
-        segment.gather(tensor_list, tensor)
-    except BaseException:
-        _failed = True
-        raise
-    if async_op:
-        done = torch.futures.Future()
-        done.set_result(tensor_list)
-        return _create_work_from_future(done)
-    return None
+    segment.gather(tensor_list, tensor)
+    return _done(tensor_list) if async_op else None
+
+
+def _all_gather_object(object_list, obj, group=None):
+    segment = _segment(group)
+    if segment is None:
+        return _torch["all_gather_object"](object_list, obj, group=group)
+    f = io.BytesIO()
+    c10d._pickler(f).dump(obj)
+    sizes_W, flat = segment.exchange(torch.frombuffer(bytearray(f.getvalue()), dtype=torch.uint8), _OBJECT)
+    if max(sizes_W) > SLOT_BYTES:  # every member read the same sizes: all go to gloo together
+        return _torch["all_gather_object"](object_list, obj, group=group)
+    row = _SLOT_HEADER + SLOT_BYTES
+    for p, n in enumerate(sizes_W):
+        object_list[p] = c10d._unpickler(io.BytesIO(flat[p * row + _SLOT_HEADER:p * row + _SLOT_HEADER + n])).load()
+
+
+def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    segment = _segment(group)
+    reduce = _REDUCE.get(op) if isinstance(op, _R) else None
+    if (segment is None or reduce is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu
+            or tensor.dtype not in _REDUCE_DTYPES or tensor.nbytes > SLOT_BYTES
+            or segment.group in c10d._world.pg_coalesce_state):
+        return _torch["all_reduce"](tensor, op=op, group=group, async_op=async_op)
+    c10d._check_single_tensor(tensor, "tensor")
+    rows = torch.empty((len(segment.members), *tensor.shape), dtype=tensor.dtype)
+    segment.gather(list(rows.unbind(0)), tensor)
+    tensor.copy_(reduce(rows))  # a wider result wraps back on the copy, as gloo wraps
+    return _done(tensor) if async_op else None
+
+
+def _done(result):
+    """A completed work handle (the call already finished), as ``async_op=True`` returns."""
+    done = torch.futures.Future()
+    done.set_result(result)
+    return _create_work_from_future(done)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -151,32 +206,48 @@ class _Segment:
         out = tensor_list[0]
         return isinstance(out, torch.Tensor) and out.is_cpu and out.dtype in _DTYPES and out.nbytes <= SLOT_BYTES
 
+    def exchange(self, payload: torch.Tensor, code: int) -> tuple[list[int], memoryview]:
+        """One round: publish ``payload`` (1-D uint8; only its size where it exceeds a slot)
+        and ``code``, wait for every member. Returns every member's size and the bank's bytes
+        (member ``p``'s payload at ``p * (header + slot) + header``). A member that sent
+        another code (another collective) is reported."""
+        global _failed
+        try:
+            self.round += 1
+            bank = self.slots[self.round % 2]
+            n = payload.numel()
+            bank[self.me, :_SLOT_HEADER].view(torch.int64)[:] = torch.tensor([n, code])
+            if n <= SLOT_BYTES:
+                bank[self.me, _SLOT_HEADER:_SLOT_HEADER + n] = payload
+            self.seq_W[self.me] = self.round  # after the data: x86 keeps stores in order
+            if self.me != 0:
+                futex.wake([self.seq_W[self.me:self.me + 1].data_ptr()])
+            self._wait()
+            header_W = bank[:, :_SLOT_HEADER].view(torch.int64).tolist()
+            other = next((p for p, (_, c) in enumerate(header_W) if c != code), None)
+            if other is not None:
+                self._fail(f"rank {self.members[other]} sent {_what(*header_W[other])}, rank "
+                           f"{self.members[self.me]} {_what(n, code)} (every member must make the same call)")
+        except BaseException:
+            _failed = True
+            raise
+        return [size for size, _ in header_W], memoryview(bank.numpy()).cast("B")
+
     def gather(self, tensor_list, tensor) -> None:
-        self.round += 1
+        n = tensor.nbytes
+        sizes_W, _ = self.exchange(_bytes(tensor.contiguous()), _DTYPES[tensor.dtype])
+        bad = next((p for p, size in enumerate(sizes_W) if size != n), None)
+        if bad is not None:
+            self._fail(f"rank {self.members[bad]} sent {sizes_W[bad]} bytes of {tensor.dtype}, rank "
+                       f"{self.members[self.me]} {n} bytes of {tensor.dtype} (every member must gather "
+                       "the same shape and dtype)")
         bank = self.slots[self.round % 2]
-        sent = _bytes(tensor.contiguous())
-        bank[self.me, :_SLOT_HEADER].view(torch.int64)[:] = torch.tensor([sent.numel(), _DTYPES[tensor.dtype]])
-        bank[self.me, _SLOT_HEADER:_SLOT_HEADER + sent.numel()] = sent
-        self.seq_W[self.me] = self.round  # after the data: x86 keeps stores in order
-        if self.me != 0:
-            futex.wake([self.seq_W[self.me:self.me + 1].data_ptr()])
-        self._wait()
-        n = sent.numel()
-        sent_W = bank[:, :_SLOT_HEADER].view(torch.int64)
-        bad = (sent_W != torch.tensor([n, _DTYPES[tensor.dtype]])).any(1).nonzero().flatten().tolist()
-        if bad:
-            got, code = sent_W[bad[0]].tolist()
-            got_dtype = next((d for d, c in _DTYPES.items() if c == code), "?")
-            raise RuntimeError(
-                f"all_gather on the group of ranks {list(self.members)}: rank {self.members[bad[0]]} sent "
-                f"{got} bytes of {got_dtype}, rank {self.members[self.me]} {n} bytes of {tensor.dtype} "
-                "(every member must gather the same shape and dtype)")
         first = tensor_list[0]
         at = first.data_ptr()
         if (all(out.is_contiguous() and out.data_ptr() == at + p * n for p, out in enumerate(tensor_list))
                 and first.storage_offset() * first.element_size() + len(tensor_list) * n
                 <= first.untyped_storage().nbytes()):
-            # Consecutive slices of the first one's memory (as all_gather_object passes): one copy.
+            # Consecutive slices of the first one's memory (as all_reduce passes): one copy.
             torch.as_strided(_bytes(first), (len(tensor_list), n), (n, 1)).copy_(
                 bank[:, _SLOT_HEADER:_SLOT_HEADER + n])
             return
@@ -236,7 +307,15 @@ class _Segment:
         return [self.members[p] for p in members]
 
     def _fail(self, why: str):
+        global _failed
+        _failed = True
         raise RuntimeError(f"all_gather on the group of ranks {list(self.members)}: {why}")
+
+
+def _what(size: int, code: int) -> str:
+    if code == _OBJECT:
+        return f"a {size}-byte object"
+    return f"{size} bytes of {next((d for d, c in _DTYPES.items() if c == code), '?')}"
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The rank pool's all-gather over shared memory: the collective's results, torch's and
-gloo's checks and messages, gloo's failure behaviour (a peer that left fails the others at
-once), a clear error where members gather different sizes."""
+"""The rank pool's collectives over shared memory: the results of all-gather, all-gather-object
+and exact all-reduce, torch's and gloo's checks and messages, gloo's failure behaviour (a peer
+that left fails the others at once), a clear error where members gather different sizes or
+make different calls."""
 
 from __future__ import annotations
 
@@ -18,15 +19,31 @@ pytestmark = pytest.mark.skipif(not futex.AVAILABLE, reason="the shared-memory a
 
 @pytest.mark.parametrize("dims, seed", [((4, 1, 4, 1), 1), ((4, 2, 2, 1), 2), ((4, 2, 1, 2), 3), ((3, 1, 3, 1), 4)],
                          ids=lambda v: str(v))
-def test_shm_gather_results_on_every_group(no_leaks, dims, seed):
+def test_shm_collectives_results_on_every_group(no_leaks, dims, seed):
     per_rank = no_leaks.run(rankprogs.all_gathers, ParallelLayout(*dims), (seed,), timeout_s=60)
     checked = {c for c, _ in per_rank}
     assert len(checked) == 1 and checked.pop() >= 10
     assert all(shm > 0 for _, shm in per_rank)  # the pool's ranks did gather through shared memory
 
 
+@pytest.mark.parametrize("dims, seed", [((4, 1, 4, 1), 5), ((4, 2, 1, 2), 6), ((3, 1, 3, 1), 7)], ids=lambda v: str(v))
+def test_shm_collectives_all_reduce_and_large_objects_on_every_group(no_leaks, dims, seed):
+    per_rank = no_leaks.run(rankprogs.all_reduces, ParallelLayout(*dims), (seed,), timeout_s=60)
+    checked = {c for c, _ in per_rank}
+    assert len(checked) == 1 and checked.pop() >= 100
+    assert all(shm > 0 for _, shm in per_rank)
+
+
+def test_shm_collectives_different_calls_is_a_clear_error(no_leaks):
+    with pytest.raises(RankFailedError) as info:
+        no_leaks.run(rankprogs.different_calls, ParallelLayout(2, dp=2), timeout_s=60)
+    message = str(info.value)
+    assert "rank 1 sent 12 bytes of torch.int32, rank 0 a " in message or "rank 0 sent a " in message, message
+    assert "every member must make the same call" in message
+
+
 @pytest.mark.parametrize("how", ["raise", "kill"])
-def test_shm_gather_peer_that_left_fails_the_others_at_once(no_leaks, how):
+def test_shm_collectives_peer_that_left_fails_the_others_at_once(no_leaks, how):
     started = time.monotonic()
     with pytest.raises(RankFailedError) as info:
         no_leaks.run(rankprogs.gather_after_peer_leaves, ParallelLayout(4, dp=4), (how,), timeout_s=60)
@@ -38,7 +55,7 @@ def test_shm_gather_peer_that_left_fails_the_others_at_once(no_leaks, how):
         assert "rank(s) [1] left the group" in reports[r].summary
 
 
-def test_shm_gather_wrong_output_sizes_is_a_clear_error(no_leaks):
+def test_shm_collectives_wrong_output_sizes_is_a_clear_error(no_leaks):
     with pytest.raises(RankFailedError) as info:
         no_leaks.run(rankprogs.gather_with_wrong_sizes, ParallelLayout(2, dp=2), timeout_s=60)
     assert "rank 1 sent 12 bytes of torch.int32, rank 0 16 bytes of torch.int32" in str(info.value)
