@@ -155,8 +155,9 @@ _INT_OPS = {
 def all_reduces(ctx, seed: int) -> tuple[int, int]:
     """all_reduce of every integer dtype gloo takes with every exact operation (values over the
     whole range, so sums and products wrap), 0-d, strided and asynchronous, plus a float sum
-    (gloo's), on every group; checked against Python integers element by element. Then
-    all_gather_object with one member's object larger than a slot (every member falls back to
+    (gloo's), on every group; checked against Python integers element by element. Broadcasts
+    of several dtypes and shapes from several roots (named globally or in the group), and a
+    broadcast_object_list past a slot. Then all_gather_object with one member's object larger than a slot (every member falls back to
     torch's together). Returns how many calls were checked and how many rounds went through
     shared memory."""
     from testbed.cluster import shm_collectives
@@ -183,6 +184,24 @@ def all_reduces(ctx, seed: int) -> tuple[int, int]:
                         work.wait()
                     assert mine.reshape(-1).tolist() == want, (kind, dtype, op, shape, step)
                     checked += 1
+        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64):
+            for root_at, shape, step, async_op in ((0, (6,), 1, False), (-1, (), 1, False), (1, (3, 2), 2, True)):
+                root = members[root_at % len(members)]
+                def make(r):
+                    flat = _gather_input(seed + root_at, r, dtype, max(1, torch.Size(shape).numel()) * step)
+                    return flat[::step].reshape(shape)
+                mine = make(ctx.rank)
+                by_group_rank = root_at % 2 == 1  # name the root as a group rank half of the time
+                work = dist.broadcast(mine, **({"group_src": members.index(root)} if by_group_rank else {"src": root}),
+                                      group=group, async_op=async_op)
+                if async_op:
+                    work.wait()
+                assert torch.equal(mine, make(root)), (kind, dtype, root, shape)
+                checked += 1
+        box = [bytes(100_000) if ctx.rank == members[0] else None, "small"]
+        dist.broadcast_object_list(box, src=members[0], group=group)  # the bytes past a slot: gloo's
+        assert box == [bytes(100_000), "small"], kind
+        checked += 1
         floats = [_gather_input(seed, r, torch.float32, 6) for r in members]
         got = _gather_input(seed, ctx.rank, torch.float32, 6)
         dist.all_reduce(got, group=group)
@@ -196,12 +215,43 @@ def all_reduces(ctx, seed: int) -> tuple[int, int]:
     return checked, sum(seg.round for seg in shm_collectives._groups.values()) - rounds_before
 
 
-def different_calls(ctx) -> None:
-    """Rank 0 gathers objects where rank 1 all-reduces: both reach the segment, out of step."""
-    if ctx.rank == 0:
+def different_calls(ctx, calls: tuple[str, str]) -> None:
+    """Rank 0 makes the first call where rank 1 makes the second: both reach the segment, out of step."""
+    call = calls[0] if ctx.rank == 0 else calls[1]
+    if call == "object":
         dist.all_gather_object([None] * ctx.world_size, "x")
-    else:
+    elif call == "reduce":
         dist.all_reduce(torch.zeros(3, dtype=torch.int32))
+    elif call.startswith("broadcast"):
+        dist.broadcast(torch.zeros(3, dtype=torch.int32), src=int(call[-1]))
+    else:
+        dist.barrier()
+
+
+def barrier_order(ctx) -> bool:
+    """Every rank appends its line to a file, the last after a while of busy work, then a barrier
+    of the world; after it every rank must read every line, and the barrier must have gone
+    through shared memory."""
+    import tempfile
+
+    from testbed.cluster import shm_collectives
+
+    box = [tempfile.mkstemp(prefix="a2atb-barrier-")[1] if ctx.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    segment = shm_collectives._groups[id(dist.group.WORLD)]
+    if ctx.rank == ctx.world_size - 1:
+        sum(i * i for i in range(2_000_000))  # arrive late, by work (no sleep)
+    fd = os.open(box[0], os.O_WRONLY | os.O_APPEND)
+    os.write(fd, f"{ctx.rank}\n".encode())
+    os.close(fd)
+    rounds = segment.round
+    dist.barrier()
+    with open(box[0]) as f:
+        seen = sorted(int(line) for line in f)
+    dist.barrier(async_op=True).wait()
+    if ctx.rank == 0:
+        os.unlink(box[0])
+    return seen == list(range(ctx.world_size)) and segment.round == rounds + 2
 
 
 def gather_after_peer_leaves(ctx, how: str) -> None:

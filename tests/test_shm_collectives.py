@@ -34,12 +34,26 @@ def test_shm_collectives_all_reduce_and_large_objects_on_every_group(no_leaks, d
     assert all(shm > 0 for _, shm in per_rank)
 
 
-def test_shm_collectives_different_calls_is_a_clear_error(no_leaks):
+SAME_CALL = "every member must make the same call"
+
+
+@pytest.mark.parametrize("calls, expected", [
+    (("object", "reduce"), ("rank 1 sent 12 bytes of torch.int32, rank 0 a ", SAME_CALL)),
+    (("reduce", "barrier"), ("rank 1 sent a barrier, rank 0 12 bytes of torch.int32", SAME_CALL)),
+    (("barrier", "object"), ("-byte object, rank 0 a barrier", SAME_CALL)),
+    (("broadcast0", "broadcast1"), ("rank 1 broadcast from rank 1, rank 0 from rank 0",)),
+], ids=["object-reduce", "reduce-barrier", "barrier-object", "two-roots"])
+def test_shm_collectives_different_calls_is_a_clear_error(no_leaks, calls, expected):
     with pytest.raises(RankFailedError) as info:
-        no_leaks.run(rankprogs.different_calls, ParallelLayout(2, dp=2), timeout_s=60)
-    message = str(info.value)
-    assert "rank 1 sent 12 bytes of torch.int32, rank 0 a " in message or "rank 0 sent a " in message, message
-    assert "every member must make the same call" in message
+        no_leaks.run(rankprogs.different_calls, ParallelLayout(2, dp=2), (calls,), timeout_s=60)
+    # Rank 0, the first member, reports it; rank 1 may report either side first.
+    report = info.value.reports[0].summary
+    assert all(part in report for part in expected), report
+
+
+def test_shm_collectives_barrier_waits_for_every_member(no_leaks):
+    per_rank = no_leaks.run(rankprogs.barrier_order, ParallelLayout(4, dp=4), timeout_s=60)
+    assert all(per_rank), per_rank
 
 
 @pytest.mark.parametrize("how", ["raise", "kill"])

@@ -5,12 +5,18 @@ first pool of a process pays once. Then per world size W, on a fresh
 :class:`testbed.cluster.pool.RankPool`: ``start_s`` (W rank processes forked and ready),
 ``rendezvous_s`` (a scenario that does nothing: the gloo rendezvous and every group of the
 layout, which the ranks keep for the next scenarios), ``scenario_s`` (one integration
-scenario on EP W, ``4 * W`` experts, top_k 8, an nvfp4 and a bf16 layer, checked against
-every invariant: the first on these ranks, so it pays each process's first use of every
-op), ``warm_scenario_s`` (the median of ``--repeats`` more, other seeds) and
-``rank_uss_mb`` (unique set size of each rank after them: the memory that is that rank's
-alone; mean and max over ranks). ``scaling``: from the smallest to the largest world, the
-growth of each time over the growth of the world (1.0 is linear).
+scenario on EP W, ``4 * W`` experts, top_k 8, an nvfp4 and a bf16 layer, run and checked
+against every invariant, as ``a2a-testbed run`` pays for it: the first on these ranks, so it
+pays each process's first use of every op), ``ranks_s`` (its ranks' part: from the job's
+start to the last rank's result, without the parent's checks), ``warm_scenario_s`` and
+``warm_ranks_s`` (medians of ``--repeats`` more, other seeds) and ``rank_uss_mb`` (unique
+set size of each rank after them: the memory that is that rank's alone; mean and max over
+ranks). ``scaling``: from the smallest to the largest world, the growth of each time over the
+growth of the world (1.0 is linear).
+
+Every world gives its ranks the same load: rank ``d`` has ``LOAD[d % 8]`` tokens (a 0-token
+rank in every 8), so the per-rank work is the same at every multiple of 8 and what grows with
+the world is what the world costs, not the tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from testbed.scenario.model import Layer, Scenario
 
 DEFAULT_WORLDS = "8,16,32,64"
 TIMEOUT_S = 300.0
+LOAD = (0, 5, 7, 9, 11, 13, 15, 16)  # tokens per rank, by rank modulo 8; the layers' budget is 16
 
 
 def add_arguments(parser) -> None:
@@ -51,7 +58,7 @@ def uss_mb(pid: int) -> float:
 def scenario(world: int, seed: int = 0) -> Scenario:
     return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
                          stages=((Layer("nvfp4", 16), Layer("bf16", 16)),),
-                         passes=(tuple(0 if d == 0 else min(4 + d, 16) for d in range(world)),), label="scale",
+                         passes=(tuple(LOAD[d % len(LOAD)] for d in range(world)),), label="scale",
                          seed=seed)
 
 
@@ -63,16 +70,24 @@ def measure(world: int, repeats: int) -> dict:
         started = time.perf_counter()
         pool.run(_nothing, ParallelLayout(world, 1, world, 1), timeout_s=TIMEOUT_S)  # the scenarios' world
         rendezvous_s = time.perf_counter() - started
-        verdicts = [runner.run(pool, scenario(world, seed), timeout_s=TIMEOUT_S) for seed in range(1 + repeats)]
+        runs = []
+        for seed in range(1 + repeats):
+            started = time.perf_counter()
+            verdict = runner.run(pool, scenario(world, seed), timeout_s=TIMEOUT_S)
+            runs.append((time.perf_counter() - started, verdict))
         uss = [uss_mb(pid) for pid in pool.worker_pids]
-    failed = [v.failures for v in verdicts if not v.passed]
+    failed = [v.failures for _, v in runs if not v.passed]
     if failed:
         raise RuntimeError(f"the scale scenario failed at world {world}: {failed[0]}")
-    warm = sorted(v.seconds for v in verdicts[1:])
-    return {"world": world, "start_s": round(start_s, 2), "rendezvous_s": round(rendezvous_s, 2),
-            "scenario_s": round(verdicts[0].seconds, 2),
-            "warm_scenario_s": round(warm[len(warm) // 2], 2) if warm else None,
+    return {"world": world, "start_s": round(start_s, 3), "rendezvous_s": round(rendezvous_s, 3),
+            "scenario_s": round(runs[0][0], 3), "ranks_s": round(runs[0][1].seconds, 3),
+            "warm_scenario_s": _median([s for s, _ in runs[1:]]),
+            "warm_ranks_s": _median([v.seconds for _, v in runs[1:]]),
             "rank_uss_mb": round(sum(uss) / len(uss), 1), "rank_uss_mb_max": round(max(uss), 1)}
+
+
+def _median(values: list[float]) -> float | None:
+    return round(sorted(values)[len(values) // 2], 3) if values else None
 
 
 def scaling(worlds: list[dict]) -> dict:
@@ -80,7 +95,7 @@ def scaling(worlds: list[dict]) -> dict:
     small, large = min(worlds, key=lambda w: w["world"]), max(worlds, key=lambda w: w["world"])
     grow = large["world"] / small["world"]
     out = {"from": small["world"], "to": large["world"]}
-    for key in ("start_s", "rendezvous_s", "scenario_s", "warm_scenario_s"):
+    for key in ("start_s", "rendezvous_s", "scenario_s", "ranks_s", "warm_scenario_s", "warm_ranks_s"):
         if small[key] and large[key] is not None:
             out[key] = round(large[key] / small[key] / grow, 2)
     return out

@@ -13,6 +13,7 @@ others with one word.
   output the input's shape and dtype), asynchronous calls served at once.
 - ``all_gather_object``: one round of pickled bytes (torch's takes two: the sizes, then the
   padded bytes, then a tensor per member); the same pickler, so the same objects.
+- ``barrier``: one round of nothing.
 - ``all_reduce`` of integer tensors with an exact operation (sum, product, min, max, bitwise):
   every member reduces the gathered rows itself. Exact, so bit for bit what gloo's order gives;
   a floating-point reduction stays on gloo, whose summation order it would not reproduce.
@@ -44,8 +45,8 @@ from fakes import futex
 from fakes.arena import ShmArena, pid_alive
 
 SLOT_BYTES = 64 << 10  # larger calls stay on gloo
-_SLOT_HEADER = 16  # int64 bytes sent, int64 dtype code (_OBJECT for pickled bytes)
-_OBJECT = 0
+_OBJECT, _BARRIER = 0, -1  # codes of a pickled object and of a barrier (dtypes count from 1)
+_NOTHING = torch.empty(0, dtype=torch.uint8)
 # The dtypes gloo gathers (it refuses int16, uint16/32/64 and fp8: "Invalid scalar type").
 _DTYPES = {dtype: code for code, dtype in enumerate(
     (torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
@@ -61,7 +62,7 @@ _REDUCE = {
     _R.BOR: lambda rows: functools.reduce(torch.bitwise_or, rows.unbind(0)),
     _R.BXOR: lambda rows: functools.reduce(torch.bitwise_xor, rows.unbind(0)),
 }
-_SERVED = ("all_gather", "all_gather_object", "all_reduce")
+_SERVED = ("all_gather", "all_gather_object", "all_reduce", "barrier", "broadcast")
 
 _groups: dict[int, "_Segment"] = {}  # id(group) -> its segment (which holds the group)
 _torch: dict = {}  # name -> torch's own function, once installed
@@ -69,8 +70,8 @@ _failed = False  # a gather failed since the groups were attached: the world mus
 
 
 def install() -> None:
-    """Route ``torch.distributed``'s ``all_gather``, ``all_gather_object`` and ``all_reduce``
-    on the groups given to :func:`attach` through their segments, in this process
+    """Route ``torch.distributed``'s ``all_gather``, ``all_gather_object``, ``all_reduce``,
+    ``barrier`` and ``broadcast`` on the groups given to :func:`attach` through their segments, in this process
     (idempotent). Does nothing where :mod:`fakes.futex` is unavailable."""
     if _torch or not futex.AVAILABLE:
         return
@@ -88,7 +89,7 @@ def attach(group, members: tuple[int, ...], arena: ShmArena, timeout_s: float) -
         return
     W, me = len(members), dist.get_rank(group)
     key = "gather-" + hashlib.sha1(repr(members).encode()).hexdigest()[:16]
-    nbytes = _Segment.data_at(W) + 2 * W * (_SLOT_HEADER + SLOT_BYTES)
+    nbytes = _Segment.data_at(W) + 2 * W * SLOT_BYTES
     raw = arena.create(key, nbytes) if me == 0 else None
     dist.barrier(group=group)
     if me != 0:
@@ -146,9 +147,8 @@ def _all_gather_object(object_list, obj, group=None):
     sizes_W, flat = segment.exchange(torch.frombuffer(bytearray(f.getvalue()), dtype=torch.uint8), _OBJECT)
     if max(sizes_W) > SLOT_BYTES:  # every member read the same sizes: all go to gloo together
         return _torch["all_gather_object"](object_list, obj, group=group)
-    row = _SLOT_HEADER + SLOT_BYTES
     for p, n in enumerate(sizes_W):
-        object_list[p] = c10d._unpickler(io.BytesIO(flat[p * row + _SLOT_HEADER:p * row + _SLOT_HEADER + n])).load()
+        object_list[p] = c10d._unpickler(io.BytesIO(flat[p * SLOT_BYTES:p * SLOT_BYTES + n])).load()
 
 
 def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
@@ -162,6 +162,39 @@ def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     rows = torch.empty((len(segment.members), *tensor.shape), dtype=tensor.dtype)
     segment.gather(list(rows.unbind(0)), tensor)
     tensor.copy_(reduce(rows))  # a wider result wraps back on the copy, as gloo wraps
+    return _done(tensor) if async_op else None
+
+
+def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
+    segment = _segment(group)
+    if segment is None:
+        return _torch["barrier"](group=group, async_op=async_op, device_ids=device_ids, timeout=timeout)
+    segment.exchange(_NOTHING, _BARRIER, None if timeout is None else timeout.total_seconds())
+    return _done(None) if async_op else None
+
+
+def _broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    segment = _segment(group)
+    if (segment is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu or tensor.dtype not in _DTYPES
+            or tensor.nbytes > SLOT_BYTES or segment.group in c10d._world.pg_coalesce_state):
+        return _torch["broadcast"](tensor, src=src, group=group, async_op=async_op, group_src=group_src)
+    root = c10d._canonicalize_group_rank(segment.group, src, group_src, return_global=False)
+    c10d._check_single_tensor(tensor, "tensor")
+    n = tensor.nbytes
+    # The root sends its bytes; every other member sends nothing and names the root it expects.
+    mine = _bytes(tensor.contiguous()) if segment.me == root else _NOTHING
+    sizes_W, flat = segment.exchange(mine, _DTYPES[tensor.dtype], size=n if segment.me == root else -1 - root)
+    for p, size in enumerate(sizes_W):
+        if p != root and size != -1 - root:
+            segment.fail(f"rank {segment.members[p]} broadcast from rank "
+                         f"{segment.members[-1 - size] if size < 0 else segment.members[p]}, rank "
+                         f"{segment.members[segment.me]} from rank {segment.members[root]}")
+    if sizes_W[root] != n:
+        segment.fail(f"rank {segment.members[root]} broadcast {sizes_W[root]} bytes of {tensor.dtype}, rank "
+                     f"{segment.members[segment.me]} expected {n} (every member must pass the same shape and dtype)")
+    if segment.me != root and n:
+        got = torch.frombuffer(flat, dtype=torch.uint8, count=n, offset=root * SLOT_BYTES)
+        tensor.copy_(got.view(tensor.dtype).view(tensor.shape))
     return _done(tensor) if async_op else None
 
 
@@ -180,8 +213,8 @@ def _shape(t: torch.Tensor) -> str:
 
 class _Segment:
     """One group's all-gather memory: per member a round word, a left word and its pid; the
-    round the first member saw complete and the member it found gone (plus one); then two banks of W slots
-    (round r uses bank r % 2: a member starts round r + 2 only after round r + 1 completed, so
+    round the first member saw complete and the member it found gone (plus one); then two banks
+    of W headers and two banks of W slots (round r uses bank r % 2: a member starts round r + 2 only after round r + 1 completed, so
     after every member read round r). Only the first member waits for every round word, so a
     round costs O(W) wake-ups, not one per member per member."""
 
@@ -191,12 +224,20 @@ class _Segment:
         words = raw[:4 * (3 * W + 2)].view(torch.int32)
         self.seq_W, self.left_W, self.pid_W = words[:W], words[W:2 * W], words[2 * W:3 * W]
         self.done, self.lost = words[3 * W:3 * W + 1], words[3 * W + 1:]
-        self.slots = raw[self.data_at(W):].view(2, W, _SLOT_HEADER + SLOT_BYTES)
+        # Per bank and member: int64 bytes sent, int64 dtype code (_OBJECT for pickled bytes);
+        # together, so a member reads every header from a page or two.
+        at = self.headers_at(W)
+        self.headers = raw[at:at + 2 * W * 16].view(torch.int64).view(2, W, 2)
+        self.slots = raw[self.data_at(W):].view(2, W, SLOT_BYTES)
         self.round = 0
 
     @staticmethod
-    def data_at(W: int) -> int:
+    def headers_at(W: int) -> int:
         return -(-4 * (3 * W + 2) // 64) * 64
+
+    @classmethod
+    def data_at(cls, W: int) -> int:
+        return cls.headers_at(W) + -(-2 * W * 16 // 4096) * 4096
 
     def serves(self, tensor_list) -> bool:
         """Whether this gather goes through the segment: decided on the outputs, which every
@@ -206,27 +247,29 @@ class _Segment:
         out = tensor_list[0]
         return isinstance(out, torch.Tensor) and out.is_cpu and out.dtype in _DTYPES and out.nbytes <= SLOT_BYTES
 
-    def exchange(self, payload: torch.Tensor, code: int) -> tuple[list[int], memoryview]:
+    def exchange(self, payload: torch.Tensor, code: int, timeout_s: float | None = None,
+                 size: int | None = None) -> tuple[list[int], memoryview]:
         """One round: publish ``payload`` (1-D uint8; only its size where it exceeds a slot)
         and ``code``, wait for every member. Returns every member's size and the bank's bytes
-        (member ``p``'s payload at ``p * (header + slot) + header``). A member that sent
-        another code (another collective) is reported."""
+        (member ``p``'s payload at ``p * SLOT_BYTES``). A member that sent
+        another code (another collective) is reported. ``timeout_s``: the group's if None;
+        ``size``: the size to announce, the payload's if None."""
         global _failed
         try:
             self.round += 1
-            bank = self.slots[self.round % 2]
+            bank, headers = self.slots[self.round % 2], self.headers[self.round % 2]
             n = payload.numel()
-            bank[self.me, :_SLOT_HEADER].view(torch.int64)[:] = torch.tensor([n, code])
+            headers[self.me] = torch.tensor([n if size is None else size, code])
             if n <= SLOT_BYTES:
-                bank[self.me, _SLOT_HEADER:_SLOT_HEADER + n] = payload
+                bank[self.me, :n] = payload
             self.seq_W[self.me] = self.round  # after the data: x86 keeps stores in order
             if self.me != 0:
                 futex.wake([self.seq_W[self.me:self.me + 1].data_ptr()])
-            self._wait()
-            header_W = bank[:, :_SLOT_HEADER].view(torch.int64).tolist()
+            self._wait(self.timeout_s if timeout_s is None else timeout_s)
+            header_W = headers.tolist()
             other = next((p for p, (_, c) in enumerate(header_W) if c != code), None)
             if other is not None:
-                self._fail(f"rank {self.members[other]} sent {_what(*header_W[other])}, rank "
+                self.fail(f"rank {self.members[other]} sent {_what(*header_W[other])}, rank "
                            f"{self.members[self.me]} {_what(n, code)} (every member must make the same call)")
         except BaseException:
             _failed = True
@@ -238,7 +281,7 @@ class _Segment:
         sizes_W, _ = self.exchange(_bytes(tensor.contiguous()), _DTYPES[tensor.dtype])
         bad = next((p for p, size in enumerate(sizes_W) if size != n), None)
         if bad is not None:
-            self._fail(f"rank {self.members[bad]} sent {sizes_W[bad]} bytes of {tensor.dtype}, rank "
+            self.fail(f"rank {self.members[bad]} sent {sizes_W[bad]} bytes of {tensor.dtype}, rank "
                        f"{self.members[self.me]} {n} bytes of {tensor.dtype} (every member must gather "
                        "the same shape and dtype)")
         bank = self.slots[self.round % 2]
@@ -249,22 +292,22 @@ class _Segment:
                 <= first.untyped_storage().nbytes()):
             # Consecutive slices of the first one's memory (as all_reduce passes): one copy.
             torch.as_strided(_bytes(first), (len(tensor_list), n), (n, 1)).copy_(
-                bank[:, _SLOT_HEADER:_SLOT_HEADER + n])
+                bank[:, :n])
             return
         for p, out in enumerate(tensor_list):
-            out.copy_(bank[p, _SLOT_HEADER:_SLOT_HEADER + n].view(out.dtype).view(out.shape))
+            out.copy_(bank[p, :n].view(out.dtype).view(out.shape))
 
-    def _wait(self) -> None:
+    def _wait(self, timeout_s: float) -> None:
         """Until round ``self.round`` completed; raises when a member left or died, when the
         members are out of step, and at the timeout."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + timeout_s
         next_pid_check = time.monotonic() + _PID_CHECK_S
         lead = self.me == 0
         while True:
             missing = (self.seq_W < self.round).nonzero().flatten().tolist()
             if lead:
                 if int(self.seq_W.max()) > self.round:
-                    self._fail(f"member(s) {self._ranks((self.seq_W > self.round).nonzero().flatten().tolist())} "
+                    self.fail(f"member(s) {self._ranks((self.seq_W > self.round).nonzero().flatten().tolist())} "
                                f"are past round {self.round}: the members are out of step")
                 if not missing:
                     self.done[0] = self.round
@@ -275,7 +318,7 @@ class _Segment:
             else:
                 done = int(self.done[0])
                 if done > self.round:
-                    self._fail(f"the first member completed round {done}, this one is at {self.round}: "
+                    self.fail(f"the first member completed round {done}, this one is at {self.round}: "
                                "the members are out of step")
                 if done == self.round:
                     return
@@ -293,12 +336,12 @@ class _Segment:
                 if lead:
                     self.lost[0] = gone[0] + 1
                     futex.wake([self.done.data_ptr()])
-                self._fail(f"rank(s) {self._ranks(gone)} left the group (raised or exited) before "
+                self.fail(f"rank(s) {self._ranks(gone)} left the group (raised or exited) before "
                            "the gather completed (as gloo's 'Connection closed by peer')")
             if now > deadline:
                 self.left_W[self.me] = 1  # the others must not wait for this one either
                 futex.wake([self.done.data_ptr()])
-                self._fail(f"timed out after {self.timeout_s:g} s waiting for rank(s) {self._ranks(watch)}")
+                self.fail(f"timed out after {timeout_s:g} s waiting for rank(s) {self._ranks(watch)}")
             seen = int(word[0])  # sleep only on the value that said "not yet"
             if (seen < self.round) if lead else (seen != self.round):
                 futex.wait(word, seen, min(deadline - now, _PID_CHECK_S))
@@ -306,7 +349,7 @@ class _Segment:
     def _ranks(self, members: list[int]) -> list[int]:
         return [self.members[p] for p in members]
 
-    def _fail(self, why: str):
+    def fail(self, why: str):
         global _failed
         _failed = True
         raise RuntimeError(f"all_gather on the group of ranks {list(self.members)}: {why}")
@@ -315,6 +358,8 @@ class _Segment:
 def _what(size: int, code: int) -> str:
     if code == _OBJECT:
         return f"a {size}-byte object"
+    if code == _BARRIER:
+        return "a barrier"
     return f"{size} bytes of {next((d for d, c in _DTYPES.items() if c == code), '?')}"
 
 
