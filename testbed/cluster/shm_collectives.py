@@ -77,8 +77,8 @@ def install() -> None:
         return
     for name in _SERVED:
         _torch[name] = getattr(c10d, name)
-        setattr(c10d, name, globals()["_" + name])
-        setattr(dist, name, globals()["_" + name])
+        setattr(c10d, name, globals()[name])  # torch's names, so a stuck rank's stack reads as torch's
+        setattr(dist, name, globals()[name])
 
 
 def attach(group, members: tuple[int, ...], arena: ShmArena, timeout_s: float) -> None:
@@ -123,7 +123,7 @@ def _segment(group) -> "_Segment | None":
     return _groups.get(id(group if group is not None else dist.group.WORLD))
 
 
-def _all_gather(tensor_list, tensor, group=None, async_op=False):
+def all_gather(tensor_list, tensor, group=None, async_op=False):
     segment = _segment(group)
     if segment is None or not segment.serves(tensor_list):
         return _torch["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
@@ -138,7 +138,7 @@ def _all_gather(tensor_list, tensor, group=None, async_op=False):
     return _done(tensor_list) if async_op else None
 
 
-def _all_gather_object(object_list, obj, group=None):
+def all_gather_object(object_list, obj, group=None):
     segment = _segment(group)
     if segment is None:
         return _torch["all_gather_object"](object_list, obj, group=group)
@@ -151,7 +151,7 @@ def _all_gather_object(object_list, obj, group=None):
         object_list[p] = c10d._unpickler(io.BytesIO(flat[p * SLOT_BYTES:p * SLOT_BYTES + n])).load()
 
 
-def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     segment = _segment(group)
     reduce = _REDUCE.get(op) if isinstance(op, _R) else None
     if (segment is None or reduce is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu
@@ -165,7 +165,7 @@ def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
     return _done(tensor) if async_op else None
 
 
-def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
+def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     segment = _segment(group)
     if segment is None:
         return _torch["barrier"](group=group, async_op=async_op, device_ids=device_ids, timeout=timeout)
@@ -173,7 +173,7 @@ def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
     return _done(None) if async_op else None
 
 
-def _broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     segment = _segment(group)
     if (segment is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu or tensor.dtype not in _DTYPES
             or tensor.nbytes > SLOT_BYTES or segment.group in c10d._world.pg_coalesce_state):
