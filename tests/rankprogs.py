@@ -152,6 +152,19 @@ _INT_OPS = {
 }
 
 
+def _int_input(seed: int, rank: int, dtype: torch.dtype, shape: tuple, step: int) -> torch.Tensor:
+    """Values over all of ``dtype``'s range, as a ``shape`` view with stride ``step``."""
+    g = torch.Generator().manual_seed(seed * 7919 + rank * 31 + len(shape) + step)
+    info = torch.iinfo(dtype)
+    values = torch.randint(info.min, info.max, (max(1, torch.Size(shape).numel()) * step,), generator=g,
+                           dtype=torch.int64)
+    return values.to(dtype)[::step].reshape(shape)
+
+
+def _strided_input(seed: int, rank: int, dtype: torch.dtype, shape: tuple, step: int) -> torch.Tensor:
+    return _gather_input(seed, rank, dtype, max(1, torch.Size(shape).numel()) * step)[::step].reshape(shape)
+
+
 def all_reduces(ctx, seed: int) -> tuple[int, int]:
     """all_reduce of every integer dtype gloo takes with every exact operation (values over the
     whole range, so sums and products wrap), 0-d, strided and asynchronous, plus a float sum
@@ -167,18 +180,12 @@ def all_reduces(ctx, seed: int) -> tuple[int, int]:
     for kind, group in ctx.groups.items():
         members = ctx.group_ranks[kind]
         for dtype in (torch.uint8, torch.int8, torch.int32, torch.int64):
-            info = torch.iinfo(dtype)
             for op, fold in _INT_OPS.items():
                 for shape, step, async_op in (((5,), 1, False), ((), 1, False), ((3, 2), 2, False), ((4,), 1, True)):
-                    def make(r):
-                        g = torch.Generator().manual_seed(seed * 7919 + r * 31 + len(shape) + step)
-                        n = max(1, torch.Size(shape).numel()) * step
-                        values = torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64)
-                        return values.to(dtype)[::step].reshape(shape)
-                    inputs = [make(r) for r in members]
+                    inputs = [_int_input(seed, r, dtype, shape, step) for r in members]
                     want = [_wrapped(functools.reduce(fold, (int(x.reshape(-1)[i]) for x in inputs)), dtype)
                             for i in range(inputs[0].numel())]
-                    mine = make(ctx.rank)
+                    mine = _int_input(seed, ctx.rank, dtype, shape, step)
                     work = dist.all_reduce(mine, op=op, group=group, async_op=async_op)
                     if async_op:
                         work.wait()
@@ -187,16 +194,13 @@ def all_reduces(ctx, seed: int) -> tuple[int, int]:
         for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64):
             for root_at, shape, step, async_op in ((0, (6,), 1, False), (-1, (), 1, False), (1, (3, 2), 2, True)):
                 root = members[root_at % len(members)]
-                def make(r):
-                    flat = _gather_input(seed + root_at, r, dtype, max(1, torch.Size(shape).numel()) * step)
-                    return flat[::step].reshape(shape)
-                mine = make(ctx.rank)
+                mine = _strided_input(seed + root_at, ctx.rank, dtype, shape, step)
                 by_group_rank = root_at % 2 == 1  # name the root as a group rank half of the time
                 work = dist.broadcast(mine, **({"group_src": members.index(root)} if by_group_rank else {"src": root}),
                                       group=group, async_op=async_op)
                 if async_op:
                     work.wait()
-                assert torch.equal(mine, make(root)), (kind, dtype, root, shape)
+                assert torch.equal(mine, _strided_input(seed + root_at, root, dtype, shape, step)), (kind, dtype, root)
                 checked += 1
         box = [bytes(100_000) if ctx.rank == members[0] else None, "small"]
         dist.broadcast_object_list(box, src=members[0], group=group)  # the bytes past a slot: gloo's
