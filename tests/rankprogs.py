@@ -276,3 +276,8 @@ def gather_with_wrong_sizes(ctx) -> None:
 def make_own_group(ctx) -> None:
     """A scenario that builds a process group of its own (as FlashInfer's TorchDistBackend.Split does)."""
     dist.new_group(list(range(ctx.world_size)), use_local_synchronization=True)
+
+
+def exit_at_start() -> None:
+    """A worker initializer that ends the process before it reports ready."""
+    os._exit(7)

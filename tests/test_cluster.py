@@ -22,6 +22,7 @@ from testbed.cluster.pool import (
     RankPool,
     ScenarioSetupError,
     ScenarioTimeoutError,
+    WorkerStartError,
     sweep_stack_dirs,
 )
 from testbed.cluster.layout import ParallelLayout
@@ -200,6 +201,14 @@ def test_cluster_pool_close_stops_every_worker():
     with RankPool() as pool:
         pids = pool.run(rankprogs.pid, ParallelLayout(2, dp=2))
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+def test_cluster_worker_that_dies_while_starting_is_reported_at_once():
+    started = time.monotonic()
+    with RankPool(start_timeout_s=120, initializer=rankprogs.exit_at_start) as pool:
+        with pytest.raises(WorkerStartError, match="exited with code 7 before it was ready"):
+            pool.start(2)
+    assert time.monotonic() - started < 30  # not the start timeout
 
 
 PARENT_SCRIPT = """

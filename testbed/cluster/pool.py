@@ -514,18 +514,20 @@ class RankPool:
         for w in fresh:
             msg = None
             try:
-                if w.cmd.poll(max(0.0, deadline - time.monotonic())):
+                # The process's sentinel too: one that dies while starting may leave its pipe
+                # open in the fork server, and must not cost the whole start timeout.
+                if w.cmd in wait([w.cmd, w.process.sentinel], max(0.0, deadline - time.monotonic())):
                     msg = w.cmd.recv()
             except (EOFError, OSError):
                 pass
             if not msg or msg[0] != "ready":
+                w.process.join(STACK_TIMEOUT_S)
                 code = w.process.exitcode
                 w.kill()
                 self._discard(w)
-                raise WorkerStartError(
-                    f"rank worker {w.process.name} did not start within "
-                    f"{self._start_timeout_s:g} s (exit code {code})"
-                )
+                why = (f"did not start within {self._start_timeout_s:g} s" if code is None else
+                       f"exited with code {code} before it was ready (its traceback is on stderr)")
+                raise WorkerStartError(f"rank worker {w.process.name} {why}")
         return self._workers[:n]
 
     def _discard(self, w: _Worker) -> None:
