@@ -1,4 +1,5 @@
-"""Fake against real: the same routing and payloads through two backends' ``MoeAlltoAll``.
+"""Fake against real: the same routing and payloads through two backends' ``MoeAlltoAll``, and
+the same tokens through two backends' TRT-LLM fused MoE with ``do_finalize=False``.
 
 On every EP rank, each backend in turn gets a one-sided workspace from ``impl``'s manager,
 dispatches this rank's ``[x, topk_ids, topk_weights]`` (ids sanitized past each source's
@@ -9,7 +10,16 @@ whether every id past the count is the invalid id; the combined output against t
 side and against a dense fp32 reference that never calls either. A difference is a bug in the
 fake (or in the real release): :func:`differential` returns both sides to print.
 
-Legend: T tokens of this rank, K top_k, H hidden, R EP ranks, S slots per source.
+The fused MoE (:func:`fused_differential`, one process): ``impl``'s TRT-LLM experts on each
+backend, deferred, return the triple ``(gemm2_output [P, H], expert_weights [T, K],
+expanded_idx_to_permuted_idx)``. Compared per lane ``(t, k)``, never by permuted row (each
+kernel pads and orders an expert's rows its own way): which lanes are local (also against
+the routing), the weights (also against the router's), that the local lanes' rows are
+distinct and in range, and each local lane's GEMM2 row against the other side and against a
+dense fp32 SwiGLU reference of inputs every format represents exactly.
+
+Legend: T tokens of this rank, K top_k, H hidden, R EP ranks, S slots per source, E experts,
+L local experts, I intermediate size, P permuted rows.
 """
 
 from __future__ import annotations
@@ -20,8 +30,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from testbed.scenario.moe import MoECase, one_sided_manager, rank_api, rank_device, rank_inputs
-from testbed.scenario.reference import local_experts
+from impl.experts import QuantizedWeights, TrtLlmExperts
+from impl.moe_layer import PrepareResult
+from impl.quant import quantize_input
+from testbed.scenario.moe import MoECase, one_sided_manager, quant_config, rank_api, rank_device, rank_inputs
+from testbed.scenario.reference import local_experts, representable, swiglu_weights
 
 INVALID_ID = -1
 RTOL = 2e-2  # the expert outputs travel as bf16
@@ -144,3 +157,154 @@ def _max_error(x: torch.Tensor, y: torch.Tensor) -> float:
     if x.shape != y.shape:
         return float("inf")
     return float((x - y).abs().max()) if x.numel() else 0.0
+
+
+# -- the fused MoE's unfinalized triple ------------------------------------------------------
+FUSED_RTOL = {"bf16": 2e-2, "nvfp4": 0.15}  # nvfp4: the real kernel requantizes GEMM1's output to fp4
+
+
+@dataclass(frozen=True)
+class FusedCase:
+    """One TRT-LLM fused-MoE call: ``tokens`` routed over ``experts``, of which ``local``
+    (a range) are this call's."""
+
+    fmt: str = "bf16"
+    tokens: int = 16
+    experts: int = 8
+    local: range = range(2, 6)
+    top_k: int = 4
+    hidden: int = 256
+    intermediate: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FUSED_RTOL:
+            raise ValueError(f"fmt: the deferred fused MoE runs {sorted(FUSED_RTOL)}, got {self.fmt!r}")
+        if not (0 <= self.local.start < self.local.stop <= self.experts):
+            raise ValueError(f"local: a non-empty range of the {self.experts} experts, got {self.local}")
+        if not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k: 1..experts ({self.experts}) distinct experts per token, got {self.top_k}")
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(x_TH bf16 exact in fmt, ids_TK int32 distinct per token, w_TK fp32)``."""
+        g = torch.Generator().manual_seed(self.seed * 7919 + 17)
+        x_TH = representable(self.fmt, self.tokens, self.hidden, g)
+        ids_TK = torch.argsort(torch.rand(self.tokens, self.experts, generator=g), dim=1)[:, :self.top_k]
+        return x_TH, ids_TK.to(torch.int32), torch.softmax(torch.randn(self.tokens, self.top_k, generator=g), dim=1)
+
+    def weights(self, expert: int):
+        return swiglu_weights(self.seed, 0, 0, expert, self.fmt, self.hidden, self.intermediate)
+
+
+@dataclass
+class FusedSide:
+    """What one backend's fused MoE returned, per lane."""
+
+    backend: str
+    local_TK: torch.Tensor  # bool: the lane has a permuted row
+    weights_TK: torch.Tensor  # fp32: expert_weights as returned
+    rows_TKH: torch.Tensor  # fp32: each local lane's GEMM2 row (0 elsewhere)
+    distinct: bool  # the local lanes' permuted rows are distinct and inside gemm2_output
+    raw_digest: str  # the triple as laid out
+
+    def describe(self) -> str:
+        return (f"{self.backend}: local lanes {int(self.local_TK.sum())}, distinct rows {self.distinct}, "
+                f"rows {self.rows_TKH.shape}")
+
+
+def fused_side(case: FusedCase, backend: str, *, profile: str = "0.7.2", slot_order: str = "shuffled") -> FusedSide:
+    """``case`` through ``backend``'s TRT-LLM experts (``impl``'s), deferred, in this process
+    (the fake's ``profile`` and ``slot_order`` for the call; the real one on the current GPU)."""
+    from fakes.flashinfer import profiles
+    from fakes.flashinfer.comm.moe_a2a_kernels import SlotOrder
+
+    from impl.backend import resolve_backend
+
+    before = profiles.active().name, SlotOrder.mode, SlotOrder.seed
+    try:
+        if backend == "fake":
+            api, device = resolve_backend("fake", profile=profile), torch.device("cpu")
+            SlotOrder.mode, SlotOrder.seed = slot_order, case.seed
+        else:
+            api, device = resolve_backend(backend), torch.device("cuda", torch.cuda.current_device())
+        triple = _fused_call(api, case, device)
+    finally:
+        profiles.set_profile(before[0])
+        SlotOrder.mode, SlotOrder.seed = before[1:]
+    gemm2_PH, weights_TK, perm_TK = (t.cpu() for t in (triple.gemm2_permuted, triple.expert_weights,
+                                                      triple.expanded_idx_to_permuted_idx))
+    local_TK = perm_TK >= 0
+    at = perm_TK[local_TK].long()
+    rows_TKH = torch.zeros(*perm_TK.shape, case.hidden)
+    distinct = bool(at.unique().numel() == at.numel() and (at.numel() == 0 or int(at.max()) < gemm2_PH.size(0)))
+    if distinct:
+        rows_TKH[local_TK] = gemm2_PH[at].float()
+    return FusedSide(backend=backend if backend != "fake" else f"fake {profile} {slot_order}", local_TK=local_TK,
+                     weights_TK=weights_TK.float(), rows_TKH=rows_TKH, distinct=distinct,
+                     raw_digest=_digest(gemm2_PH, weights_TK, perm_TK))
+
+
+def _fused_call(api, case: FusedCase, device: torch.device):
+    x_TH, ids_TK, w_TK = case.inputs()
+    own = [case.weights(e) for e in case.local]
+    if case.fmt == "bf16":
+        w1 = torch.stack([w.q1[0] for w in own]).to(device)
+        w2 = torch.stack([w.q2[0] for w in own]).to(device)
+    else:
+        gs = torch.ones(len(own), device=device)
+        w1 = QuantizedWeights(*(torch.stack([w.q1[j] for w in own]).to(device) for j in (0, 1)), gs)
+        w2 = QuantizedWeights(*(torch.stack([w.q2[j] for w in own]).to(device) for j in (0, 1)), gs)
+    qc = quant_config(case.fmt)
+    experts = TrtLlmExperts(api, case.fmt, w1, w2, num_experts=case.experts, top_k=case.top_k,
+                            local_expert_offset=case.local.start,
+                            a1_gscale=None if qc.a1_gscale is None else qc.a1_gscale.to(device))
+    a1q, a1q_scale = quantize_input(x_TH.to(device), qc)
+    return experts(PrepareResult(a1q, a1q_scale, None, ids_TK.to(device), w_TK.to(device)), defer=True)
+
+
+def fused_reference_TKH(case: FusedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense fp32, per lane: whether its expert is local, and its SwiGLU expert's output
+    ``(silu(x W_gate^T) * x W_lin^T) W2^T`` (0 for other lanes)."""
+    x_TH, ids_TK, _ = case.inputs()
+    local_TK = (ids_TK >= case.local.start) & (ids_TK < case.local.stop)
+    rows_TKH = torch.zeros(*ids_TK.shape, case.hidden)
+    for t, k in local_TK.nonzero().tolist():
+        w = case.weights(int(ids_TK[t, k]))
+        h = x_TH[t].float() @ w.w1.T
+        rows_TKH[t, k] = (torch.nn.functional.silu(h[case.intermediate:]) * h[:case.intermediate]) @ w.w2.T
+    return local_TK, rows_TKH
+
+
+def fused_differences(a: FusedSide, b: FusedSide, case: FusedCase) -> list[str]:
+    """What ``b`` returned differently from ``a``, and where either strayed from the routing,
+    the router's weights or the dense reference."""
+    found = []
+    local_TK, ref_TKH = fused_reference_TKH(case)
+    _, _, w_TK = case.inputs()
+    for side in (a, b):
+        if not torch.equal(side.local_TK, local_TK):
+            found.append(f"{side.backend}: {int((side.local_TK != local_TK).sum())} lane(s) local where the routing "
+                         "says otherwise (expanded_idx_to_permuted_idx)")
+        if not side.distinct:
+            found.append(f"{side.backend}: local lanes share permuted rows or point past gemm2_output")
+        if not torch.allclose(side.weights_TK, w_TK, rtol=1e-2, atol=1e-3):
+            found.append(f"{side.backend}: expert_weights differ from the router's by "
+                         f"{_max_error(side.weights_TK, w_TK):.3g}")
+    if not torch.equal(a.local_TK, b.local_TK):
+        found.append(f"local lanes differ: {int(a.local_TK.sum())} ({a.backend}) vs {int(b.local_TK.sum())} ({b.backend})")
+    atol = FUSED_RTOL[case.fmt] * max(1.0, float(ref_TKH.abs().max())) if ref_TKH.numel() else 0.0
+    for side in (a, b):
+        err = _max_error(side.rows_TKH, ref_TKH)
+        if not err <= atol:  # NaN too
+            found.append(f"{side.backend}: GEMM2 rows are {err:.3g} from the fp32 reference (tolerance {atol:.3g})")
+    err = _max_error(a.rows_TKH, b.rows_TKH)
+    if not err <= atol:
+        found.append(f"GEMM2 rows differ by {err:.3g} between {a.backend} and {b.backend} (tolerance {atol:.3g})")
+    return found
+
+
+def fused_differential(case: FusedCase, sides: tuple[dict, dict]) -> tuple[list[str], tuple[FusedSide, FusedSide]]:
+    """``case`` through both ``sides`` (keyword arguments of :func:`fused_side`); returns the
+    differences and both sides."""
+    a, b = (fused_side(case, **side) for side in sides)
+    return fused_differences(a, b, case), (a, b)

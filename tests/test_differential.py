@@ -10,7 +10,19 @@ import pytest
 import torch
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.differential import INVALID_ID, Side, differences, differential, expected_counts, reference_TH
+from testbed.differential import (
+    INVALID_ID,
+    FusedCase,
+    FusedSide,
+    Side,
+    differences,
+    differential,
+    expected_counts,
+    fused_differences,
+    fused_differential,
+    fused_side,
+    reference_TH,
+)
 from testbed.scenario.moe import MoECase
 
 
@@ -66,3 +78,44 @@ def test_differential_reference_and_counts_from_the_routing():
         want = [sum(any(int(e) in experts for e in rank_inputs(case, src)[1][t]) for t in range(n))
                 for src, n in enumerate((3, 5))]
         assert expected_counts(case, 2, me) == want
+
+
+@pytest.mark.parametrize("case", [
+    FusedCase("bf16", seed=1), FusedCase("nvfp4", seed=2), FusedCase("bf16", tokens=0),
+    FusedCase("nvfp4", tokens=5, experts=16, local=range(15, 16), top_k=8, seed=4),
+    FusedCase("bf16", tokens=9, experts=4, local=range(0, 4), top_k=1, seed=5),
+], ids=["bf16", "nvfp4", "0-tokens", "one-local-expert", "all-local"])
+@pytest.mark.parametrize("profile", ["0.7.2", "0.6.8"])
+def test_differential_fused_triple_slot_orders_compare_equal(case, profile):
+    found, (a, b) = fused_differential(case, ({"backend": "fake", "profile": profile, "slot_order": "shuffled"},
+                                              {"backend": "fake", "profile": profile, "slot_order": "deterministic"}))
+    assert found == []
+    if case.tokens and case.top_k > 1:  # not vacuous: the permuted rows were laid out differently
+        assert a.raw_digest != b.raw_digest
+
+
+def _fused(**changes) -> tuple[FusedSide, FusedCase]:
+    case = FusedCase("bf16", seed=6)
+    return dataclasses.replace(fused_side(case, "fake"), **changes), case
+
+
+@pytest.mark.parametrize("change, expect", [
+    (lambda s: {"local_TK": s.local_TK.logical_not()}, "local where the routing says otherwise"),
+    (lambda s: {"distinct": False}, "share permuted rows"),
+    (lambda s: {"weights_TK": s.weights_TK.flip(1)}, "expert_weights differ"),
+    (lambda s: {"rows_TKH": s.rows_TKH * 1.2}, "GEMM2 rows"),
+    (lambda s: {"rows_TKH": s.rows_TKH.flip(1)}, "GEMM2 rows"),  # rows of the wrong lanes
+    (lambda s: {"rows_TKH": torch.full_like(s.rows_TKH, float("nan"))}, "GEMM2 rows"),
+], ids=["local-lanes", "shared-rows", "weights", "scaled-rows", "swapped-lanes", "nan"])
+def test_differential_fused_triple_reports_a_wrong_side(change, expect):
+    good, case = _fused()
+    bad = dataclasses.replace(good, backend="wrong", **change(good))
+    found = fused_differences(good, bad, case)
+    assert any(expect in f and "wrong" in f for f in found), found
+
+
+@pytest.mark.parametrize("kwargs, error", [({"fmt": "mxfp8"}, "fmt:"), ({"local": range(3, 3)}, "local:"),
+                                           ({"local": range(6, 9)}, "local:"), ({"top_k": 9}, "top_k:")])
+def test_differential_fused_case_rejects_bad_input(kwargs, error):
+    with pytest.raises(ValueError, match=error):
+        FusedCase(**kwargs)
