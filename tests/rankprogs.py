@@ -165,71 +165,123 @@ def _strided_input(seed: int, rank: int, dtype: torch.dtype, shape: tuple, step:
     return _gather_input(seed, rank, dtype, max(1, torch.Size(shape).numel()) * step)[::step].reshape(shape)
 
 
-def all_reduces(ctx, seed: int) -> tuple[int, int]:
-    """all_reduce of every integer dtype gloo takes with every exact operation (values over the
-    whole range, so sums and products wrap), 0-d, strided and asynchronous, plus a float sum
-    (gloo's), on every group; checked against Python integers element by element. Broadcasts
-    of several dtypes and shapes from several roots (named globally or in the group), and a
-    broadcast_object_list past a slot. Then all_gather_object with one member's object larger than a slot (every member falls back to
-    torch's together). Returns how many calls were checked and how many rounds went through
-    shared memory."""
+def _rounds(segment) -> int:
+    return 0 if segment is None else segment.round
+
+
+def all_reduces(ctx, seed: int) -> int:
+    """On every group: all_reduce of every integer dtype gloo takes with every exact operation
+    (values over the whole range, so sums and products wrap), 0-d and asynchronous (the work's
+    future holds ``[tensor]``, as gloo's), checked against Python integers element by element,
+    each in exactly one shared-memory round; ``ReduceOp(SUM)`` as ``SUM``; a float sum and a
+    sparse sum (gloo's, no round). Broadcasts of several dtypes and shapes from several roots
+    (named globally or in the group), into a parameter that requires grad, and a
+    broadcast_object_list past a slot. A strided tensor and an invalid root are refused.
+    all_gather_object with one member's object larger than a slot (every member falls back to
+    torch's together). Returns how many calls were checked."""
     from testbed.cluster import shm_collectives
 
-    rounds_before = sum(seg.round for seg in shm_collectives._groups.values())
     checked = 0
     for kind, group in ctx.groups.items():
         members = ctx.group_ranks[kind]
+        segment = shm_collectives._groups.get(id(group))
+        rounds = functools.partial(_rounds, segment)
+        served = 1 if segment is not None else 0
         for dtype in (torch.uint8, torch.int8, torch.int32, torch.int64):
             for op, fold in _INT_OPS.items():
-                for shape, step, async_op in (((5,), 1, False), ((), 1, False), ((3, 2), 2, False), ((4,), 1, True)):
-                    inputs = [_int_input(seed, r, dtype, shape, step) for r in members]
+                for shape, async_op in (((5,), False), ((), False), ((4,), True)):
+                    inputs = [_int_input(seed, r, dtype, shape, 1) for r in members]
                     want = [_wrapped(functools.reduce(fold, (int(x.reshape(-1)[i]) for x in inputs)), dtype)
                             for i in range(inputs[0].numel())]
-                    mine = _int_input(seed, ctx.rank, dtype, shape, step)
-                    work = dist.all_reduce(mine, op=op, group=group, async_op=async_op)
+                    mine, before = _int_input(seed, ctx.rank, dtype, shape, 1), rounds()
+                    work = dist.all_reduce(mine, op=dist.ReduceOp(op) if async_op else op, group=group,
+                                           async_op=async_op)
                     if async_op:
                         work.wait()
-                    assert mine.reshape(-1).tolist() == want, (kind, dtype, op, shape, step)
+                        assert [t.data_ptr() for t in work.get_future().value()] == [mine.data_ptr()]
+                    assert mine.reshape(-1).tolist() == want, (kind, dtype, op, shape)
+                    assert rounds() - before == served, (kind, dtype, op, shape)
                     checked += 1
         for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64):
-            for root_at, shape, step, async_op in ((0, (6,), 1, False), (-1, (), 1, False), (1, (3, 2), 2, True)):
+            for root_at, shape, async_op in ((0, (6,), False), (-1, (), False), (1, (3, 2), True)):
                 root = members[root_at % len(members)]
-                mine = _strided_input(seed + root_at, ctx.rank, dtype, shape, step)
+                mine = _strided_input(seed + root_at, ctx.rank, dtype, shape, 1)
                 by_group_rank = root_at % 2 == 1  # name the root as a group rank half of the time
                 work = dist.broadcast(mine, **({"group_src": members.index(root)} if by_group_rank else {"src": root}),
                                       group=group, async_op=async_op)
                 if async_op:
                     work.wait()
-                assert torch.equal(mine, _strided_input(seed + root_at, root, dtype, shape, step)), (kind, dtype, root)
+                    assert [t.data_ptr() for t in work.get_future().value()] == [mine.data_ptr()]
+                assert torch.equal(mine, _strided_input(seed + root_at, root, dtype, shape, 1)), (kind, dtype, root)
                 checked += 1
+        weight = torch.nn.Parameter(_strided_input(seed, ctx.rank, torch.float32, (4,), 1))
+        dist.broadcast(weight, src=members[-1], group=group)
+        assert torch.equal(weight.detach(), _strided_input(seed, members[-1], torch.float32, (4,), 1)), kind
         box = [bytes(100_000) if ctx.rank == members[0] else None, "small"]
         dist.broadcast_object_list(box, src=members[0], group=group)  # the bytes past a slot: gloo's
         assert box == [bytes(100_000), "small"], kind
-        checked += 1
+        checked += 2
+        if segment is not None:
+            for call, kwargs in ((dist.all_reduce, {}), (dist.broadcast, {"src": members[0]})):
+                try:
+                    call(torch.zeros(4, 2, dtype=torch.int32).t(), group=group, **kwargs)
+                except RuntimeError as exc:
+                    assert "tensor must be contiguous" in str(exc), str(exc)
+                else:
+                    raise AssertionError(f"{kind}: a strided tensor went through")
+                checked += 1
+            try:
+                dist.broadcast(torch.zeros(2), group_src=len(members), group=group)
+            except RuntimeError as exc:
+                assert f"invalid root rank: {len(members)}" in str(exc), str(exc)
+            else:
+                raise AssertionError(f"{kind}: a broadcast from group rank {len(members)} went through")
+            checked += 1
         floats = [_gather_input(seed, r, torch.float32, 6) for r in members]
-        got = _gather_input(seed, ctx.rank, torch.float32, 6)
+        got, before = _gather_input(seed, ctx.rank, torch.float32, 6), rounds()
         dist.all_reduce(got, group=group)
         assert torch.allclose(got.double(), torch.stack(floats).double().sum(0), atol=1e-5), kind
-        checked += 1
+        sparse = torch.sparse_coo_tensor([[members.index(ctx.rank)]], [ctx.rank + 1], (len(members),),
+                                         check_invariants=True)
+        dist.all_reduce(sparse, group=group)
+        assert sparse.to_dense().tolist() == [r + 1 for r in members], kind
+        assert rounds() == before, kind  # both gloo's
+        checked += 2
         big = ctx.rank == members[0]
         objs = [None] * len(members)
         dist.all_gather_object(objs, bytes(100_000) if big else ctx.rank, group=group)
         assert objs == [bytes(100_000) if r == members[0] else r for r in members], kind
         checked += 1
-    return checked, sum(seg.round for seg in shm_collectives._groups.values()) - rounds_before
+    return checked
+
+
+_CALLS = {
+    "object": lambda ws: dist.all_gather_object([None] * ws, "x"),
+    "gather": lambda ws: dist.all_gather([torch.zeros(3, dtype=torch.int32) for _ in range(ws)],
+                                         torch.zeros(3, dtype=torch.int32)),
+    "sum": lambda ws: dist.all_reduce(torch.zeros(3, dtype=torch.int32)),
+    "max": lambda ws: dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=dist.ReduceOp.MAX),
+    "barrier": lambda ws: dist.barrier(),
+    "broadcast0": lambda ws: dist.broadcast(torch.zeros(3, dtype=torch.int32), src=0),
+    "broadcast1": lambda ws: dist.broadcast(torch.zeros(3, dtype=torch.int32), src=1),
+    "broadcast-short": lambda ws: dist.broadcast(torch.zeros(2, dtype=torch.int32), src=0),
+}
 
 
 def different_calls(ctx, calls: tuple[str, str]) -> None:
-    """Rank 0 makes the first call where rank 1 makes the second: both reach the segment, out of step."""
-    call = calls[0] if ctx.rank == 0 else calls[1]
-    if call == "object":
-        dist.all_gather_object([None] * ctx.world_size, "x")
-    elif call == "reduce":
-        dist.all_reduce(torch.zeros(3, dtype=torch.int32))
-    elif call.startswith("broadcast"):
-        dist.broadcast(torch.zeros(3, dtype=torch.int32), src=int(call[-1]))
-    else:
-        dist.barrier()
+    """Rank 0 makes the first call of :data:`_CALLS` where rank 1 makes the second."""
+    _CALLS[calls[0] if ctx.rank == 0 else calls[1]](ctx.world_size)
+
+
+def barrier_after_async_work(ctx) -> bool:
+    """An asynchronous float all-reduce (gloo's), then a barrier: after the barrier the work
+    is complete and its result there, as gloo's barrier guarantees."""
+    t = torch.ones(1 << 20)  # float and past a slot: gloo's; large, so not done by itself at the barrier
+    work = dist.all_reduce(t, async_op=True)
+    dist.barrier()
+    done = work.is_completed() and bool((t == ctx.world_size).all())
+    work.wait()
+    return done
 
 
 def barrier_order(ctx) -> bool:
