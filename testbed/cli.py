@@ -26,7 +26,7 @@ MUTANT_TIMEOUT_S = 12.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    from testbed.scenario.model import add_arguments
+    from testbed.scenario.model import BACKENDS, add_arguments
 
     parser = argparse.ArgumentParser(
         prog="a2a-testbed",
@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix-profile", metavar="RELEASE",
                      help="run the integration matrix moved to this FlashInfer release (e.g. 0.7.4: every "
                           "FlashInfer path through flashinfer.moe_ep); scenarios it cannot run are listed with the rule")
+    run.add_argument("--backend", choices=BACKENDS, default=None,
+                     help="who runs FlashInfer: fake (the CPU fake, default) or flashinfer (the installed package "
+                          "on this machine's GPUs, a rank per GPU, CUDA tensors over NCCL; the profile is the installed "
+                          "release's; without scenario flags, the matrix's scenarios it can run)")
     run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -152,6 +156,8 @@ def _run(args) -> int:
             mutants.get(args.mutant)
         except ValueError as e:
             raise UsageError(f"--mutant: {e}") from None
+    if args.backend not in (None, "fake"):
+        return _judge_on(args.backend, args)
     if args.matrix_profile is not None:
         if scenario_given(args) or args.layout:
             raise UsageError("--matrix-profile runs the whole matrix: give no scenario flags or --layout with it")
@@ -165,6 +171,31 @@ def _run(args) -> int:
             print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
         return _judge(scenarios, args, not_run=len(refused))
     return _judge(_scenarios(args), args)
+
+
+def _judge_on(backend: str, args) -> int:
+    """The scenario the flags give, or the matrix, on the real FlashInfer of this machine."""
+    from testbed.gpu_env import installed_profile
+    from testbed.scenario.matrix import on_release
+    from testbed.scenario.model import scenario_given
+
+    if args.matrix_profile is not None:
+        raise UsageError(f"--matrix-profile moves the fake to a release; --backend {backend} runs the installed one")
+    try:
+        profile = installed_profile()
+    except ValueError as e:
+        raise UsageError(f"--backend {backend}: {e}") from None
+    if scenario_given(args) or args.layout:
+        if args.profile not in (None, profile):
+            raise UsageError(f"--profile {args.profile}: --backend {backend} runs the installed release, {profile}")
+        args.profile = profile
+        return _judge(_scenarios(args), args)
+    import torch
+
+    scenarios, refused = on_release(profile, backend, torch.cuda.device_count())
+    for sc, rule in refused:
+        print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
+    return _judge(scenarios, args, not_run=len(refused))
 
 
 def _scenarios(args) -> list:
@@ -236,7 +267,8 @@ def _judge_launched(env, scenarios, args, not_run: int) -> int:
                       f"{env.world_size}", flush=True)
     if not mine:
         raise UsageError(f"no scenario has WORLD_SIZE={env.world_size} ranks (give --layout)")
-    join(env, args.timeout or runner.DEFAULT_TIMEOUT_S)
+    join(env, args.timeout or runner.DEFAULT_TIMEOUT_S,
+         runner.process_group_backend("fake" if all(sc.flashinfer_backend == "fake" for sc in mine) else "flashinfer"))
     started, verdicts = time.monotonic(), []
     try:
         for i, sc in enumerate(mine, 1):

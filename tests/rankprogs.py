@@ -333,3 +333,15 @@ def make_own_group(ctx) -> None:
 def exit_at_start() -> None:
     """A worker initializer that ends the process before it reports ready."""
     os._exit(7)
+
+
+def alias_flashinfer(profile: str) -> None:
+    """A worker initializer: from now on ``import flashinfer`` in this rank process is the
+    fake imitating ``profile`` (what a machine with the real package would import)."""
+    from fakes.flashinfer import install
+
+    _ALIAS.append(install(profile))  # kept: a collected context manager would leave its block
+    _ALIAS[-1].__enter__()
+
+
+_ALIAS: list = []

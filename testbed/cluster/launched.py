@@ -67,9 +67,9 @@ def launch_env(environ: Optional[Mapping[str, str]] = None) -> Optional[LaunchEn
                      env.get("LOCAL_WORLD_SIZE") == env["WORLD_SIZE"])
 
 
-def join(env: LaunchEnv, timeout_s: float) -> None:
-    """Join the launched job's default group (gloo, ``env://``), once per process; segments
-    an earlier job left behind when its launcher died are removed first."""
+def join(env: LaunchEnv, timeout_s: float, backend: str = "gloo") -> None:
+    """Join the launched job's default group (``backend``, gloo by default; ``env://``), once
+    per process; segments an earlier job left behind when its launcher died are removed first."""
     import torch
     import torch.distributed as dist
 
@@ -77,7 +77,7 @@ def join(env: LaunchEnv, timeout_s: float) -> None:
     torch.set_num_threads(1)
     if env.single_node:  # every rank here: gloo over loopback, as the pool's ranks
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="env://", rank=env.rank, world_size=env.world_size,
+    dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=timeout_s))
 
 

@@ -214,8 +214,8 @@ class RankPool:
         self._dump_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
         self._workers: list[_Worker] = []
         # The world each worker kept after its last scenario: (store path, world size, group
-        # timeout, its rank there).
-        self._worlds: dict[_Worker, tuple[str, int, float, int]] = {}
+        # timeout, backend, its rank there).
+        self._worlds: dict[_Worker, tuple[str, int, float, str, int]] = {}
         self._spawned = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -265,6 +265,7 @@ class RankPool:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         abort_grace_s: float = ABORT_GRACE_S,
         pg_timeout_s: float | None = None,
+        pg_backend: str = "gloo",
         name: str | None = None,
         seed: int = 0,
         monitor: Callable[[set[int]], str | None] | None = None,
@@ -286,6 +287,9 @@ class RankPool:
         pg_timeout_s : float, optional
             Timeout of every process group; defaults to ``timeout_s + 30`` so that the
             watchdog, which shows stacks, fires before gloo does.
+        pg_backend : str
+            The world's ``torch.distributed`` backend: ``gloo``, or ``cpu:gloo,cuda:nccl``
+            (CUDA tensors over NCCL) for ranks that drive GPUs.
         seed : int
             Passed to every rank as ``ctx.seed``.
         monitor : callable, optional
@@ -320,13 +324,14 @@ class RankPool:
                 raise RuntimeError("RankPool is closed")
             return self._run(
                 name, payload, layout, timeout_s, abort_grace_s,
-                pg_timeout_s if pg_timeout_s is not None else timeout_s + 30.0, seed, monitor,
+                pg_timeout_s if pg_timeout_s is not None else timeout_s + 30.0, pg_backend, seed, monitor,
             )
 
-    def _run(self, name, payload, layout, timeout_s, abort_grace_s, pg_timeout_s, seed, monitor):
+    def _run(self, name, payload, layout, timeout_s, abort_grace_s, pg_timeout_s, pg_backend, seed, monitor):
         workers = self._ensure_workers(layout.world_size)
         prefix = scenario_prefix(os.getpid(), uuid.uuid4().hex[:12])
-        store_path = self._world_store(workers, pg_timeout_s) or os.path.join(self._dump_dir, prefix + "store")
+        world = (pg_timeout_s, pg_backend)
+        store_path = self._world_store(workers, world) or os.path.join(self._dump_dir, prefix + "store")
         started = time.monotonic()
         in_flight = dict(enumerate(workers))
         try:
@@ -334,12 +339,12 @@ class RankPool:
                 w.cmd.send(
                     worker_mod.Job(
                         name=name, rank=rank, layout=layout, store_path=store_path, pg_timeout_s=pg_timeout_s,
-                        arena_prefix=prefix, seed=seed, payload=payload,
+                        pg_backend=pg_backend, arena_prefix=prefix, seed=seed, payload=payload,
                         sys_path=tuple(sys.path),
                     )
                 )
             reports, mismatch = self._watch(in_flight, started, timeout_s, abort_grace_s, monitor)
-            reports.update(self._teardown(in_flight, reports, (store_path, layout.world_size, pg_timeout_s)))
+            reports.update(self._teardown(in_flight, reports, (store_path, layout.world_size, *world)))
             in_flight = {}
         finally:
             # Interrupted (Ctrl-C, pytest-timeout): the ranks are in an unknown state.
@@ -424,14 +429,14 @@ class RankPool:
         return RankReport(rank, w.process.pid, "died", f"process {w.process.pid} {how}", "",
                           time.monotonic() - started, time.time())
 
-    def _world_store(self, workers: list[_Worker], pg_timeout_s: float) -> str | None:
+    def _world_store(self, workers: list[_Worker], world: tuple[float, str]) -> str | None:
         """The store of the world every one of ``workers`` kept, each as its rank here and
-        with the same timeout (so the job reuses its groups), or None."""
+        with the same ``(group timeout, backend)`` (so the job reuses its groups), or None."""
         kept = [self._worlds.get(w) for w in workers]
         if kept[0] is None:
             return None
         store_path = kept[0][0]
-        if kept != [(store_path, len(workers), pg_timeout_s, rank) for rank in range(len(workers))]:
+        if kept != [(store_path, len(workers), *world, rank) for rank in range(len(workers))]:
             return None
         return store_path
 

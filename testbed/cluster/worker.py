@@ -52,6 +52,7 @@ class Job:
     layout: ParallelLayout
     store_path: str
     pg_timeout_s: float
+    pg_backend: str
     arena_prefix: str
     seed: int
     payload: bytes
@@ -95,7 +96,7 @@ class _State:
     """The scenario in flight (for the control thread) and the world kept between scenarios."""
 
     arena_prefix: str | None = None
-    world: tuple | None = None  # (store path, world size, rank, group timeout) of the kept world
+    world: tuple | None = None  # (store path, world size, rank, group timeout, backend) of the kept world
     groups_by_members: dict = field(default_factory=dict)
     process_groups: int = 0  # how many this process had when the scenario started
 
@@ -260,12 +261,12 @@ def _setup(job: Job, state: _State) -> RankContext:
 
     timeout = timedelta(seconds=job.pg_timeout_s)
     layout = job.layout
-    world = (job.store_path, layout.world_size, job.rank, job.pg_timeout_s)
+    world = (job.store_path, layout.world_size, job.rank, job.pg_timeout_s, job.pg_backend)
     if state.world != world:
         _leave_world(state)
         store = dist.FileStore(job.store_path, layout.world_size)
         dist.init_process_group(
-            "gloo", store=store, rank=job.rank, world_size=layout.world_size, timeout=timeout
+            job.pg_backend, store=store, rank=job.rank, world_size=layout.world_size, timeout=timeout
         )
         state.world = world
     ctx = rank_context(job.name, layout, job.rank, timeout, job.arena_prefix, job.seed,

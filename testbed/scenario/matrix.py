@@ -94,17 +94,25 @@ MATRIX: tuple[Scenario, ...] = (
 )
 
 
-def on_release(profile: str) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
+def on_release(profile: str, backend: str = "fake", gpus: int | None = None
+               ) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
     """The matrix moved to FlashInfer ``profile`` (each FlashInfer path on the API the release
-    offers): the scenarios it can run, and those it refuses with the rule (a custom combine
-    signature needs ``MoeAlltoAll``, ``moe_ep`` needs experts divisible by the EP size, ...)."""
+    offers) and run by ``backend``: the scenarios it can run, and those it refuses with the
+    rule (a custom combine signature needs ``MoeAlltoAll``, ``moe_ep`` needs experts divisible
+    by the EP size, ...). On the real FlashInfer a scenario already of ``profile`` keeps its
+    API, and one of more ranks than ``gpus`` is refused (a rank per GPU)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {', '.join(PROFILES)}")
     runnable, refused = [], []
     for sc in MATRIX:
-        moved = dataclasses.replace(sc, profile=profile, a2a_api="auto", label=f"{sc.label} [on {profile}]")
+        keep_api = backend != "fake" and sc.profile == profile
+        moved = dataclasses.replace(sc, profile=profile, a2a_api=sc.a2a_api if keep_api else "auto", flashinfer_backend=backend,
+                                    label=f"{sc.label} [on {profile}{'' if backend == 'fake' else ', ' + backend}]")
         try:
             moved.validate()
+            if gpus is not None and sc.layout.world_size > gpus:
+                raise ScenarioInputError("--layout", f"{sc.layout.world_size} ranks need as many GPUs; this machine "
+                                                     f"has {gpus}")
         except ScenarioInputError as e:
             refused.append((sc, str(e)))
         else:

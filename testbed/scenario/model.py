@@ -45,6 +45,9 @@ COMBINE_SIGNATURES = ("release", "kw-only", "kwargs-only", "positional-only", "o
 # MoeAlltoAll / MnnvlMoe (up to 0.7.2), or flashinfer.moe_ep's NVLink backends (0.7.2 on).
 A2A_APIS = ("auto", "comm", "moe_ep")
 SLOT_ORDERS = ("shuffled", "deterministic")
+# Who runs FlashInfer's side: the CPU fake, or the real package on this machine's GPUs (the
+# scenario's profile must then be the installed release's).
+BACKENDS = ("fake", "flashinfer")
 PROFILES = tuple(FAKE_PROFILES)
 # The TRT-LLM MoE routing kernels take at most 8 experts per token (the one-sided all-to-all
 # itself allows kMaxTopK = 22, the two-sided one 32).
@@ -104,6 +107,7 @@ class Scenario:
     expert_output: str = "separate"  # "workspace": straight into the one-sided combine region
     invalid_expert_id: str = "-1"  # the one-sided dispatch's sentinel: -1 or num_experts
     a2a_api: str = "auto"  # one of A2A_APIS (FlashInfer paths only)
+    flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
     label: str = field(default="", compare=False)
 
     @classmethod
@@ -188,6 +192,8 @@ class Scenario:
         _choice("--expert-output", self.expert_output, EXPERT_OUTPUTS)
         _choice("--invalid-expert-id", self.invalid_expert_id, INVALID_EXPERT_IDS)
         _choice("--a2a-api", self.a2a_api, A2A_APIS)
+        _choice("--backend", self.flashinfer_backend, BACKENDS)
+        self._check_backend()
         self._check_api()
         self._check_features()
         kernels = FAKE_PROFILES[self.profile].top_k_kernels
@@ -255,6 +261,18 @@ class Scenario:
                                          f"(largest {biggest})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ScenarioInputError("--seed", f"must be an integer >= 0, got {self.seed!r}")
+
+    def _check_backend(self) -> None:
+        """What only the fake can vary: on the real FlashInfer the release fixes the combine
+        signature and the kernels choose the slot order."""
+        if self.flashinfer_backend == "fake":
+            return
+        if self.combine_signature != "release":
+            raise ScenarioInputError("--combine-signature", "the custom signatures replace the fake's combine; "
+                                     f"--backend {self.flashinfer_backend} runs the release's own")
+        if self.slot_order != "shuffled":
+            raise ScenarioInputError("--slot-order", f"is the fake's; on --backend {self.flashinfer_backend} the "
+                                     "kernels choose the order")
 
     def _check_api(self) -> None:
         if self.a2a_api == "auto":
@@ -337,6 +355,8 @@ class Scenario:
         parts += ["--routed-scaling", repr(float(self.routed_scaling)), "--expert-kernel", self.expert_kernel,
                   "--expert-output", self.expert_output, "--invalid-expert-id", self.invalid_expert_id,
                   "--a2a-api", self.a2a_api]
+        if self.flashinfer_backend != "fake":
+            parts += ["--backend", self.flashinfer_backend]
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -353,6 +373,7 @@ class Scenario:
         sig += " out-in-workspace" if self.expert_output == "workspace" else ""
         sig += f" invalid={self.invalid_expert_id}" if self.invalid_expert_id != "-1" else ""
         sig += " moe_ep" if self.api == "moe_ep" else ""
+        sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
 
@@ -485,7 +506,8 @@ def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
     biggest = max((ly.max_num_tokens for st in stages for ly in st), default=1)
     passes = tuple(parse_tokens(t) for t in args.tokens) if args.tokens else \
         (tuple(0 if d == 0 and layout.dp > 1 else min(4 + d, biggest) for d in range(layout.dp)),)
-    return Scenario.make(layout=layout, stages=stages, passes=passes, **value)
+    return Scenario.make(layout=layout, stages=stages, passes=passes,
+                         flashinfer_backend=getattr(args, "backend", None) or "fake", **value)
 
 
 def parse_stages(text: str) -> tuple[tuple[Layer, ...], ...]:

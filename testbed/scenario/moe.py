@@ -234,8 +234,10 @@ def one_sided_manager(ctx, api) -> OneSidedManager:
 
 
 def rank_device(ctx, backend: str) -> torch.device:
-    """Where this rank's tensors live: the CPU for the fake, else this rank's GPU (made current)."""
-    if backend == "fake":
+    """Where this rank's tensors live: the CPU for the fake, else this rank's GPU (made current);
+    the CPU on a machine without CUDA, where ``flashinfer`` can only be the fake under its real
+    name (``fakes.flashinfer.install``)."""
+    if backend == "fake" or not torch.cuda.is_available():
         return torch.device("cpu")
     index = ctx.rank % torch.cuda.device_count()
     torch.cuda.set_device(index)

@@ -12,6 +12,7 @@ scenario's. ``moe_ep``'s communications are recorded alike.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 from collections import Counter
 from typing import Optional
@@ -30,7 +31,7 @@ from impl.moe_layer import MoELayer, MoELayerConfig
 from testbed.scenario import audit, mutants
 from testbed.scenario.experts import Experts
 from testbed.scenario.model import Scenario
-from testbed.scenario.moe import forward_pass_token_counts, quant_config, rank_api
+from testbed.scenario.moe import forward_pass_token_counts, quant_config, rank_api, rank_device
 from testbed.scenario.reference import (
     ACT_DTYPE,
     expert_weight,
@@ -162,6 +163,73 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
                                          "get_combine_input_buffer": get_combine_input_buffer})
 
 
+def _recording_public_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int, ...]) -> type:
+    """A real ``MoeAlltoAll`` logging what :func:`_recording_moe_alltoall` logs, through its
+    public ``dispatch`` and ``combine`` (the fake's hooks are its own); the probe sees their
+    signatures through ``__wrapped__``."""
+    builds = itertools.count(1)
+    dispatch_sig, combine_sig = inspect.signature(base.dispatch), inspect.signature(base.combine)
+
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        self._testbed_build = next(builds)
+        log.write(ev="build", index=self._testbed_build, max_num_tokens=self.max_num_tokens,
+                  workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
+
+    @functools.wraps(base.dispatch)
+    def dispatch(self, *args, **kwargs):
+        given = dispatch_sig.bind(self, *args, **kwargs).arguments
+        log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="dispatch", rtm=given["runtime_max_tokens_per_rank"],
+                  tokens=given["token_selected_experts"].size(0))
+        return base.dispatch(self, *args, **kwargs)
+
+    @functools.wraps(base.combine)
+    def combine(self, *args, **kwargs):
+        given = combine_sig.bind(self, *args, **kwargs).arguments
+        log.write(ev="combine", build=self._testbed_build, output=given.get("output") is not None,
+                  rtm=given["runtime_max_tokens_per_rank"], in_workspace=bool(given.get("payload_in_workspace")))
+        log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.impl_call_site())
+        return base.combine(self, *args, **kwargs)
+
+    return type("MoeAlltoAll", (base,), {"__init__": __init__, "dispatch": dispatch, "combine": combine})
+
+
+def _replace(module, name: str, value) -> callable:
+    """Set ``module.name``; returns what puts it back (a module-level lookup, as the fake's
+    per-profile names are, comes back by removing the attribute)."""
+    had, old = name in vars(module), vars(module).get(name)
+    setattr(module, name, value)
+    return lambda: setattr(module, name, old) if had else delattr(module, name)
+
+
+def _install_real(ctx, sc: Scenario, log: audit.EventLog):
+    """The real FlashInfer (``sc.flashinfer_backend``) of this machine, recorded as the fake is."""
+    from testbed.gpu_env import profile_of
+
+    api = rank_api(ctx, sc.flashinfer_backend)
+    if profile_of(api.version) != sc.profile:
+        raise RuntimeError(f"--profile {sc.profile}: this machine's FlashInfer is {api.version} (profile "
+                           f"{profile_of(api.version)}); the invariants hold the scenario's release to its facts")
+    ep_ranks = ctx.group_ranks["ep"]
+    restores = []
+    if api.has("comm"):
+        restores.append(_replace(api.moe_alltoall, "MoeAlltoAll",
+                                 _recording_public_moe_alltoall(api.moe_alltoall.MoeAlltoAll, log, ep_ranks)))
+    if api.has("comm", two_sided=True):
+        restores.append(_replace(api.alltoall, "MnnvlMoe", _recording_mnnvl_moe(api.alltoall.MnnvlMoe, log, ep_ranks)))
+    if api.has("moe_ep"):
+        restores.append(_replace(api.moe_ep, "create_communication",
+                                 _recording_communication(api.moe_ep.create_communication, log, ep_ranks)))
+
+    def restore():
+        for undo in restores:
+            undo()
+
+    ctx.add_cleanup(restore)
+    return api
+
+
 def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
     api = rank_api(ctx, "fake", sc.profile, sc.slot_order)  # ctx.seed is the scenario's
     ep_ranks = ctx.group_ranks["ep"]
@@ -227,7 +295,8 @@ def _slice(t: torch.Tensor, logical: tuple[int, int], rows: Optional[range] = No
     return t
 
 
-def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range, tp: tuple[int, int]):
+def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range, tp: tuple[int, int],
+                    device: torch.device):
     """This rank's SwiGLU experts on the fake's TRT-LLM kernel; expert parallel off gives each
     TP rank its slice of every expert's intermediate dimension (vLLM's weight loader)."""
     H, I = sc.hidden, intermediate_size(sc)
@@ -244,15 +313,16 @@ def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range,
     w = [swiglu_weights(sc.seed, stage, i, e, fmt, H, I) for e in own]
     q1 = [shard(x.q1, (2 * I, H), True) for x in w]
     q2 = [shard(x.q2, (H, I), False) for x in w]
-    stack = lambda qs, j: torch.stack([q[j] for q in qs])  # noqa: E731
+    stack = lambda qs, j: torch.stack([q[j] for q in qs]).to(device)  # noqa: E731
     if fmt == "bf16":
         w1, w2 = stack(q1, 0), stack(q2, 0)
     else:
-        gs = torch.ones(len(own)) if fmt == "nvfp4" else None
+        gs = torch.ones(len(own), device=device) if fmt == "nvfp4" else None
         w1 = QuantizedWeights(stack(q1, 0), stack(q1, 1), gs)
         w2 = QuantizedWeights(stack(q2, 0), stack(q2, 1), gs)
+    a1_gscale = quant_config(fmt).a1_gscale
     return TrtLlmExperts(api, fmt, w1, w2, num_experts=sc.experts, top_k=sc.top_k, local_expert_offset=own.start,
-                         a1_gscale=quant_config(fmt).a1_gscale, weighted=not sc.router_weight_on_input,
+                         a1_gscale=None if a1_gscale is None else a1_gscale.to(device), weighted=not sc.router_weight_on_input,
                          packed_routing=sc.expert_kernel == "trtllm-packed")
 
 
@@ -260,15 +330,17 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     """Rank program: this rank's stage's layers (through :mod:`impl.factory` and
     :class:`impl.moe_layer.MoELayer`), then every forward pass.
 
-    Returns ``{"outputs": {(pass, layer): [T, H] bf16}, "lanes": {(pass, layer): Counter}}``;
-    everything else is in the event log ``{log_dir}/rank{r}.jsonl``.
+    Returns ``{"outputs": {(pass, layer): [T, H] bf16 on the CPU}, "lanes": {(pass, layer):
+    Counter}}``; everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
+    FlashInfer the layers run on this rank's GPU.
     """
+    device = rank_device(ctx, sc.flashinfer_backend)
     log = audit.EventLog(f"{log_dir}/rank{ctx.rank}.jsonl")
     ctx.add_cleanup(log.close)
     if mutant:
         ctx.add_cleanup(mutants.apply(mutant))
     ctx.add_cleanup(audit.install(log, ctx.world_size))
-    api = _install_fake(ctx, sc, log)
+    api = _install_fake(ctx, sc, log) if sc.flashinfer_backend == "fake" else _install_real(ctx, sc, log)
     stage, ep_group = ctx.coords.pp_rank, ctx.groups["ep"]
     dp_rank, tp = ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
     ep_rank = 0 if sc.path == "none" else dist.get_rank(ep_group)
@@ -285,7 +357,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
                                    invalid_expert_id=sc.invalid_id())
         log.write(ev="layer", layer=i)
         if sc.expert_kernel != "reference":
-            experts = _trtllm_experts(api, sc, stage, i, layer.fmt, own, expert_shard)
+            experts = _trtllm_experts(api, sc, stage, i, layer.fmt, own, expert_shard, device)
         else:
             experts = Experts(layer.fmt, sc.hidden, own,
                               functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden),
@@ -295,13 +367,13 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
                                       sc.router_weight_on_input, sc.expert_output),
                        parallel, pf, recording, tp_group=ctx.groups["tp"])
         if sc.shared_experts:  # sharded like the routed experts where the TP all-reduce completes them
-            moe.shared_experts = SharedExpert(shared_weight(sc.seed, stage, i, sc.hidden),
+            moe.shared_experts = SharedExpert(shared_weight(sc.seed, stage, i, sc.hidden).to(device),
                                               tp if sc.parts_partial else (0, 1))
         layers.append((moe, recording))
     outputs, lanes = {}, {}
     for p in range(len(sc.passes)):
         for i, (moe, recording) in enumerate(layers):
-            x_TH, ids_TK, w_TK = layer_inputs(sc, p, stage, i, dp_rank)
+            x_TH, ids_TK, w_TK = (t.to(device) for t in layer_inputs(sc, p, stage, i, dp_rank))
             # The testbed's own collective is logged too: a rank that skipped an all-to-all
             # is then out of step with its peers at once, not at the timeout.
             log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
@@ -313,6 +385,6 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
             with forward_context(counts):
                 out = moe(x_TH, w_TK, ids_TK)
             log.write(ev="forward_end", pass_=p, layer=i)
-            outputs[(p, i)] = out
+            outputs[(p, i)] = out.cpu()
             lanes[(p, i)] = recording.lanes
     return {"outputs": outputs, "lanes": lanes}

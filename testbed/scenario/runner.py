@@ -25,6 +25,17 @@ DEFAULT_TIMEOUT_S = 30.0
 NAMED_TESTS_TIMEOUT_S = 300.0
 
 
+def process_group_backend(backend: str) -> str:
+    """The ranks' ``torch.distributed`` backend for a scenario's FlashInfer ``backend``: gloo,
+    plus NCCL for CUDA tensors where the real FlashInfer runs on GPUs (vLLM's device groups)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend != "fake" and torch.cuda.is_available() and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
 def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
         timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
     """Run ``sc`` (optionally against ``mutant`` of impl) and check every invariant."""
@@ -36,7 +47,7 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
             watch = lambda finished: certain_mismatch(_logs(tails), finished)  # noqa: E731
             results, error = pool.run(run_scenario, sc.layout, (sc, log_dir, mutant), timeout_s=timeout_s,
                                       name=f"scenario{'-' + mutant if mutant else ''}", seed=sc.seed,
-                                      monitor=watch), None
+                                      monitor=watch, pg_backend=process_group_backend(sc.flashinfer_backend)), None
         except ScenarioError as exc:
             results, error = None, exc
         seconds = time.monotonic() - started
