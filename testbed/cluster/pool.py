@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -43,6 +44,7 @@ from testbed.cluster.layout import ParallelLayout
 DEFAULT_TIMEOUT_S = 60.0
 ABORT_GRACE_S = 3.0
 STACK_TIMEOUT_S = 2.0
+_open_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 TEARDOWN_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 180.0
 MONITOR_PERIOD_S = 0.25
@@ -102,6 +104,12 @@ class CollectiveMismatchError(ScenarioError):
 
 class ScenarioSetupError(TypeError):
     """The scenario could not be handed to the rank processes (nothing was started)."""
+
+
+def open_pools_worker_pids() -> set[int]:
+    """The rank processes of every pool of this process still open (each one's are its own,
+    not strays of another)."""
+    return {pid for pool in list(_open_pools) for pid in pool.worker_pids}
 
 
 class WorkerStartError(RuntimeError):
@@ -209,6 +217,7 @@ class RankPool:
     def __init__(self, start_timeout_s: float = START_TIMEOUT_S,
                  initializer: Callable[[], Any] | None = None) -> None:
         self._mp = worker_context()
+        _open_pools.add(self)
         self._start_timeout_s = start_timeout_s
         self._initializer = initializer
         self._dump_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
@@ -243,6 +252,7 @@ class RankPool:
         if self._closed:
             return
         self._closed = True
+        _open_pools.discard(self)
         for w in self._workers:
             try:
                 w.cmd.send(None)

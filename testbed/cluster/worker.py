@@ -124,6 +124,7 @@ def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
     _keep_freed_memory()
     shm_collectives.install()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.pop("LOCAL_RANK", None)  # a launcher's, if the parent was launched: not this rank's
     if initializer is not None:
         initializer()
     cmd_conn.send(("ready", os.getpid()))

@@ -12,6 +12,7 @@ fp32 MoE of the inputs as given and never quantizes. Expert e is the linear map 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -239,6 +240,7 @@ def rank_device(ctx, backend: str) -> torch.device:
     name (``fakes.flashinfer.install``)."""
     if backend == "fake" or not torch.cuda.is_available():
         return torch.device("cpu")
-    index = ctx.rank % torch.cuda.device_count()
+    # A launched rank (torchrun, possibly one of several nodes) has its node's LOCAL_RANK.
+    index = int(os.environ.get("LOCAL_RANK", ctx.rank)) % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

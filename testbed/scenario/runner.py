@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from fakes.arena import PREFIX_ROOT, SHM_DIR
-from testbed.cluster.pool import RankPool, ScenarioError
+from testbed.cluster.pool import RankPool, ScenarioError, open_pools_worker_pids
 from testbed.scenario import invariants, mutants
 from testbed.scenario.audit import LogTail, certain_mismatch
 from testbed.scenario.invariants import Failure, Verdict
@@ -56,7 +56,7 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
         shutil.rmtree(log_dir, ignore_errors=True)
     verdict = invariants.check(sc, logs, results, error)
     verdict.seconds = seconds
-    leaks = _leaks(pool)
+    leaks = _leaks()
     if leaks:
         verdict.failures.append(Failure("no-leaks", leaks))
     return verdict
@@ -94,9 +94,9 @@ def _logs(tails: dict[int, LogTail]) -> dict[int, list[dict]]:
     return {r: list(tail.events()) for r, tail in tails.items()}
 
 
-def _leaks(pool: RankPool) -> str:
+def _leaks() -> str:
     segments = sorted(p.name for p in SHM_DIR.glob(f"{PREFIX_ROOT}-{os.getpid()}-*"))
-    workers = set(pool.worker_pids)
+    workers = open_pools_worker_pids()  # this pool's, and those of another open in this process
     strays = [p.pid for p in multiprocessing.active_children() if p.pid not in workers]
     found = []
     if segments:
