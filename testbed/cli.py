@@ -26,7 +26,7 @@ MUTANT_TIMEOUT_S = 12.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    from testbed.scenario.model import BACKENDS, add_arguments
+    from testbed.scenario.model import add_arguments
 
     parser = argparse.ArgumentParser(
         prog="a2a-testbed",
@@ -51,10 +51,6 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix-profile", metavar="RELEASE",
                      help="run the integration matrix moved to this FlashInfer release (e.g. 0.7.4: every "
                           "FlashInfer path through flashinfer.moe_ep); scenarios it cannot run are listed with the rule")
-    run.add_argument("--backend", choices=BACKENDS, default=None,
-                     help="who runs FlashInfer: fake (the CPU fake, default) or flashinfer (the installed package "
-                          "on this machine's GPUs, a rank per GPU, CUDA tensors over NCCL; the profile is the installed "
-                          "release's; without scenario flags, the matrix's scenarios it can run)")
     run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",

@@ -32,7 +32,7 @@ def test_scenario_to_cli_round_trips(sc):
     assert _parse(sc.to_cli()) == sc
 
 
-@pytest.mark.parametrize("sc", MATRIX, ids=lambda s: s.label)
+@pytest.mark.parametrize("sc", MATRIX + tuple(on_release("0.7.2", "flashinfer")[0]), ids=lambda s: s.label)
 def test_scenario_matrix_entries_round_trip(sc):
     assert _parse(sc.to_cli()) == sc
 

@@ -483,6 +483,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                 "(workspace: the one-sided combine region) (default separate)")
     parser.add_argument("--invalid-expert-id", help=f"the one-sided dispatch's sentinel: "
                                                     f"{', '.join(INVALID_EXPERT_IDS)} (default -1)")
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="who runs FlashInfer: fake (the CPU fake, default) or flashinfer (the installed package "
+                             "on this machine's GPUs, a rank per GPU, CUDA tensors over NCCL; the profile is the "
+                             "installed release's; without scenario flags, the matrix's scenarios it can run)")
     parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
                                           "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
                                           "from 0.7.2; auto: comm where the release has it) (default auto)")
@@ -507,7 +511,7 @@ def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
     passes = tuple(parse_tokens(t) for t in args.tokens) if args.tokens else \
         (tuple(0 if d == 0 and layout.dp > 1 else min(4 + d, biggest) for d in range(layout.dp)),)
     return Scenario.make(layout=layout, stages=stages, passes=passes,
-                         flashinfer_backend=getattr(args, "backend", None) or "fake", **value)
+                         flashinfer_backend=args.backend or "fake", **value)
 
 
 def parse_stages(text: str) -> tuple[tuple[Layer, ...], ...]:
