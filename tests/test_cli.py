@@ -53,6 +53,7 @@ def test_cli_run_wrong_group_barrier_fault_is_caught_as_expected():
     (("--stages", "nvfp4:8;bf16:8"), "--stages: has 2 stage(s)"),
     (("--fault", "crash"), "--fault crash is a cluster fault"),
     (("--mutant", "nope"), "--mutant: unknown mutant 'nope'"),
+    (("--backend", "flashinfer", "--matrix-profile", "0.7.4"), "--matrix-profile moves the fake to a release"),
 ])
 def test_cli_run_rejects_bad_input_in_one_line(argv, message):
     done = _cli("run", *argv)

@@ -405,11 +405,13 @@ class RankPool:
                 if report.status != "ok" and failed_at is None:
                     failed_at = time.monotonic()
         status = "stuck" if failed_at is None else "aborted"
+        # Every stack before any kill: a rank whose peer was killed leaves its wait (as after
+        # gloo's "Connection closed by peer") and its stack would no longer show the hang.
+        stacks = {rank: w.stacks() if w.alive() else "(process gone)" for rank, w in waiting.items()}
         for rank, w in waiting.items():
-            stack = w.stacks() if w.alive() else "(process gone)"
             w.kill()
             self._discard(w)
-            reports[rank] = RankReport(rank, w.process.pid, status, f"process {w.process.pid} killed", stack)
+            reports[rank] = RankReport(rank, w.process.pid, status, f"process {w.process.pid} killed", stacks[rank])
         return reports, mismatch
 
     def _reply(self, rank: int, w: _Worker, started: float) -> RankReport | None:
