@@ -385,11 +385,15 @@ class _Segment:
                 if done == self.round:
                     return
                 word, watch = self.done, [0]
-            left = [p for p in (self.left_W != 0).nonzero().flatten().tolist() if p in missing or p == 0]
-            # Read after the left words: the first member writes whom it found gone before it
-            # leaves, so a member that sees it left also sees that (x86 keeps loads in order).
+            left = (self.left_W != 0).nonzero().flatten().tolist()
+            # Read after the left words (x86 keeps loads in order): the first member writes whom
+            # it found gone before it leaves, and a member that arrived and then left (after the
+            # round completed, or on finding another gone) published its round word first.
             lost = int(self.lost[0])
-            gone = [lost - 1] if lost else left
+            if not lead and int(self.done[0]) == self.round:
+                return
+            missing = (self.seq_W < self.round).nonzero().flatten().tolist()
+            gone = [lost - 1] if lost else [p for p in left if p in missing or (p == 0 and not lead)]
             now = time.monotonic()
             if not gone and now >= next_pid_check:
                 gone = [p for p in watch if not pid_alive(int(self.pid_W[p]))]
