@@ -125,14 +125,22 @@ def differences(a: Side, b: Side, ref_TH: torch.Tensor, counts_R: list[int]) -> 
     for side in (a, b):
         if not side.sanitized:
             found.append(f"{side.backend}: an id past a source's count is not {INVALID_ID}")
-    atol = RTOL * max(1.0, float(ref_TH.abs().max())) if ref_TH.numel() else RTOL
-    for side in (a, b):
-        err = _max_error(side.out_TH, ref_TH)
-        if not err <= atol:  # NaN too
-            found.append(f"{side.backend}: combine is {err:.3g} from the fp32 reference (tolerance {atol:.3g})")
-    err = _max_error(a.out_TH, b.out_TH)
+    return found + _far_apart("the combine", (a.backend, a.out_TH), (b.backend, b.out_TH), ref_TH, RTOL)
+
+
+def _far_apart(what: str, a: tuple[str, torch.Tensor], b: tuple[str, torch.Tensor], ref: torch.Tensor,
+               rtol: float) -> list[str]:
+    """Each side's ``what`` against the fp32 ``ref`` and the sides against each other, within
+    ``rtol`` of the reference's largest magnitude (at least 1); NaN is a difference."""
+    atol = rtol * max(1.0, float(ref.abs().max())) if ref.numel() else rtol
+    found = []
+    for name, value in (a, b):
+        err = _max_error(value, ref)
+        if not err <= atol:
+            found.append(f"{name}: {what} off the fp32 reference by {err:.3g} (tolerance {atol:.3g})")
+    err = _max_error(a[1], b[1])
     if not err <= atol:
-        found.append(f"combine differs by {err:.3g} between {a.backend} and {b.backend} (tolerance {atol:.3g})")
+        found.append(f"{a[0]} and {b[0]} differ in {what} by {err:.3g} (tolerance {atol:.3g})")
     return found
 
 
@@ -292,15 +300,8 @@ def fused_differences(a: FusedSide, b: FusedSide, case: FusedCase) -> list[str]:
                          f"{_max_error(side.weights_TK, w_TK):.3g}")
     if not torch.equal(a.local_TK, b.local_TK):
         found.append(f"local lanes differ: {int(a.local_TK.sum())} ({a.backend}) vs {int(b.local_TK.sum())} ({b.backend})")
-    atol = FUSED_RTOL[case.fmt] * max(1.0, float(ref_TKH.abs().max())) if ref_TKH.numel() else 0.0
-    for side in (a, b):
-        err = _max_error(side.rows_TKH, ref_TKH)
-        if not err <= atol:  # NaN too
-            found.append(f"{side.backend}: GEMM2 rows are {err:.3g} from the fp32 reference (tolerance {atol:.3g})")
-    err = _max_error(a.rows_TKH, b.rows_TKH)
-    if not err <= atol:
-        found.append(f"GEMM2 rows differ by {err:.3g} between {a.backend} and {b.backend} (tolerance {atol:.3g})")
-    return found
+    return found + _far_apart("the GEMM2 rows", (a.backend, a.rows_TKH), (b.backend, b.rows_TKH), ref_TKH,
+                              FUSED_RTOL[case.fmt])
 
 
 def fused_differential(case: FusedCase, sides: tuple[dict, dict]) -> tuple[list[str], tuple[FusedSide, FusedSide]]:
