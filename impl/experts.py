@@ -162,7 +162,9 @@ class TrtLlmExperts:
                         routed_scaling_factor=None, **common)
         if defer:
             gemm2, weights, perm = kernel(**args)
-            return UnfinalizedMoEOutput(gemm2, weights, perm.to(torch.int32).view(-1, self.top_k))
+            # Given an (ids, weights) pair the kernel hands back the caller's weights buffer, fp32
+            # here: the unfinalized output carries them in the activation dtype.
+            return UnfinalizedMoEOutput(gemm2, weights.to(gemm2.dtype), perm.to(torch.int32).view(-1, self.top_k))
         takes_output = output is not None and supports_kw(kernel, "output", allow_var_kwargs=False)
         result = kernel(**args, output=output) if takes_output else kernel(**args)
         out_NH = result[0] if isinstance(result, (list, tuple)) else result

@@ -213,6 +213,7 @@ class FusedSide:
     weights_TK: torch.Tensor  # fp32: expert_weights as returned
     rows_TKH: torch.Tensor  # fp32: each local lane's GEMM2 row (0 elsewhere)
     distinct: bool  # the local lanes' permuted rows are distinct and inside gemm2_output
+    contract: str  # what UnfinalizedMoEOutput.validate (the consumer's contract) refused, or ""
     raw_digest: str  # the triple as laid out
 
     def describe(self) -> str:
@@ -236,6 +237,11 @@ def fused_side(case: FusedCase, backend: str, *, profile: str = "0.7.2", slot_or
         else:
             api, device = resolve_backend(backend), torch.device("cuda", torch.cuda.current_device())
         triple = _fused_call(api, case, device)
+        try:
+            triple.validate(torch.bfloat16, case.tokens, case.top_k, case.hidden)
+            contract = ""
+        except ValueError as e:
+            contract = str(e)
     finally:
         profiles.set_profile(before[0])
         SlotOrder.mode, SlotOrder.seed = before[1:]
@@ -248,7 +254,7 @@ def fused_side(case: FusedCase, backend: str, *, profile: str = "0.7.2", slot_or
     if distinct:
         rows_TKH[local_TK] = gemm2_PH[at].float()
     return FusedSide(backend=backend if backend != "fake" else f"fake {profile} {slot_order}", local_TK=local_TK,
-                     weights_TK=weights_TK.float(), rows_TKH=rows_TKH, distinct=distinct,
+                     weights_TK=weights_TK.float(), rows_TKH=rows_TKH, distinct=distinct, contract=contract,
                      raw_digest=_digest(gemm2_PH, weights_TK, perm_TK))
 
 
@@ -295,6 +301,8 @@ def fused_differences(a: FusedSide, b: FusedSide, case: FusedCase) -> list[str]:
                          "says otherwise (expanded_idx_to_permuted_idx)")
         if not side.distinct:
             found.append(f"{side.backend}: local lanes share permuted rows or point past gemm2_output")
+        if side.contract:
+            found.append(f"{side.backend}: the unfinalized output breaks its contract: {side.contract}")
         if not torch.allclose(side.weights_TK, w_TK, rtol=1e-2, atol=1e-3):
             found.append(f"{side.backend}: expert_weights differ from the router's by "
                          f"{_max_error(side.weights_TK, w_TK):.3g}")

@@ -106,7 +106,8 @@ def _fused(**changes) -> tuple[FusedSide, FusedCase]:
     (lambda s: {"rows_TKH": s.rows_TKH * 1.2}, "GEMM2 rows"),
     (lambda s: {"rows_TKH": s.rows_TKH.flip(1)}, "GEMM2 rows"),  # rows of the wrong lanes
     (lambda s: {"rows_TKH": torch.full_like(s.rows_TKH, float("nan"))}, "GEMM2 rows"),
-], ids=["local-lanes", "shared-rows", "weights", "scaled-rows", "swapped-lanes", "nan"])
+    (lambda s: {"contract": "expert_weights must match the activation dtype"}, "breaks its contract"),
+], ids=["local-lanes", "shared-rows", "weights", "scaled-rows", "swapped-lanes", "nan", "contract"])
 def test_differential_fused_triple_reports_a_wrong_side(change, expect):
     good, case = _fused()
     bad = dataclasses.replace(good, backend="wrong", **change(good))

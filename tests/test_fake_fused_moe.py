@@ -114,7 +114,7 @@ def test_fused_moe_unfinalized_output_contract():
     assert len(used) == int(local.sum())
     padding = [r for r in range(gemm2.shape[0]) if r not in used]
     assert torch.isnan(gemm2[padding].float()).all()
-    assert weights.dtype == torch.bfloat16 and torch.equal(weights, w.bfloat16())
+    assert weights is w  # the caller's weights, borrowed as the real launcher does (fp32 here)
     # Rows are unweighted single-expert outputs.
     for j in range(T * K):
         if perm[j] >= 0:

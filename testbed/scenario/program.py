@@ -213,12 +213,14 @@ def _install_real(ctx, sc: Scenario, log: audit.EventLog):
                            f"{profile_of(api.version)}); the invariants hold the scenario's release to its facts")
     ep_ranks = ctx.group_ranks["ep"]
     restores = []
-    if api.has("comm"):
+    # Only the scenario's API: 0.7.2's moe_ep builds a MoeAlltoAll of the module's name, which
+    # would be recorded twice.
+    if sc.api == "comm" and api.has("comm"):
         restores.append(_replace(api.moe_alltoall, "MoeAlltoAll",
                                  _recording_public_moe_alltoall(api.moe_alltoall.MoeAlltoAll, log, ep_ranks)))
-    if api.has("comm", two_sided=True):
+    if sc.api == "comm" and api.has("comm", two_sided=True):
         restores.append(_replace(api.alltoall, "MnnvlMoe", _recording_mnnvl_moe(api.alltoall.MnnvlMoe, log, ep_ranks)))
-    if api.has("moe_ep"):
+    if sc.api == "moe_ep" and api.has("moe_ep"):
         restores.append(_replace(api.moe_ep, "create_communication",
                                  _recording_communication(api.moe_ep.create_communication, log, ep_ranks)))
 
@@ -235,14 +237,14 @@ def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
     ep_ranks = ctx.group_ranks["ep"]
     absent = profiles.active().absent_modules
     restores = []
-    if "comm.trtllm_moe_alltoall" not in absent:
+    if sc.api == "comm" and "comm.trtllm_moe_alltoall" not in absent:  # only the scenario's API, as _install_real
         base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
             fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
         fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log, ep_ranks)
         two_sided_mod.MnnvlMoe = _recording_mnnvl_moe(two_sided_mod.MnnvlMoe, log, ep_ranks)
         # back to the modules' per-profile lookups
         restores += [lambda: delattr(fake_mod, "MoeAlltoAll"), lambda: delattr(two_sided_mod, "MnnvlMoe")]
-    if "moe_ep" not in absent:
+    if sc.api == "moe_ep" and "moe_ep" not in absent:
         create = moe_ep.create_communication
         moe_ep.create_communication = _recording_communication(create, log, ep_ranks)
         restores.append(lambda: setattr(moe_ep, "create_communication", create))

@@ -253,9 +253,10 @@ def trtllm_bf16_routed_moe(topk_ids, hidden_states, gemm1_weights, gemm2_weights
                            gemm1_beta=None, gemm1_clamp_limit=None, output=None, workspace_buffer=None):
     _no_lora(gemm1_lora_delta)
     ids_TK, w_TK = _precomputed_routing(topk_ids, top_k, num_experts)
-    return _bf16_moe(ids_TK, w_TK, hidden_states, gemm1_weights, gemm2_weights, num_experts, intermediate_size,
-                     local_expert_offset, local_num_experts, use_shuffled_weight, weight_layout, do_finalize,
-                     activation_type, gemm1_alpha, gemm1_beta, gemm1_clamp_limit, output)
+    return _caller_weights(topk_ids, _bf16_moe(
+        ids_TK, w_TK, hidden_states, gemm1_weights, gemm2_weights, num_experts, intermediate_size,
+        local_expert_offset, local_num_experts, use_shuffled_weight, weight_layout, do_finalize,
+        activation_type, gemm1_alpha, gemm1_beta, gemm1_clamp_limit, output), do_finalize)
 
 
 def trtllm_fp8_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
@@ -291,11 +292,11 @@ def trtllm_fp8_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
     icheck(tuple(gemm2_weights_scale.shape[1:]) == (H // 128, I // 128),
            "gemm2_weights_scale.sizes() == {E, hidden_size / 128, I / 128}", "gemm2_weights_scale has the wrong shape")
     x_TH = hidden_states.float() * hidden_states_scale.t().float().repeat_interleave(128, dim=1)
-    return _run(x_TH, ids_TK, w_TK, _fp8_block(w1, gemm1_weights_scale), _fp8_block(w2, gemm2_weights_scale),
-                num_experts=num_experts, local_expert_offset=local_expert_offset,
-                local_num_experts=local_num_experts, intermediate_size=I, activation_type=activation_type,
-                do_finalize=do_finalize, out_dtype=torch.bfloat16, output=output, alpha=gemm1_alpha,
-                beta=gemm1_beta, clamp=gemm1_clamp_limit)
+    return _caller_weights(topk_ids, _run(
+        x_TH, ids_TK, w_TK, _fp8_block(w1, gemm1_weights_scale), _fp8_block(w2, gemm2_weights_scale),
+        num_experts=num_experts, local_expert_offset=local_expert_offset, local_num_experts=local_num_experts,
+        intermediate_size=I, activation_type=activation_type, do_finalize=do_finalize, out_dtype=torch.bfloat16,
+        output=output, alpha=gemm1_alpha, beta=gemm1_beta, clamp=gemm1_clamp_limit), do_finalize)
 
 
 def trtllm_fp4_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
@@ -338,7 +339,16 @@ def trtllm_fp4_block_scale_routed_moe(topk_ids, routing_bias, hidden_states, hid
                   out_dtype=torch.bfloat16, output=output, b1=gemm1_bias, b2=gemm2_bias, alpha=gemm1_alpha,
                   beta=gemm1_beta, clamp=gemm1_clamp_limit, lin_scale=output1_scale_scalar,
                   gate_scale=output1_scale_gate_scalar, out_scale=output2_scale_scalar)
-    return [result] if do_finalize else result
+    return [result] if do_finalize else _caller_weights(topk_ids, result, do_finalize)
+
+
+def _caller_weights(topk_ids, result, do_finalize: bool):
+    """With ``do_finalize=False`` and an ``(ids, weights)`` pair, the triple's
+    ``expert_weights`` is the caller's own weights tensor, whatever its dtype: the launcher
+    borrows that buffer instead of allocating one (trtllm_fused_moe_kernel_launcher.cu)."""
+    if not do_finalize and isinstance(topk_ids, tuple):
+        result[1] = topk_ids[1]
+    return result
 
 
 def _no_lora(delta) -> None:

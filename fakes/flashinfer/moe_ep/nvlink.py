@@ -126,8 +126,9 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication):
             self.config.eplb_stats_num_experts, backend=self.alltoall_backend)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "MoeAlltoAll is deprecated", DeprecationWarning)
-            # The release's own class, not the module attribute a test may have replaced.
-            self._alltoall = a2a._names()["MoeAlltoAll"](
+            # Through the module's attribute at construction, as the real backend imports it
+            # (so a class put there, as a recording subclass, is the one built).
+            self._alltoall = a2a.MoeAlltoAll(
                 mapping, max_num_tokens=params.max_tokens_per_rank, top_k=params.top_k,
                 num_experts=params.num_experts, workspace_size_per_rank=size, mnnvl_config=mnnvl_config,
                 eplb_stats_num_experts=self.config.eplb_stats_num_experts,
