@@ -34,7 +34,7 @@ from impl.experts import QuantizedWeights, TrtLlmExperts
 from impl.moe_layer import PrepareResult
 from impl.quant import quantize_input
 from testbed.scenario.moe import MoECase, one_sided_manager, quant_config, rank_api, rank_device, rank_inputs
-from testbed.scenario.reference import local_experts, representable, swiglu_weights
+from testbed.scenario.reference import REAL_TRTLLM_TOLERANCE, local_experts, representable, swiglu_weights
 
 INVALID_ID = -1
 RTOL = 2e-2  # the expert outputs travel as bf16
@@ -168,7 +168,7 @@ def _max_error(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 # -- the fused MoE's unfinalized triple ------------------------------------------------------
-FUSED_RTOL = {"bf16": 2e-2, "nvfp4": 0.15}  # nvfp4: the real kernel requantizes GEMM1's output to fp4
+FUSED_FORMATS = ("bf16", "nvfp4")  # those whose kernels stop after GEMM2
 
 
 @dataclass(frozen=True)
@@ -186,8 +186,8 @@ class FusedCase:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.fmt not in FUSED_RTOL:
-            raise ValueError(f"fmt: the deferred fused MoE runs {sorted(FUSED_RTOL)}, got {self.fmt!r}")
+        if self.fmt not in FUSED_FORMATS:
+            raise ValueError(f"fmt: the deferred fused MoE runs {', '.join(FUSED_FORMATS)}, got {self.fmt!r}")
         if not (0 <= self.local.start < self.local.stop <= self.experts):
             raise ValueError(f"local: a non-empty range of the {self.experts} experts, got {self.local}")
         if not 1 <= self.top_k <= self.experts:
@@ -309,7 +309,7 @@ def fused_differences(a: FusedSide, b: FusedSide, case: FusedCase) -> list[str]:
     if not torch.equal(a.local_TK, b.local_TK):
         found.append(f"local lanes differ: {int(a.local_TK.sum())} ({a.backend}) vs {int(b.local_TK.sum())} ({b.backend})")
     return found + _far_apart("the GEMM2 rows", (a.backend, a.rows_TKH), (b.backend, b.rows_TKH), ref_TKH,
-                              FUSED_RTOL[case.fmt])
+                              REAL_TRTLLM_TOLERANCE[case.fmt])
 
 
 def fused_differential(case: FusedCase, sides: tuple[dict, dict]) -> tuple[list[str], tuple[FusedSide, FusedSide]]:

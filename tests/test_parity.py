@@ -16,6 +16,7 @@ from testbed.cluster.pool import RankPool
 from testbed.scenario import runner
 from testbed.scenario.matrix import MATRIX, on_release
 from testbed.scenario.model import ScenarioInputError
+from testbed.scenario.reference import REAL_TRTLLM_TOLERANCE, TOLERANCE, tolerance
 
 
 @pytest.mark.parametrize("profile", ["0.7.2", "0.7.4"])
@@ -50,3 +51,12 @@ def test_parity_fake_only_flags_refused_on_the_real_backend(change, flag):
     with pytest.raises(ScenarioInputError, match=flag):
         dataclasses.replace(sc, flashinfer_backend="flashinfer", **change).validate()
     assert "--backend flashinfer" in dataclasses.replace(sc, flashinfer_backend="flashinfer").to_cli()
+
+
+def test_parity_tolerance_allows_for_the_real_kernels_requantization_only():
+    trt = next(sc for sc in MATRIX if sc.expert_kernel == "trtllm" and sc.combine_signature == "release")
+    ref = next(sc for sc in MATRIX if sc.expert_kernel == "reference" and sc.combine_signature == "release")
+    real = functools.partial(dataclasses.replace, flashinfer_backend="flashinfer")
+    assert tolerance(trt, "nvfp4") == tolerance(real(ref), "nvfp4") == TOLERANCE["nvfp4"]
+    assert tolerance(real(trt), "nvfp4") == REAL_TRTLLM_TOLERANCE["nvfp4"] > TOLERANCE["nvfp4"]
+    assert tolerance(real(trt), "bf16") == TOLERANCE["bf16"]  # nothing requantized

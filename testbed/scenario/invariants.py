@@ -41,7 +41,7 @@ from fakes.flashinfer.profiles import fake_profile
 from testbed.scenario import audit
 from testbed.scenario.model import Scenario
 from testbed.scenario.reference import (
-    TOLERANCE,
+    tolerance,
     dispatch_bytes,
     expected_expert_rows,
     reference_outputs,
@@ -409,7 +409,7 @@ def _output(sc: Scenario, results: list[dict], v: Verdict) -> None:
                 continue
             if not ref.numel():
                 continue
-            scale = TOLERANCE[fmt] * max(1.0, ref.abs().max().item())
+            scale = tolerance(sc, fmt) * max(1.0, ref.abs().max().item())
             err = (out.float() - ref).abs().max().item() / scale
             err = float("inf") if err != err else err
             per_layer[label] = max(per_layer.get(label, 0.0), err)

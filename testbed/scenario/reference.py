@@ -44,6 +44,16 @@ _FORMAT_GRID = {
 # |output - reference| <= TOLERANCE[fmt] * max(1, max |reference|): the inputs are exact, so
 # what is left is the bf16 rounding of the expert outputs and of the combined sum.
 TOLERANCE = {"bf16": 2e-2, "nvfp4": 2e-2, "mxfp8": 2e-2, "fp8_block": 2e-2}
+# The real TRT-LLM kernels requantize GEMM1's output (the SwiGLU activations) to the layer's
+# format before GEMM2, where the fake and this reference keep fp32: at the matrix's shapes that
+# costs nvfp4 7-10% and fp8 blocks 2-4% of the largest output (estimated on CPU).
+REAL_TRTLLM_TOLERANCE = {"bf16": 2e-2, "nvfp4": 0.15, "fp8_block": 6e-2}
+
+
+def tolerance(sc: Scenario, fmt: str) -> float:
+    """The output tolerance of a ``fmt`` layer of ``sc`` (see :data:`TOLERANCE`)."""
+    real_kernels = sc.flashinfer_backend != "fake" and sc.expert_kernel != "reference"
+    return REAL_TRTLLM_TOLERANCE[fmt] if real_kernels else TOLERANCE[fmt]
 
 
 def _seed(*parts: int) -> int:
