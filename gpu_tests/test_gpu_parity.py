@@ -21,7 +21,11 @@ def test_gpu_parity_matrix_scenario_on_real_flashinfer(cluster, backend, index):
 
     if backend == "fake":
         pytest.skip("--backend fake: the CPU suite runs the matrix on the fake")
-    runnable, refused = on_release(installed_profile(), backend, torch.cuda.device_count())
+    try:
+        profile = installed_profile()
+    except ValueError as e:  # a release the fake has no profile for: its facts are unknown
+        pytest.skip(str(e))
+    runnable, refused = on_release(profile, backend, torch.cuda.device_count())
     mine = [sc for sc in runnable if sc.label.startswith(MATRIX[index].label + " [on ")]
     if not mine:
         pytest.skip(next(rule for sc, rule in refused if sc is MATRIX[index]))

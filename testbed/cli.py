@@ -23,6 +23,8 @@ CLUSTER_FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
 # A hang must surface as a hang (the watchdog's report) before the fake's own flag wait
 # gives up: mutant runs and faults use short timeouts.
 MUTANT_TIMEOUT_S = 12.0
+# The real FlashInfer's first scenario compiles its kernels (a cold JIT cache takes minutes).
+REAL_TIMEOUT_S = 600.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
-                     help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60)")
+                     help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
     run.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     run.add_argument("--html", metavar="PATH", help="write one self-contained HTML page")
     fz = sub.add_parser("fuzz", help="Hypothesis over the scenario model; failures printed as run lines")
@@ -181,14 +183,20 @@ def _judge_on(backend: str, args) -> int:
         profile = installed_profile()
     except ValueError as e:
         raise UsageError(f"--backend {backend}: {e}") from None
+    import torch
+
+    gpus = torch.cuda.device_count()
+    args.timeout = args.timeout or REAL_TIMEOUT_S
     if scenario_given(args) or args.layout:
         if args.profile not in (None, profile):
             raise UsageError(f"--profile {args.profile}: --backend {backend} runs the installed release, {profile}")
         args.profile = profile
-        return _judge(_scenarios(args), args)
-    import torch
-
-    scenarios, refused = on_release(profile, backend, torch.cuda.device_count())
+        scenarios = _scenarios(args)
+        if scenarios[0].layout.world_size > gpus:
+            raise UsageError(f"--layout: {scenarios[0].layout.world_size} ranks need as many GPUs (a rank per GPU); "
+                             f"this machine has {gpus}")
+        return _judge(scenarios, args)
+    scenarios, refused = on_release(profile, backend, gpus)
     for sc, rule in refused:
         print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
     return _judge(scenarios, args, not_run=len(refused))

@@ -203,6 +203,15 @@ def test_cluster_pool_close_stops_every_worker():
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
 
 
+def test_cluster_replacement_worker_takes_the_dead_ones_rank(no_leaks):
+    layout = ParallelLayout(4, dp=4)
+    before = no_leaks.run(rankprogs.pid, layout)
+    with pytest.raises(RankFailedError):
+        no_leaks.run(faults.sigkill, layout, ((2,),), timeout_s=60)
+    after = no_leaks.run(rankprogs.pid, layout)
+    assert [a == b for a, b in zip(before, after)] == [True, True, False, True], (before, after)
+
+
 def test_cluster_worker_that_dies_while_starting_is_reported_at_once():
     started = time.monotonic()
     with RankPool(start_timeout_s=120, initializer=rankprogs.exit_at_start) as pool:

@@ -221,7 +221,7 @@ class RankPool:
         self._start_timeout_s = start_timeout_s
         self._initializer = initializer
         self._dump_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
-        self._workers: list[_Worker] = []
+        self._workers: list[_Worker | None] = []  # by rank; None: a slot whose worker was discarded
         # The world each worker kept after its last scenario: (store path, world size, group
         # timeout, backend, its rank there).
         self._worlds: dict[_Worker, tuple[str, int, float, str, int]] = {}
@@ -235,7 +235,7 @@ class RankPool:
 
     @property
     def worker_pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        return [w.process.pid for w in self._workers if w is not None]
 
     @property
     def workers_spawned(self) -> int:
@@ -253,12 +253,13 @@ class RankPool:
             return
         self._closed = True
         _open_pools.discard(self)
-        for w in self._workers:
+        live = [w for w in self._workers if w is not None]
+        for w in live:
             try:
                 w.cmd.send(None)
             except (OSError, ValueError):
                 pass
-        for w in self._workers:
+        for w in live:
             w.process.join(2)
             w.kill()
         self._workers.clear()
@@ -518,15 +519,16 @@ class RankPool:
             self._ensure_workers(world_size)
 
     def _ensure_workers(self, n: int) -> list[_Worker]:
-        for w in [w for w in self._workers if not w.alive()]:
+        for w in [w for w in self._workers if w is not None and not w.alive()]:
             w.kill()
             self._discard(w)
+        self._workers += [None] * (n - len(self._workers))
         fresh = []
-        while len(self._workers) < n:
-            w = _Worker(self._mp, self._dump_dir, self._spawned, self._initializer)
-            self._spawned += 1
-            self._workers.append(w)
-            fresh.append(w)
+        for i in range(n):
+            if self._workers[i] is None:
+                self._workers[i] = w = _Worker(self._mp, self._dump_dir, self._spawned, self._initializer)
+                self._spawned += 1
+                fresh.append(w)
         deadline = time.monotonic() + self._start_timeout_s
         for w in fresh:
             msg = None
@@ -548,9 +550,11 @@ class RankPool:
         return self._workers[:n]
 
     def _discard(self, w: _Worker) -> None:
+        """Forget ``w``; its slot waits for a replacement, so that every other worker keeps its
+        rank (a rank on the real FlashInfer holds its GPU and that GPU's state for good)."""
         self._worlds.pop(w, None)
         if w in self._workers:
-            self._workers.remove(w)
+            self._workers[self._workers.index(w)] = None
 
 
 def _pickle_payload(fn, args, kwargs, name) -> bytes:
