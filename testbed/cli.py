@@ -185,7 +185,14 @@ def _judge_on(backend: str, args) -> int:
         raise UsageError(f"--backend {backend}: {e}") from None
     import torch
 
-    gpus = torch.cuda.device_count()
+    from testbed.cluster.launched import launch_env
+
+    try:
+        env = launch_env()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    # A launched job (torchrun, possibly over several nodes) has a GPU per rank; the pool, this machine's.
+    gpus = env.world_size if env is not None else torch.cuda.device_count()
     args.timeout = args.timeout or REAL_TIMEOUT_S
     if scenario_given(args) or args.layout:
         if args.profile not in (None, profile):
