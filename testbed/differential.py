@@ -24,16 +24,26 @@ L local experts, I intermediate size, P permuted rows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from impl.backend import resolve_backend
 from impl.experts import QuantizedWeights, TrtLlmExperts
 from impl.moe_layer import PrepareResult
 from impl.quant import quantize_input
-from testbed.scenario.moe import MoECase, one_sided_manager, quant_config, rank_api, rank_device, rank_inputs
+from testbed.scenario.moe import (
+    MoECase,
+    fake_release,
+    one_sided_manager,
+    quant_config,
+    rank_api,
+    rank_device,
+    rank_inputs,
+)
 from testbed.scenario.reference import REAL_TRTLLM_TOLERANCE, local_experts, representable, swiglu_weights
 
 INVALID_ID = -1
@@ -224,27 +234,17 @@ class FusedSide:
 def fused_side(case: FusedCase, backend: str, *, profile: str = "0.7.2", slot_order: str = "shuffled") -> FusedSide:
     """``case`` through ``backend``'s TRT-LLM experts (``impl``'s), deferred, in this process
     (the fake's ``profile`` and ``slot_order`` for the call; the real one on the current GPU)."""
-    from fakes.flashinfer import profiles
-    from fakes.flashinfer.comm.moe_a2a_kernels import SlotOrder
-
-    from impl.backend import resolve_backend
-
-    before = profiles.active().name, SlotOrder.mode, SlotOrder.seed
-    try:
-        if backend == "fake":
-            api, device = resolve_backend("fake", profile=profile), torch.device("cpu")
-            SlotOrder.mode, SlotOrder.seed = slot_order, case.seed
-        else:
-            api, device = resolve_backend(backend), torch.device("cuda", torch.cuda.current_device())
+    if backend == "fake":
+        release, device = fake_release(profile, slot_order, case.seed), torch.device("cpu")
+    else:
+        release, device = contextlib.nullcontext(resolve_backend(backend)), torch.device("cuda", torch.cuda.current_device())
+    with release as api:
         triple = _fused_call(api, case, device)
         try:
             triple.validate(torch.bfloat16, case.tokens, case.top_k, case.hidden)
             contract = ""
         except ValueError as e:
             contract = str(e)
-    finally:
-        profiles.set_profile(before[0])
-        SlotOrder.mode, SlotOrder.seed = before[1:]
     gemm2_PH, weights_TK, perm_TK = (t.cpu() for t in (triple.gemm2_permuted, triple.expert_weights,
                                                       triple.expanded_idx_to_permuted_idx))
     local_TK = perm_TK >= 0

@@ -11,6 +11,7 @@ fp32 MoE of the inputs as given and never quantizes. Expert e is the linear map 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass, field
@@ -213,19 +214,25 @@ def rank_api(ctx, backend: str, profile: str = "0.7.2", slot_order: str = "shuff
     ``slot_order`` (seeded with the scenario's seed) until the scenario ends."""
     if backend != "fake":
         return resolve_backend(backend)
-    from fakes.flashinfer import profiles
+    scenario = contextlib.ExitStack()
+    ctx.add_cleanup(scenario.close)
+    return scenario.enter_context(fake_release(profile, slot_order, ctx.seed))
+
+
+@contextlib.contextmanager
+def fake_release(profile: str, slot_order: str, seed: int):
+    """The fake's API imitating release ``profile``, its slots in ``slot_order`` seeded with
+    ``seed``, inside the block; the profile and slot order set before, after it."""
     from fakes.flashinfer.comm import moe_a2a_kernels as kernels
+    from fakes.flashinfer.profiles import fake_profile
 
-    before = profiles.active().name, kernels.SlotOrder.mode, kernels.SlotOrder.seed
-
-    def restore() -> None:
-        profiles.set_profile(before[0])
-        kernels.SlotOrder.mode, kernels.SlotOrder.seed = before[1:]
-
-    ctx.add_cleanup(restore)
-    api = resolve_backend("fake", profile=profile)
-    kernels.SlotOrder.mode, kernels.SlotOrder.seed = slot_order, ctx.seed
-    return api
+    before = kernels.SlotOrder.mode, kernels.SlotOrder.seed
+    with fake_profile(profile):
+        kernels.SlotOrder.mode, kernels.SlotOrder.seed = slot_order, seed
+        try:
+            yield resolve_backend("fake", profile=profile)
+        finally:
+            kernels.SlotOrder.mode, kernels.SlotOrder.seed = before
 
 
 def one_sided_manager(ctx, api) -> OneSidedManager:
