@@ -20,8 +20,6 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from fakes.flashinfer import moe_ep, profiles
-from fakes.flashinfer.comm import trtllm_alltoall as two_sided_mod
 from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 from impl.experts import QuantizedWeights, TrtLlmExperts
 from impl.factory import make_manager, make_prepare_finalize
@@ -203,57 +201,37 @@ def _replace(module, name: str, value) -> callable:
     return lambda: setattr(module, name, old) if had else delattr(module, name)
 
 
-def _install_real(ctx, sc: Scenario, log: audit.EventLog):
-    """The real FlashInfer (``sc.flashinfer_backend``) of this machine, recorded as the fake is."""
-    from testbed.gpu_env import profile_of
+def _install(ctx, sc: Scenario, log: audit.EventLog):
+    """The scenario's FlashInfer (the fake as its release, or this machine's real one) with the
+    API the scenario runs on recorded until it ends. Only that API: 0.7.2's moe_ep builds the
+    ``MoeAlltoAll`` its module names, which would be recorded twice."""
+    if sc.flashinfer_backend == "fake":
+        api = rank_api(ctx, "fake", sc.profile, sc.slot_order)  # ctx.seed is the scenario's
+    else:
+        from testbed.gpu_env import profile_of
 
-    api = rank_api(ctx, sc.flashinfer_backend)
-    if profile_of(api.version) != sc.profile:
-        raise RuntimeError(f"--profile {sc.profile}: this machine's FlashInfer is {api.version} (profile "
-                           f"{profile_of(api.version)}); the invariants hold the scenario's release to its facts")
+        api = rank_api(ctx, sc.flashinfer_backend)
+        if profile_of(api.version) != sc.profile:
+            raise RuntimeError(f"--profile {sc.profile}: this machine's FlashInfer is {api.version} (profile "
+                               f"{profile_of(api.version)}); the invariants hold the scenario's release to its facts")
     ep_ranks = ctx.group_ranks["ep"]
-    restores = []
-    # Only the scenario's API: 0.7.2's moe_ep builds a MoeAlltoAll of the module's name, which
-    # would be recorded twice.
+
+    def record(module, name: str, recording) -> None:
+        ctx.add_cleanup(_replace(module, name, recording))
+
     if sc.api == "comm" and api.has("comm"):
-        restores.append(_replace(api.moe_alltoall, "MoeAlltoAll",
-                                 _recording_public_moe_alltoall(api.moe_alltoall.MoeAlltoAll, log, ep_ranks)))
+        if sc.flashinfer_backend != "fake":
+            record(api.moe_alltoall, "MoeAlltoAll",
+                   _recording_public_moe_alltoall(api.moe_alltoall.MoeAlltoAll, log, ep_ranks))
+        else:
+            base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
+                fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
+            record(api.moe_alltoall, "MoeAlltoAll", _recording_moe_alltoall(base, log, ep_ranks))
     if sc.api == "comm" and api.has("comm", two_sided=True):
-        restores.append(_replace(api.alltoall, "MnnvlMoe", _recording_mnnvl_moe(api.alltoall.MnnvlMoe, log, ep_ranks)))
+        record(api.alltoall, "MnnvlMoe", _recording_mnnvl_moe(api.alltoall.MnnvlMoe, log, ep_ranks))
     if sc.api == "moe_ep" and api.has("moe_ep"):
-        restores.append(_replace(api.moe_ep, "create_communication",
-                                 _recording_communication(api.moe_ep.create_communication, log, ep_ranks)))
-
-    def restore():
-        for undo in restores:
-            undo()
-
-    ctx.add_cleanup(restore)
-    return api
-
-
-def _install_fake(ctx, sc: Scenario, log: audit.EventLog):
-    api = rank_api(ctx, "fake", sc.profile, sc.slot_order)  # ctx.seed is the scenario's
-    ep_ranks = ctx.group_ranks["ep"]
-    absent = profiles.active().absent_modules
-    restores = []
-    if sc.api == "comm" and "comm.trtllm_moe_alltoall" not in absent:  # only the scenario's API, as _install_real
-        base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
-            fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
-        fake_mod.MoeAlltoAll = _recording_moe_alltoall(base, log, ep_ranks)
-        two_sided_mod.MnnvlMoe = _recording_mnnvl_moe(two_sided_mod.MnnvlMoe, log, ep_ranks)
-        # back to the modules' per-profile lookups
-        restores += [lambda: delattr(fake_mod, "MoeAlltoAll"), lambda: delattr(two_sided_mod, "MnnvlMoe")]
-    if sc.api == "moe_ep" and "moe_ep" not in absent:
-        create = moe_ep.create_communication
-        moe_ep.create_communication = _recording_communication(create, log, ep_ranks)
-        restores.append(lambda: setattr(moe_ep, "create_communication", create))
-
-    def restore():
-        for undo in restores:
-            undo()
-
-    ctx.add_cleanup(restore)
+        record(api.moe_ep, "create_communication",
+               _recording_communication(api.moe_ep.create_communication, log, ep_ranks))
     return api
 
 
@@ -342,7 +320,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     if mutant:
         ctx.add_cleanup(mutants.apply(mutant))
     ctx.add_cleanup(audit.install(log, ctx.world_size))
-    api = _install_fake(ctx, sc, log) if sc.flashinfer_backend == "fake" else _install_real(ctx, sc, log)
+    api = _install(ctx, sc, log)
     stage, ep_group = ctx.coords.pp_rank, ctx.groups["ep"]
     dp_rank, tp = ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
     ep_rank = 0 if sc.path == "none" else dist.get_rank(ep_group)
