@@ -4,7 +4,7 @@
 rank processes joined by a gloo rendezvous (a FileStore in the pool's private directory,
 so concurrent pools under pytest-xdist never meet), with every TP / DP / PP / EP group of
 the layout built; when every one of those processes kept the world of the previous job
-(same size, ranks and timeout: :mod:`testbed.cluster.worker`), the job runs on it. Not a TCPStore: its client reverse-resolves the store's
+(same size, ranks, timeout and backend: :mod:`testbed.cluster.worker`), the job runs on it. Not a TCPStore: its client reverse-resolves the store's
 address, and on machines whose resolver drops those queries that costs 5 s per rank. Workers
 fork from a fork server that imported torch and the testbed once (:data:`PRELOAD`), so a
 worker starts in milliseconds and shares those pages (20-30 MiB unique memory per rank);
@@ -44,10 +44,10 @@ from testbed.cluster.layout import ParallelLayout
 DEFAULT_TIMEOUT_S = 60.0
 ABORT_GRACE_S = 3.0
 STACK_TIMEOUT_S = 2.0
-_open_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 TEARDOWN_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 180.0
 MONITOR_PERIOD_S = 0.25
+_open_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def attach(group, members: tuple[int, ...], arena: ShmArena, timeout_s: float) -
 
 
 def healthy() -> bool:
-    """No gather failed since the groups were attached (after a failure, members may be out
+    """No round failed since the groups were attached (after a failure, members may be out
     of step: the world must be left, not kept)."""
     return not _failed
 
@@ -256,7 +256,7 @@ def _shape(t: torch.Tensor) -> str:
 
 
 class _Segment:
-    """One group's all-gather memory: per member a round word, a left word and its pid; the
+    """One group's collective memory: per member a round word, a left word and its pid; the
     round the first member saw complete and the member it found gone (plus one); then two banks
     of W headers and two banks of W slots (round r uses bank r % 2: a member starts round r + 2 only after round r + 1 completed, so
     after every member read round r). Only the first member waits for every round word, so a
@@ -286,10 +286,7 @@ class _Segment:
     def serves(self, tensor_list) -> bool:
         """Whether this gather goes through the segment: decided on the outputs, which every
         member passes alike."""
-        if len(tensor_list) != len(self.members) or not tensor_list:
-            return False
-        out = tensor_list[0]
-        return isinstance(out, torch.Tensor) and out.is_cpu and out.dtype in _DTYPES and out.nbytes <= SLOT_BYTES
+        return len(tensor_list) == len(self.members) and _plain(tensor_list[0])
 
     def exchange(self, call: str, payload: torch.Tensor, code: int, timeout_s: float | None = None,
                  size: int | None = None, same_size: bool = True) -> tuple[list[int], memoryview]:
@@ -316,11 +313,11 @@ class _Segment:
             mine = header_W[self.me]
             other = next((p for p, (_, c) in enumerate(header_W) if c != code), None)
             if other is not None:
-                self.fail(f"rank {self.members[other]} made {self._what(*header_W[other])}, rank "
+                self._fail(f"rank {self.members[other]} made {self._what(*header_W[other])}, rank "
                           f"{self.members[self.me]} {self._what(*mine)} (every member must make the same call)")
             other = next((p for p, (z, _) in enumerate(header_W) if z != mine[0]), None) if same_size else None
             if other is not None:
-                self.fail(f"rank {self.members[other]} sent {self._what(*header_W[other], bare=True)}, rank "
+                self._fail(f"rank {self.members[other]} sent {self._what(*header_W[other], bare=True)}, rank "
                           f"{self.members[self.me]} {self._what(*mine, bare=True)} (every member must pass the "
                           "same shape and dtype)")
         except BaseException:
@@ -369,7 +366,7 @@ class _Segment:
             missing = (self.seq_W < self.round).nonzero().flatten().tolist()
             if lead:
                 if int(self.seq_W.max()) > self.round:
-                    self.fail(f"member(s) {self._ranks((self.seq_W > self.round).nonzero().flatten().tolist())} "
+                    self._fail(f"member(s) {self._ranks((self.seq_W > self.round).nonzero().flatten().tolist())} "
                                f"are past round {self.round}: the members are out of step")
                 if not missing:
                     self.done[0] = self.round
@@ -380,7 +377,7 @@ class _Segment:
             else:
                 done = int(self.done[0])
                 if done > self.round:
-                    self.fail(f"the first member completed round {done}, this one is at {self.round}: "
+                    self._fail(f"the first member completed round {done}, this one is at {self.round}: "
                                "the members are out of step")
                 if done == self.round:
                     return
@@ -402,12 +399,12 @@ class _Segment:
                 if lead:
                     self.lost[0] = gone[0] + 1
                     futex.wake([self.done.data_ptr()])
-                self.fail(f"rank(s) {self._ranks(gone)} left the group (raised or exited) before "
+                self._fail(f"rank(s) {self._ranks(gone)} left the group (raised or exited) before "
                           f"the {self.call} completed (as gloo's 'Connection closed by peer')")
             if now > deadline:
                 self.left_W[self.me] = 1  # the others must not wait for this one either
                 futex.wake([self.done.data_ptr()])
-                self.fail(f"timed out after {timeout_s:g} s waiting for rank(s) {self._ranks(watch)}")
+                self._fail(f"timed out after {timeout_s:g} s waiting for rank(s) {self._ranks(watch)}")
             seen = int(word[0])  # sleep only on the value that said "not yet"
             if (seen < self.round) if lead else (seen != self.round):
                 futex.wait(word, seen, min(deadline - now, _PID_CHECK_S))
@@ -415,9 +412,7 @@ class _Segment:
     def _ranks(self, members: list[int]) -> list[int]:
         return [self.members[p] for p in members]
 
-    def fail(self, why: str):
-        global _failed
-        _failed = True
+    def _fail(self, why: str):
         raise RuntimeError(f"{self.call} on the group of ranks {list(self.members)}: {why}")
 
 

@@ -7,10 +7,10 @@ early does not turn a peer's hang into a "connection closed" error, which a GPU 
 not do either), then tears down and answers ``("clean", rank, error, kept)``.
 
 After a scenario its rank finished, a worker keeps its world (the default group, the
-groups built on it and their shared-memory all-gather) for a next job naming the same store,
-world size, rank and timeout; the parent names the same store only when every rank of the
-job kept that world. A world is left instead when the scenario made process groups of its
-own or an all-gather failed (members may be out of step). Destroying a gloo group waits one
+groups built on it and their shared-memory collectives) for a next job naming the same
+store, world size, rank, timeout and backend; the parent names the same store only when every
+rank of the job kept that world. A world is left instead when the scenario made process
+groups of its own or a shared-memory round failed (members may be out of step). Destroying a gloo group waits one
 10 ms event-loop tick per peer, 0.6 s at 64 ranks. What a kept world cannot catch: an
 asynchronous collective a scenario left in flight on every rank would pair with the next
 scenario's (the testbed's programs wait for theirs).
@@ -241,7 +241,7 @@ def _teardown(ctx: RankContext | None, state: _State, keep: bool) -> str | None:
 
 def _keepable(state: _State) -> bool:
     """Whether the world may serve the next scenario: no group came or went besides the
-    layouts' (a scenario's own groups would pile up), not too many of those, no failed gather."""
+    layouts' (a scenario's own groups would pile up), not too many of those, no failed round."""
     import torch.distributed as dist
 
     return (len(dist.distributed_c10d._world.pg_map) == state.process_groups
