@@ -1,7 +1,8 @@
 """The collective audit and the event log of a scenario's rank.
 
-Every ``torch.distributed`` collective made from a frame of ``impl/`` is recorded with its
-group (as global ranks) and its call site, in a per-rank JSON-lines file the parent reads
+Every ``torch.distributed`` collective made from a frame of the integration under test
+(``impl/``, or the files of another project's integration: :func:`install`'s ``code``) is
+recorded with its group (as global ranks) and its call site, in a per-rank JSON-lines file the parent reads
 even when the rank hung or died: a mismatch between the ranks of a group is then reported
 by name instead of as a bare timeout. The rank program logs its own events (a build of the
 all-to-all, a layer built, a forward's start and end) in the same file, so the order of
@@ -22,6 +23,9 @@ import torch.distributed as dist
 import impl
 
 IMPL_DIR = os.path.realpath(Path(impl.__file__).parent) + os.sep
+# What counts as the integration's code: (real path prefix, name shown in call sites).
+IMPL_CODE = ((IMPL_DIR, "impl/"),)
+_code: tuple[tuple[str, str], ...] = IMPL_CODE
 COLLECTIVES = (
     "barrier", "monitored_barrier", "all_reduce", "reduce", "broadcast", "all_gather",
     "all_gather_into_tensor", "all_gather_single", "all_gather_object", "broadcast_object_list",
@@ -110,13 +114,14 @@ def certain_mismatch(logs: dict[int, list[dict]], finished: set[int]) -> str | N
 
 
 def impl_call_site() -> str | None:
-    """``impl/<file>:<line> in <function>`` of the innermost ``impl`` frame calling, or None."""
+    """``impl/<file>:<line> in <function>`` of the innermost frame of the integration's code
+    calling (``vllm/...`` for vLLM's), or None."""
     frame = inspect.currentframe()
     while frame is not None:
         filename = _real(frame.f_code.co_filename)
-        if filename.startswith(IMPL_DIR):
-            rel = "impl/" + filename[len(IMPL_DIR):]
-            return f"{rel}:{frame.f_lineno} in {frame.f_code.co_name}"
+        for prefix, shown in _code:
+            if filename.startswith(prefix):
+                return f"{shown}{filename[len(prefix):]}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return None
 
@@ -126,8 +131,11 @@ def _real(filename: str) -> str:
     return os.path.realpath(filename)
 
 
-def install(log: EventLog, world_size: int) -> Callable[[], None]:
-    """Record every collective ``impl`` makes from now on; returns the function that stops it."""
+def install(log: EventLog, world_size: int, code: tuple[tuple[str, str], ...] = IMPL_CODE) -> Callable[[], None]:
+    """Record every collective the integration's ``code`` ((real path prefix, shown name)
+    pairs) makes from now on; returns the function that stops it."""
+    global _code
+    _code = code
     originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
 
     def wrap(name: str, fn: Callable) -> Callable:
@@ -150,6 +158,8 @@ def install(log: EventLog, world_size: int) -> Callable[[], None]:
         setattr(dist, name, wrap(name, fn))
 
     def uninstall() -> None:
+        global _code
+        _code = IMPL_CODE
         for name, fn in originals.items():
             setattr(dist, name, fn)
 

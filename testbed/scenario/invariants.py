@@ -38,8 +38,9 @@ import torch
 
 from fakes.flashinfer.comm import trtllm_moe_alltoall
 from fakes.flashinfer.profiles import fake_profile
+from testbed import integrations
 from testbed.scenario import audit
-from testbed.scenario.model import Scenario
+from testbed.scenario.model import Scenario, row_bytes
 from testbed.scenario.reference import (
     tolerance,
     dispatch_bytes,
@@ -139,7 +140,7 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
                       + (" and the sequence-parallel all-gather" if sc.sequence_parallel else "")
                       + (f", and its DP group {_group_text(dp)} to gather and reduce-scatter"
                          if sc.path == "allgather_reducescatter" and not sc.sequence_parallel else ""))
-        if sc.path == "one_sided" and sc.api == "comm":  # moe_ep barriers inside FlashInfer
+        if integrations.get(sc.integration).traits(sc).barrier_after_build:
             _rebuild_barriers(rank, events, ep, f)
     for group, by_rank in sorted(audit.calls_per_group(logs).items()):
         found = audit.divergence(group, by_rank, finished)
@@ -151,13 +152,14 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
 def _rebuild_barriers(rank: int, events: list[dict], ep: tuple[int, ...], f: _Findings) -> None:
     pending = None
     for e in events:
-        if e["ev"] == "build":
+        if e["ev"] in ("build", "ep_build"):
             pending = e
         elif e["ev"] == "coll" and pending and e["op"] in ("barrier", "monitored_barrier") \
                 and tuple(e["group"]) == ep:
             pending = None
         elif e["ev"] in ("layer", "forward") and pending:
-            f.add(f"rank {rank}: MoeAlltoAll build {pending['index']} (max_num_tokens "
+            f.add(f"rank {rank}: {'MoeAlltoAll' if pending['ev'] == 'build' else 'communication'} build "
+                  f"{pending['index']} (max_num_tokens "
                   f"{pending['max_num_tokens']}, {pending['workspace_size']} bytes) was not followed by a "
                   f"barrier on the EP group {_group_text(ep)} before the layer was used")
             pending = None
@@ -220,6 +222,9 @@ def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
 
 
 def _moe_ep_workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
+    if integrations.get(sc.integration).traits(sc).shared_communication:
+        _shared_communication(sc, logs, v, complete)
+        return
     f = _Findings(v, "workspace")
     v.builds = [[] for _ in sc.stages]
     seen_stage: dict[int, tuple] = {}
@@ -248,6 +253,67 @@ def _moe_ep_workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
             f.add(f"rank {rank}: {len(built)} communication(s) built for {budgets} distinct layer budget(s) "
                   f"{sorted({ly.max_num_tokens for ly in layers})} (one per sizing, shared by the layers that have it)")
         builds = [(b["max_num_tokens"], b["workspace_size"]) for _, b in sorted(built.items())]
+        _same_builds_in_stage(f, seen_stage, stage, rank, builds, complete)
+        if not v.builds[stage]:
+            v.builds[stage] = builds
+    f.close()
+
+
+def _need(sc: Scenario, layer) -> tuple[int, int, int]:
+    """What a layer needs of a communication: (tokens per rank, hidden, activation bytes per
+    dispatched token), from the format definitions."""
+    return layer.max_num_tokens, sc.hidden, sum(row_bytes(layer.fmt, sc.hidden).values())
+
+
+NEED_NAMES = ("max_tokens_per_rank", "hidden_size", "dispatch bytes per token")
+
+
+def _shared_communication(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
+    """One communication shared by every layer of the EP group: after each layer is built
+    the live one covers every layer so far; a replacement happens exactly when a layer's need
+    exceeds it (in tokens, hidden or dispatch bytes), never shrinks any of them; every round
+    runs on the live one; the same on every rank of the EP group."""
+    f = _Findings(v, "workspace")
+    v.builds = [[] for _ in sc.stages]
+    seen_stage: dict[int, tuple] = {}
+    for rank, events in sorted(logs.items()):
+        stage = _stage(sc, rank)
+        layers = sc.stages[stage]
+        live, cover, expected, builds = None, None, 0, []
+        for e in events:
+            if e["ev"] == "ep_build":
+                got = (e["max_num_tokens"], e["hidden"], e["row_bytes"])
+                if live is not None:
+                    old = (live["max_num_tokens"], live["hidden"], live["row_bytes"])
+                    shrunk = [f"{n} {a} -> {b}" for n, a, b in zip(NEED_NAMES, old, got) if b < a]
+                    if shrunk:
+                        f.add(f"rank {rank}: communication {e['index']} shrinks the shared one: {', '.join(shrunk)}")
+                if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
+                    f.add(f"rank {rank}: communication {e['index']} has top_k {e['top_k']}, num_experts "
+                          f"{e['num_experts']}; the model has {sc.top_k}, {sc.experts}")
+                live = e
+                builds.append((e["max_num_tokens"], e["workspace_size"]))
+            elif e["ev"] == "layer":
+                i = e["layer"]
+                need = _need(sc, layers[i])
+                if cover is None or any(n > c for n, c in zip(need, cover)):
+                    expected += 1
+                    cover = need if cover is None else tuple(map(max, need, cover))
+                if live is None:
+                    f.add(f"rank {rank}: layer {i} built without any communication")
+                    continue
+                have = (live["max_num_tokens"], live["hidden"], live["row_bytes"])
+                for j in range(i + 1):
+                    short = [f"{n} {h} < {w}" for n, h, w in zip(NEED_NAMES, have, _need(sc, layers[j])) if h < w]
+                    if short:
+                        f.add(f"rank {rank}: after layer {i} the shared communication (build {live['index']}) does "
+                              f"not cover layer {j} ({layers[j]}): {', '.join(short)}")
+                if len(builds) != expected:
+                    f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected} (one, plus one "
+                          "per layer whose need exceeded the shared communication)")
+            elif e["ev"] == "dispatch" and live is not None and e.get("build") != live["index"]:
+                f.add(f"rank {rank}: a round dispatched on communication {e.get('build')}, but the live one is "
+                      f"build {live['index']} (a layer kept a replaced communication)")
         _same_builds_in_stage(f, seen_stage, stage, rank, builds, complete)
         if not v.builds[stage]:
             v.builds[stage] = builds

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
 from impl import parallel as support
 from testbed.cluster.layout import ParallelLayout
+from testbed.integrations import INTEGRATIONS
 
 # The scenario's path -> the vLLM all2all_backend it drives ("none": expert parallel off,
 # TP-sharded experts). --path also takes the vLLM names and their aliases.
@@ -108,6 +109,7 @@ class Scenario:
     invalid_expert_id: str = "-1"  # the one-sided dispatch's sentinel: -1 or num_experts
     a2a_api: str = "auto"  # one of A2A_APIS (FlashInfer paths only)
     flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
+    integration: str = "impl"  # one of INTEGRATIONS: whose code drives FlashInfer
     label: str = field(default="", compare=False)
 
     @classmethod
@@ -123,7 +125,10 @@ class Scenario:
 
     @property
     def api(self) -> str | None:
-        """The FlashInfer API the path runs on (None off the FlashInfer paths)."""
+        """The FlashInfer API the path runs on (None off the FlashInfer paths); vLLM 0.33.0's
+        one-sided manager drives ``moe_ep``, its two-sided one ``comm``'s ``MnnvlMoe``."""
+        if self.integration == "vllm":
+            return {"one_sided": "moe_ep", "two_sided": "comm"}.get(self.path)
         return api_for(self.path, self.profile, self.a2a_api)
 
     @property
@@ -193,6 +198,7 @@ class Scenario:
         _choice("--invalid-expert-id", self.invalid_expert_id, INVALID_EXPERT_IDS)
         _choice("--a2a-api", self.a2a_api, A2A_APIS)
         _choice("--backend", self.flashinfer_backend, BACKENDS)
+        _choice("--integration", self.integration, INTEGRATIONS)
         self._check_backend()
         self._check_api()
         self._check_features()
@@ -249,6 +255,8 @@ class Scenario:
                 self._check_hidden(layer.fmt)
         if not self.passes:
             raise ScenarioInputError("--tokens", "give at least one forward pass")
+        if self.integration == "vllm":
+            self._check_vllm()
         biggest = max(layer.max_num_tokens for stage in self.stages for layer in stage)
         for counts in self.passes:
             if len(counts) != lay.dp:
@@ -261,6 +269,12 @@ class Scenario:
                                          f"(largest {biggest})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ScenarioInputError("--seed", f"must be an integer >= 0, got {self.seed!r}")
+
+    def _check_vllm(self) -> None:
+        """What vLLM 0.33.0's own classes can run on the CPU (see :mod:`testbed.integrations.vllm`)."""
+        rule = vllm_rule(self)
+        if rule:
+            raise ScenarioInputError(*rule)
 
     def _check_backend(self) -> None:
         """What only the fake can vary: on the real FlashInfer the release fixes the combine
@@ -357,6 +371,8 @@ class Scenario:
                   "--a2a-api", self.a2a_api]
         if self.flashinfer_backend != "fake":
             parts += ["--backend", self.flashinfer_backend]
+        if self.integration != "impl":
+            parts += ["--integration", self.integration]
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -374,6 +390,7 @@ class Scenario:
         sig += f" invalid={self.invalid_expert_id}" if self.invalid_expert_id != "-1" else ""
         sig += " moe_ep" if self.api == "moe_ep" else ""
         sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
+        sig += f" [{self.integration}]" if self.integration != "impl" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
 
@@ -424,6 +441,42 @@ def row_bytes(fmt: str, hidden: int) -> dict[str, int]:
     }[fmt]
 
 
+# The paths vLLM 0.33.0 drives through a FlashInfer manager or its all-gather fallback, and
+# the activation formats its quantize step (moe_kernel_quantize_input) runs on the CPU: nvfp4
+# and the fp8 formats call CUDA custom ops or Triton (ops.scaled_fp4_quant,
+# per_token_group_quant_fp8), which vLLM's CPU build lacks.
+VLLM_PATHS = ("one_sided", "two_sided", "allgather_reducescatter")
+VLLM_FORMATS = ("bf16", "mxfp8")
+# What only impl has: the scenario flags vLLM's classes have no counterpart for.
+_VLLM_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
+                   ("--expert-kernel", "expert_kernel", "reference"), ("--expert-output", "expert_output", "separate"),
+                   ("--invalid-expert-id", "invalid_expert_id", "-1"), ("--defer-finalize", "defer_finalize", False),
+                   ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
+                   ("--routed-scaling", "routed_scaling", 1.0), ("--backend", "flashinfer_backend", "fake"))
+
+
+def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
+    """``(flag, rule)`` the scenario breaks under ``--integration vllm``, or None."""
+    if sc.path not in VLLM_PATHS:
+        return "--path", (f"--integration vllm drives {', '.join(VLLM_PATHS)} (expert parallel off has no "
+                          "all-to-all for vLLM's managers to run)")
+    for flag, name, default in _VLLM_IMPL_ONLY:
+        if getattr(sc, name) != default:
+            return flag, ("is impl's; --integration vllm runs vLLM's own classes as they ship (the layer's "
+                          "shared experts, scaling and deferral live in vLLM's MoERunner, not driven yet)")
+    fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(VLLM_FORMATS))
+    if fmts:
+        return "--stages", (f"vLLM 0.33.0 quantizes {', '.join(fmts)} with CUDA custom ops or Triton "
+                            f"(moe_kernel_quantize_input), absent on the CPU; --integration vllm runs "
+                            f"{', '.join(VLLM_FORMATS)}")
+    budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
+    if len(budgets) > 1:
+        return "--stages", (f"vLLM builds every MoE layer's prepare/finalize with "
+                            f"scheduler_config.max_num_batched_tokens: give every layer one budget, got "
+                            f"{sorted(budgets)}")
+    return None
+
+
 def _choice(flag: str, value, choices) -> None:
     if value not in choices:
         raise ScenarioInputError(flag, f"must be one of {', '.join(choices)}; got {value!r}")
@@ -433,12 +486,13 @@ def _choice(flag: str, value, choices) -> None:
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
-                  "invalid_expert_id", "a2a_api")
+                  "invalid_expert_id", "a2a_api", "integration")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
-            "expert_output": "separate", "invalid_expert_id": "-1", "a2a_api": "auto"}
+            "expert_output": "separate", "invalid_expert_id": "-1", "a2a_api": "auto",
+            "integration": "impl"}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
@@ -487,6 +541,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="who runs FlashInfer: fake (the CPU fake, default) or flashinfer (the installed package "
                              "on this machine's GPUs, a rank per GPU, CUDA tensors over NCCL; the profile is the "
                              "installed release's; without scenario flags, the matrix's scenarios it can run)")
+    parser.add_argument("--integration", help=f"whose code drives FlashInfer: {', '.join(INTEGRATIONS)} (impl: this "
+                                              "project's reference integration; vllm: the installed vLLM's own "
+                                              "managers, prepare/finalizes and modular kernel) (default impl)")
     parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
                                           "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
                                           "from 0.7.2; auto: comm where the release has it) (default auto)")

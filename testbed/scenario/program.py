@@ -22,14 +22,11 @@ import torch.distributed as dist
 
 from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 from impl.experts import QuantizedWeights, TrtLlmExperts
-from impl.factory import make_manager, make_prepare_finalize
-from impl.formats import dispatch_layout
-from impl.forward_context import forward_context
-from impl.moe_layer import MoELayer, MoELayerConfig
+from testbed import integrations
 from testbed.scenario import audit, mutants
 from testbed.scenario.experts import Experts
 from testbed.scenario.model import Scenario
-from testbed.scenario.moe import forward_pass_token_counts, quant_config, rank_api, rank_device
+from testbed.scenario.moe import quant_config, rank_api, rank_device
 from testbed.scenario.reference import (
     ACT_DTYPE,
     expert_weight,
@@ -37,7 +34,6 @@ from testbed.scenario.reference import (
     lane_keys,
     layer_inputs,
     local_experts,
-    shared_weight,
     swiglu_weights,
 )
 
@@ -116,9 +112,11 @@ def _recording_communication(create, log: audit.EventLog, ep_ranks: tuple[int, .
     def create_communication(bootstrap, params, backend, **options):
         comm = create(bootstrap, params, backend, **options)
         comm._testbed_build = next(builds)
+        extra = getattr(getattr(comm, "config", None), "extra_payload_bytes_per_token", 0) or 0
         log.write(ev="ep_build", index=comm._testbed_build, kind=comm.backend_name,
                   max_num_tokens=params.max_tokens_per_rank, top_k=params.top_k, num_experts=params.num_experts,
-                  workspace_size=_workspace_bytes(comm))
+                  workspace_size=_workspace_bytes(comm), hidden=params.hidden_size,
+                  row_bytes=params.dispatch_bytes_per_token + extra)
         comm.__class__ = _recording_communication_class(type(comm), log, ep_ranks)
         return comm
 
@@ -252,18 +250,6 @@ class RecordingExperts:
         return self.experts(prepared, defer=defer, output=output)
 
 
-class SharedExpert:
-    """The shared expert ``x @ W`` in bf16; over this TP rank's slice of the hidden
-    (contraction) dimension when the layer's reduce is still pending."""
-
-    def __init__(self, weight: torch.Tensor, shard: tuple[int, int]):
-        part = weight.size(0) // shard[1]
-        self.weight, self.cols = weight, slice(shard[0] * part, (shard[0] + 1) * part)
-
-    def __call__(self, x_TH: torch.Tensor) -> torch.Tensor:
-        return (x_TH.float()[:, self.cols] @ self.weight[self.cols]).to(ACT_DTYPE)
-
-
 def _slice(t: torch.Tensor, logical: tuple[int, int], rows: Optional[range] = None,
            cols: Optional[range] = None) -> torch.Tensor:
     """Rows / cols of the logical ``[M, K]`` matrix ``t`` encodes (values or block scales)."""
@@ -307,8 +293,8 @@ def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range,
 
 
 def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) -> dict:
-    """Rank program: this rank's stage's layers (through :mod:`impl.factory` and
-    :class:`impl.moe_layer.MoELayer`), then every forward pass.
+    """Rank program: this rank's stage's layers, built by the scenario's integration
+    (:mod:`testbed.integrations`) around the testbed's experts, then every forward pass.
 
     Returns ``{"outputs": {(pass, layer): [T, H] bf16 on the CPU}, "lanes": {(pass, layer):
     Counter}}``; everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
@@ -319,23 +305,16 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     ctx.add_cleanup(log.close)
     if mutant:
         ctx.add_cleanup(mutants.apply(mutant))
-    ctx.add_cleanup(audit.install(log, ctx.world_size))
+    integration = integrations.get(sc.integration)
     api = _install(ctx, sc, log)
-    stage, ep_group = ctx.coords.pp_rank, ctx.groups["ep"]
-    dp_rank, tp = ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
-    ep_rank = 0 if sc.path == "none" else dist.get_rank(ep_group)
+    session = integration.start(ctx, sc, api, log)  # the engine's own set-up is not audited
+    ctx.add_cleanup(audit.install(log, ctx.world_size, integration.traits(sc).code))
+    stage, dp_rank, tp = ctx.coords.pp_rank, ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
+    ep_rank = 0 if sc.path == "none" else dist.get_rank(ctx.groups["ep"])
     own = local_experts(sc.experts, sc.ep_size, ep_rank)
     expert_shard = tp if sc.path == "none" else (0, 1)
-    parallel = sc.parallel_config()
-    manager = make_manager(parallel, api, ep_group, None if sc.a2a_api == "auto" else sc.a2a_api)
     layers = []
     for i, layer in enumerate(sc.stages[stage]):
-        qc = quant_config(layer.fmt)
-        pf = make_prepare_finalize(parallel, manager, dp_group=ctx.groups["dp"], ep_group=ep_group,
-                                   max_num_tokens=layer.max_num_tokens, top_k=sc.top_k, num_experts=sc.experts,
-                                   hidden_size=sc.hidden, layout=dispatch_layout(sc.hidden, qc, ACT_DTYPE),
-                                   invalid_expert_id=sc.invalid_id())
-        log.write(ev="layer", layer=i)
         if sc.expert_kernel != "reference":
             experts = _trtllm_experts(api, sc, stage, i, layer.fmt, own, expert_shard, device)
         else:
@@ -343,28 +322,20 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
                               functools.partial(expert_weight, sc.seed, stage, i, hidden=sc.hidden),
                               weighted=not sc.router_weight_on_input, shard=expert_shard)
         recording = RecordingExperts(experts, log, own)
-        moe = MoELayer(MoELayerConfig(sc.experts, sc.top_k, sc.hidden, qc, ACT_DTYPE, sc.routed_scaling,
-                                      sc.router_weight_on_input, sc.expert_output),
-                       parallel, pf, recording, tp_group=ctx.groups["tp"])
-        if sc.shared_experts:  # sharded like the routed experts where the TP all-reduce completes them
-            moe.shared_experts = SharedExpert(shared_weight(sc.seed, stage, i, sc.hidden).to(device),
-                                              tp if sc.parts_partial else (0, 1))
-        layers.append((moe, recording))
+        built = session.build_layer(i, layer.fmt, layer.max_num_tokens, recording)
+        log.write(ev="layer", layer=i)
+        layers.append((built, recording))
     outputs, lanes = {}, {}
     for p in range(len(sc.passes)):
-        for i, (moe, recording) in enumerate(layers):
-            x_TH, ids_TK, w_TK = (t.to(device) for t in layer_inputs(sc, p, stage, i, dp_rank))
-            # The testbed's own collective is logged too: a rank that skipped an all-to-all
-            # is then out of step with its peers at once, not at the timeout.
-            log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
-                      site="testbed: the start of a forward")
-            counts = forward_pass_token_counts(ep_group, dp_rank, sc.layout.dp, x_TH.size(0))
-            log.write(ev="forward", pass_=p, layer=i, reduced=bool(moe.prepare_finalize.output_is_reduced()),
-                      pending=moe.reduce_pending, sp=moe.sequence_parallel)
-            recording.lanes = Counter()
-            with forward_context(counts):
-                out = moe(x_TH, w_TK, ids_TK)
-            log.write(ev="forward_end", pass_=p, layer=i)
-            outputs[(p, i)] = out.cpu()
-            lanes[(p, i)] = recording.lanes
+        with session.forward_pass(sc.tokens(p, sc.stages[stage][0], dp_rank)):
+            for i, (moe, recording) in enumerate(layers):
+                x_TH, ids_TK, w_TK = (t.to(device) for t in layer_inputs(sc, p, stage, i, dp_rank))
+                with session.layer_call(x_TH.size(0)):
+                    log.write(ev="forward", pass_=p, layer=i, reduced=bool(moe.output_is_reduced()),
+                              pending=moe.reduce_pending, sp=moe.sequence_parallel)
+                    recording.lanes = Counter()
+                    out = moe(x_TH, w_TK, ids_TK)
+                    log.write(ev="forward_end", pass_=p, layer=i)
+                outputs[(p, i)] = out.cpu()
+                lanes[(p, i)] = recording.lanes
     return {"outputs": outputs, "lanes": lanes}

@@ -102,6 +102,7 @@ class _MnnvlMemory:
     config: Optional[MnnvlConfig] = None
     allocated_map: dict[int, _AllocationRecord] = {}
     _watched_arena: Optional[ShmArena] = None
+    _fabric_supported: Optional[bool] = None
     _next_ptr = itertools.count(1 << 40, 1 << 32)
 
     def __init__(self, mapping: Mapping, size: int):
@@ -145,28 +146,38 @@ class _MnnvlMemory:
 
     @staticmethod
     def open_mnnvl_memory(mapping: Mapping, size: int) -> tuple[int, int]:
+        """The release's communicator calls, in its order (0.7.2.post1 ``mnnvl.py``): all-gather
+        the sizes, the fabric support (once, cached), then the exported handles; no broadcast
+        and no barrier. The fake's one handle is rank 0's segment of every rank's row, created
+        before rank 0 contributes it, so a peer attaches only after the exchange."""
         comm = _MnnvlMemory.get_comm(mapping)
         comm_rank, comm_size = comm.Get_rank(), comm.Get_size()
         sizes = comm.allgather(size)
         assert len(sizes) == comm_size
         assert all(x == size for x in sizes), "Not all rank allocating same size."
+        _MnnvlMemory._resolve_fabric_support(comm)
         arena = ShmArena.current()
         stride = -(-size // _ALLOCATION_GRANULARITY) * _ALLOCATION_GRANULARITY
-        key = comm.bcast(f"mnnvl-{uuid.uuid4().hex[:16]}" if comm_rank == 0 else None, 0)
         if comm_rank == 0:
-            segment = arena.create(key, comm_size * stride)
-        comm.barrier()
+            key = f"mnnvl-{uuid.uuid4().hex[:16]}"
+            segment = arena.create(key, comm_size * stride)  # unlinked with the scenario's arena
+        handles = comm.allgather(key if comm_rank == 0 else None)
         if comm_rank != 0:
-            segment = arena.attach(key)
-        comm.barrier()  # every rank mapped it before anyone may drop the name
-        if comm_rank == 0:
-            arena.unlink(key)  # mappings live on; nothing is left if a rank dies later
+            segment = arena.attach(handles[0])
         ptr = next(_MnnvlMemory._next_ptr)
         _MnnvlMemory.allocated_map[ptr] = _AllocationRecord(comm, comm_size, comm_rank, segment, stride)
         if _MnnvlMemory._watched_arena is not arena:
             _MnnvlMemory._watched_arena = arena
             arena.on_close(_MnnvlMemory._forget_scenario)
         return ptr, stride
+
+    @staticmethod
+    def _resolve_fabric_support(comm) -> bool:
+        """Every rank's fabric support AND-reduced by an all-gather, once per scenario (the
+        real one caches it for the process); the fake's fabric is always there."""
+        if _MnnvlMemory._fabric_supported is None:
+            _MnnvlMemory._fabric_supported = all(comm.allgather(True))
+        return _MnnvlMemory._fabric_supported
 
     @staticmethod
     def get_allocation_granularity(dev_id):
@@ -203,6 +214,7 @@ class _MnnvlMemory:
         _MnnvlMemory.comm = None
         _MnnvlMemory.config = None
         _MnnvlMemory.initialized = False
+        _MnnvlMemory._fabric_supported = None
         for hook in _SCENARIO_END_HOOKS:
             hook()
 

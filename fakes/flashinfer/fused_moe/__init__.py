@@ -4,7 +4,7 @@ The entry points take the active profile's signature."""
 
 from fakes.flashinfer.fused_moe.core import ENTRY_POINTS, entry_point
 from fakes.flashinfer.fused_moe.layouts import gated_reorder_indices, to_block_major_k
-from fakes.flashinfer import tllm_enums
+from fakes.flashinfer import profiles, tllm_enums
 from fakes.flashinfer.tllm_enums import WeightLayout
 
 __all__ = [
@@ -23,6 +23,12 @@ def reorder_rows_for_gated_act_gemm(x):
 
 
 def __getattr__(name: str):
+    # The real package re-exports the moe_ep payload formats here from 0.7.2 on (vLLM 0.33.0's
+    # layer builder imports them from this module).
+    if name == "QuantFormat" and "moe_ep" not in profiles.active().absent_modules:
+        from fakes.flashinfer.fused_moe.api import QuantFormat
+
+        return QuantFormat
     if name in ENTRY_POINTS:
         return entry_point(name)
     if name in ("ActivationType", "Fp8QuantizationType", "RoutingMethodType"):
