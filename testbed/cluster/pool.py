@@ -173,6 +173,7 @@ class _Worker:
 # Imported once in the fork server; every worker forks from it with them loaded (and their
 # pages shared until written), instead of importing torch anew per rank.
 PRELOAD = ("torch", "torch.distributed", "testbed.cluster.worker", "testbed.scenario.program")
+PRELOAD_VLLM_ENV = "A2A_PRELOAD_VLLM"
 
 
 def worker_context():
@@ -180,7 +181,10 @@ def worker_context():
     :data:`PRELOAD` (it forks from a single-threaded process, unlike a plain fork of this
     one, which may run threads)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    # vLLM's import (~5 s, ~260 MiB) once per fork server instead of once per rank, where a run
+    # asks for it before its first pool starts.
+    vllm = ["testbed.integrations.vllm_preload"] if os.environ.get(PRELOAD_VLLM_ENV) else []
+    ctx.set_forkserver_preload(list(PRELOAD) + vllm)
     return ctx
 
 

@@ -53,8 +53,7 @@ TESTED = ("0.33.0",)
 SOURCE_ENV = "A2A_VLLM_SOURCE"
 # vLLM's CudaCommunicator (device_communicators/cuda_communicator.py) -> the manager it builds.
 MANAGERS = {"flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
-            "flashinfer_nvlink_two_sided": "FlashInferNVLinkTwoSidedManager",
-            "allgather_reducescatter": "AgRsAll2AllManager"}
+            "flashinfer_nvlink_two_sided": "FlashInferNVLinkTwoSidedManager"}
 # The capabilities the adapter reaches for, as (module, name): a vLLM lacking one is named.
 CAPABILITIES = (
     ("vllm.distributed.parallel_state", "init_distributed_environment"),
@@ -175,8 +174,7 @@ class VllmSession:
 
             ep.device_communicator.all2all_manager = getattr(all2all, manager_name)(ep.cpu_group)
         self.manager = ep.device_communicator.all2all_manager
-        if hasattr(self.manager, "cleanup"):
-            ctx.add_cleanup(self.manager.cleanup)
+        ctx.add_cleanup(self.manager.cleanup)
 
     def _teardown(self) -> None:
         """vLLM's groups go; the pool's world stays (vLLM's destroy_distributed_environment
@@ -254,8 +252,7 @@ def _forget_probes() -> None:
 
 
 def _backend(sc) -> str:
-    return {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided",
-            "allgather_reducescatter": "allgather_reducescatter"}[sc.path]
+    return {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}[sc.path]
 
 
 def quant_config(fmt: str):

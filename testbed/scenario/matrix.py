@@ -118,3 +118,47 @@ def on_release(profile: str, backend: str = "fake", gpus: int | None = None
         else:
             runnable.append(moved)
     return runnable, refused
+
+
+# vLLM 0.33.0's own classes (--integration vllm): one budget per model (scheduler_config's
+# max_num_batched_tokens), the formats its quantize step runs on the CPU (bf16, mxfp8).
+VLLM_MATRIX: tuple[Scenario, ...] = (
+    _s("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", label="vLLM one-sided; a 0-token rank"),
+    _s("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", integration="vllm",
+       label="vLLM: an mxfp8 model with a bf16 MTP layer: the shared communication grows"),
+    _s("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", routing="spread",
+       label="vLLM TP 2; bf16 then mxfp8 (kept)"),
+    _s("4,2,2,1", "bf16:16", "5,0 0,3", integration="vllm", label="vLLM TP 2, 0-token ranks"),
+    _s("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", label="vLLM mxfp8 on a 0-token rank"),
+    _s("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm",
+       label="vLLM PP 2 with TP 2: the stages replace 1 and 0 times"),
+    _s("4,1,4,1", "bf16:8", "0,0,0,0", integration="vllm", label="vLLM: a forward where no DP rank has a token"),
+    _s("4,1,4,1", "bf16:8", "3,1,0,6", integration="vllm", top_k=1, router_weight_on_input=True,
+       routing="hotspot", label="vLLM router weight on input (top_k 1)"),
+    _s("8,1,8,1", "bf16:8", "0,1,2,3,4,5,6,8", integration="vllm", experts=32, top_k=8, routing="local",
+       label="vLLM EP 8, top_k 8"),
+    _s("4,2,2,1", "bf16:8", "0,5 3,3", integration="vllm", path="two_sided", hidden=512,
+       label="vLLM two-sided, TP 2"),
+    _s("4,1,4,1", "mxfp8:8,bf16:8", "2,1,1,3", integration="vllm", path="two_sided", hidden=512,
+       label="vLLM two-sided, mxfp8 then bf16"),
+)
+
+
+def on_integration(integration: str, profile: str) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
+    """The matrix (and the integration's own entries) driven by ``integration`` on FlashInfer
+    ``profile``: the scenarios it can run, and those it refuses with the rule."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    runnable, refused = [], []
+    own = VLLM_MATRIX if integration == "vllm" else ()
+    for sc in MATRIX + own:
+        moved = dataclasses.replace(sc, profile=profile, integration=integration,
+                                    a2a_api="auto" if integration == "vllm" else sc.a2a_api,
+                                    label=f"{sc.label} [{integration} on {profile}]")
+        try:
+            moved.validate()
+        except ScenarioInputError as e:
+            refused.append((sc, str(e)))
+        else:
+            runnable.append(moved)
+    return runnable, refused

@@ -441,11 +441,12 @@ def row_bytes(fmt: str, hidden: int) -> dict[str, int]:
     }[fmt]
 
 
-# The paths vLLM 0.33.0 drives through a FlashInfer manager or its all-gather fallback, and
-# the activation formats its quantize step (moe_kernel_quantize_input) runs on the CPU: nvfp4
-# and the fp8 formats call CUDA custom ops or Triton (ops.scaled_fp4_quant,
+# The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
+# all-gather/reduce-scatter fallback needs all_gatherv, which vLLM's CpuCommunicator lacks),
+# and the activation formats its quantize step (moe_kernel_quantize_input) runs on the CPU:
+# nvfp4 and the fp8 formats call CUDA custom ops or Triton (ops.scaled_fp4_quant,
 # per_token_group_quant_fp8), which vLLM's CPU build lacks.
-VLLM_PATHS = ("one_sided", "two_sided", "allgather_reducescatter")
+VLLM_PATHS = ("one_sided", "two_sided")
 VLLM_FORMATS = ("bf16", "mxfp8")
 # What only impl has: the scenario flags vLLM's classes have no counterpart for.
 _VLLM_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
@@ -458,8 +459,9 @@ _VLLM_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--
 def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
     """``(flag, rule)`` the scenario breaks under ``--integration vllm``, or None."""
     if sc.path not in VLLM_PATHS:
-        return "--path", (f"--integration vllm drives {', '.join(VLLM_PATHS)} (expert parallel off has no "
-                          "all-to-all for vLLM's managers to run)")
+        return "--path", (f"--integration vllm drives {', '.join(VLLM_PATHS)}: vLLM's all-gather/reduce-scatter "
+                          "needs all_gatherv, which its CpuCommunicator does not implement, and expert parallel "
+                          "off has no all-to-all")
     for flag, name, default in _VLLM_IMPL_ONLY:
         if getattr(sc, name) != default:
             return flag, ("is impl's; --integration vllm runs vLLM's own classes as they ship (the layer's "

@@ -14,9 +14,17 @@ from testbed.scenario.invariants import Verdict
 def verdict_line(index: int, total: int, v: Verdict) -> str:
     """``PASS  3/14  <scenario>  worst 0.24x tol  builds s0 2 (69760 B) s1 1 (...)  2.1 s``."""
     builds = " ".join(f"s{s} {len(b)} ({b[-1][1]} B)" for s, b in enumerate(v.builds) if b) or "-"
-    status = "PASS" if v.passed else "FAIL"
+    status = "FAIL" if not v.passed else "KNOWN" if v.known else "PASS"
+    known = f"  {', '.join(v.known)} (docs/findings.md)" if v.known else ""
     return (f"{status} {index:>3}/{total:<3} {v.scenario.short()}  worst {v.worst:.2g}x tol  "
-            f"builds {builds}  {v.seconds:.1f} s")
+            f"builds {builds}  {v.seconds:.1f} s{known}")
+
+
+def known_text(v: Verdict) -> str:
+    """The known findings' failures, a line each, then the line that reproduces the scenario."""
+    lines = [f"    [{f.invariant}, known] " + f.evidence.splitlines()[0][:300] for f in v.known_failures]
+    lines.append(f"    reproduce: {v.scenario.to_cli()}")
+    return "\n".join(lines)
 
 
 def failure_text(v: Verdict) -> str:
@@ -55,6 +63,8 @@ def as_json(verdicts: Sequence[Verdict], seconds: float) -> dict:
             "builds": [[{"max_num_tokens": t, "workspace_bytes": b} for t, b in stage] for stage in v.builds],
             "layer_errors": {k: _finite(x) for k, x in v.layer_errors},
             "failures": [{"invariant": f.invariant, "evidence": f.evidence} for f in v.failures],
+            "known": v.known,
+            "known_failures": [{"invariant": f.invariant, "evidence": f.evidence} for f in v.known_failures],
         } for v in verdicts],
     }
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 from fakes.arena import PREFIX_ROOT, SHM_DIR
 from testbed.cluster.pool import RankPool, ScenarioError, open_pools_worker_pids
-from testbed.scenario import invariants, mutants
+from testbed.scenario import findings, invariants, mutants
 from testbed.scenario.audit import LogTail, certain_mismatch
 from testbed.scenario.invariants import Failure, Verdict
 from testbed.scenario.model import Scenario
@@ -59,6 +59,7 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
     leaks = _leaks()
     if leaks:
         verdict.failures.append(Failure("no-leaks", leaks))
+    findings.judge(verdict)
     return verdict
 
 

@@ -1,0 +1,87 @@
+"""Known findings: failures the testbed shows in code it did not write (vLLM, FlashInfer),
+each written up in ``docs/findings.md`` under its id.
+
+A finding names the scenarios it applies to (a property of the scenario, never a list) and
+how it fails there: ``(invariant, piece of its evidence)`` pairs. A scenario it applies to is
+``KNOWN <id>`` when it fails exactly that way (its failures move to ``known_failures``) (every failure matches one of the pairs, at least
+one does), a plain failure when it also fails some other way, and a failure of the finding
+itself when it passes: the bug is gone (fixed upstream, or the testbed no longer reaches it),
+so the write-up and this entry must go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from testbed.scenario.invariants import Failure, Verdict
+from testbed.scenario.model import Scenario
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    title: str
+    applies: Callable[[Scenario], bool]
+    expect: tuple[tuple[str, str], ...]
+
+
+def _vllm(sc: Scenario, path: str, profile: Optional[str] = None) -> bool:
+    return sc.integration == "vllm" and sc.path == path and (profile is None or sc.profile == profile)
+
+
+def _all_idle_pass(sc: Scenario) -> bool:
+    return any(not any(sc.tokens(p, ly, d) for d in range(sc.layout.dp))
+               for p in range(len(sc.passes)) for st in sc.stages for ly in st)
+
+
+def _mxfp8_on_an_empty_rank(sc: Scenario) -> bool:
+    return sc.integration == "vllm" and any(
+        ly.fmt == "mxfp8" and any(not sc.tokens(p, ly, d) for d in range(sc.layout.dp))
+        for p in range(len(sc.passes)) for st in sc.stages for ly in st)
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("VLLM-001", "vLLM 0.33.0's one-sided prepare calls dispatch(max_tokens_per_rank=), which FlashInfer "
+                        "0.7.4 renamed runtime_max_tokens_per_rank (keyword-only): every forward raises TypeError",
+            lambda sc: _vllm(sc, "one_sided", "0.7.4"),
+            (("completes", "unexpected keyword argument 'max_tokens_per_rank'"),)),
+    Finding("VLLM-002", "vLLM 0.33.0's two-sided backend needs flashinfer.comm.trtllm_alltoall.MnnvlMoe, which "
+                        "FlashInfer 0.7.4 removed: the manager's constructor asserts",
+            lambda sc: _vllm(sc, "two_sided", "0.7.4"),
+            (("completes", "flashinfer all2all module not found"),)),
+    Finding("VLLM-003", "vLLM 0.33.0's one-sided prepare dispatches max_tokens_per_rank=0 in a forward where no DP "
+                        "rank has a token; FlashInfer refuses it (must be in (0, capacity])",
+            lambda sc: _vllm(sc, "one_sided") and _all_idle_pass(sc),
+            (("completes", "max_tokens_per_rank=0 must be in (0,"), ("runtime-max-tokens", "with runtime_max_tokens"))),
+    Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
+                        ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
+            _mxfp8_on_an_empty_rank,
+            (("completes", "cannot reshape tensor of 0 elements"),)),
+)
+
+
+def known(sc: Scenario) -> list[Finding]:
+    return [f for f in FINDINGS if f.applies(sc)]
+
+
+def judge(v: Verdict) -> Optional[str]:
+    """``"KNOWN <id>, ..."`` when ``v`` fails exactly as its scenario's known findings say (the
+    verdict's failures are then cleared), else None; a known finding that no longer reproduces
+    becomes a failure of the verdict."""
+    expected = known(v.scenario)
+    if not expected:
+        return None
+    if v.passed:
+        v.failures.append(Failure("known-finding", "the scenario passes, but " + "; ".join(
+            f"{f.id} ({f.title}) says it fails" for f in expected) + ": the finding no longer reproduces; "
+            "check it upstream, then retire it from testbed/scenario/findings.py and docs/findings.md"))
+        return None
+    pairs = [pair for f in expected for pair in f.expect]
+    explained = all(any(inv == f.invariant and piece in f.evidence for inv, piece in pairs) for f in v.failures)
+    if not explained:
+        return None
+    ids = [f.id for f in expected if any(inv == g.invariant and piece in g.evidence
+                                         for inv, piece in f.expect for g in v.failures)]
+    v.known, v.known_failures, v.failures = ids, list(v.failures), []
+    return "KNOWN " + ", ".join(ids)
