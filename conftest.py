@@ -4,6 +4,7 @@ checks and Hypothesis profiles."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import multiprocessing
 import os
 from pathlib import Path
@@ -52,6 +53,24 @@ if MUTANT:
     from testbed.scenario import mutants
 
     mutants.apply(MUTANT)
+
+
+# vLLM's import (~5 s) once per fork server where vLLM is installed, not once per rank.
+if importlib.util.find_spec("vllm") is not None:
+    os.environ.setdefault("A2A_PRELOAD_VLLM", "1")
+
+
+@pytest.fixture(scope="session")
+def vllm_installed() -> None:
+    """Skip (with the reason) where ``--integration vllm`` cannot run; under
+    ``A2A_REQUIRE_VLLM`` (CI) that is a failure instead: those tests must run there."""
+    from testbed.integrations import vllm
+
+    why = vllm.unavailable()
+    if why:
+        if os.environ.get("A2A_REQUIRE_VLLM"):
+            pytest.fail(f"A2A_REQUIRE_VLLM is set but {why}")
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

@@ -281,7 +281,7 @@ def _shared_communication(sc: Scenario, logs, v: Verdict, complete: bool) -> Non
     for rank, events in sorted(logs.items()):
         stage = _stage(sc, rank)
         layers = sc.stages[stage]
-        live, cover, expected, builds = None, None, 0, []
+        live, before, builds, counted = None, None, [], 0
         for e in events:
             if e["ev"] == "ep_build":
                 got = (e["max_num_tokens"], e["hidden"], e["row_bytes"])
@@ -298,9 +298,13 @@ def _shared_communication(sc: Scenario, logs, v: Verdict, complete: bool) -> Non
             elif e["ev"] == "layer":
                 i = e["layer"]
                 need = _need(sc, layers[i])
-                if cover is None or any(n > c for n, c in zip(need, cover)):
-                    expected += 1
-                    cover = need if cover is None else tuple(map(max, need, cover))
+                had = None if before is None else (before["max_num_tokens"], before["hidden"], before["row_bytes"])
+                required = had is None or any(n > h for n, h in zip(need, had))
+                if len(builds) - counted != required:
+                    f.add(f"rank {rank}: {len(builds) - counted} build(s) for layer {i} ({layers[i]}), expected "
+                          f"{int(required)}: the shared communication is replaced exactly when a layer's need "
+                          f"({', '.join(f'{n} {v}' for n, v in zip(NEED_NAMES, need))}) exceeds it")
+                before, counted = live, len(builds)
                 if live is None:
                     f.add(f"rank {rank}: layer {i} built without any communication")
                     continue
@@ -310,9 +314,6 @@ def _shared_communication(sc: Scenario, logs, v: Verdict, complete: bool) -> Non
                     if short:
                         f.add(f"rank {rank}: after layer {i} the shared communication (build {live['index']}) does "
                               f"not cover layer {j} ({layers[j]}): {', '.join(short)}")
-                if len(builds) != expected:
-                    f.add(f"rank {rank}: {len(builds)} builds after layer {i}, expected {expected} (one, plus one "
-                          "per layer whose need exceeded the shared communication)")
             elif e["ev"] == "dispatch" and live is not None and e.get("build") != live["index"]:
                 f.add(f"rank {rank}: a round dispatched on communication {e.get('build')}, but the live one is "
                       f"build {live['index']} (a layer kept a replaced communication)")

@@ -10,6 +10,7 @@ the fabric page, not ``size``): code that assumes a contiguous workspace breaks 
 from __future__ import annotations
 
 import abc
+import functools
 import itertools
 import uuid
 from dataclasses import dataclass
@@ -160,7 +161,10 @@ class _MnnvlMemory:
         stride = -(-size // _ALLOCATION_GRANULARITY) * _ALLOCATION_GRANULARITY
         if comm_rank == 0:
             key = f"mnnvl-{uuid.uuid4().hex[:16]}"
-            segment = arena.create(key, comm_size * stride)  # unlinked with the scenario's arena
+            segment = arena.create(key, comm_size * stride)
+            # Peers attach right after the exchange, long before the scenario can end: the name
+            # goes when this rank's scenario does (mappings live on).
+            arena.on_close(functools.partial(arena.unlink, key))
         handles = comm.allgather(key if comm_rank == 0 else None)
         if comm_rank != 0:
             segment = arena.attach(handles[0])
