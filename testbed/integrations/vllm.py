@@ -39,7 +39,6 @@ import importlib.util
 import os
 import sys
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 

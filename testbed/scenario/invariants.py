@@ -196,9 +196,7 @@ def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                     f.add(f"rank {rank}: build {e['index']} shrinks the workspace: {live['workspace_size']} -> "
                           f"{e['workspace_size']} bytes, max_num_tokens {live['max_num_tokens']} -> "
                           f"{e['max_num_tokens']}")
-                if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
-                    f.add(f"rank {rank}: build {e['index']} has top_k {e['top_k']}, num_experts "
-                          f"{e['num_experts']}; the model has {sc.top_k}, {sc.experts}")
+                _model_mismatch(sc, f, rank, "build", e)
                 live = e
                 builds.append((e["max_num_tokens"], e["workspace_size"]))
             elif e["ev"] == "layer":
@@ -239,9 +237,7 @@ def _moe_ep_workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                 built[e["index"]] = e
                 if forwarded:
                     f.add(f"rank {rank}: communication {e['index']} built during the forwards, not with the layers")
-                if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
-                    f.add(f"rank {rank}: communication {e['index']} has top_k {e['top_k']}, num_experts "
-                          f"{e['num_experts']}; the model has {sc.top_k}, {sc.experts}")
+                _model_mismatch(sc, f, rank, "communication", e)
             elif e["ev"] == "forward":
                 layer, forwarded = e["layer"], True
             elif e["ev"] == "dispatch" and layer is not None:
@@ -290,9 +286,7 @@ def _shared_communication(sc: Scenario, logs, v: Verdict, complete: bool) -> Non
                     shrunk = [f"{n} {a} -> {b}" for n, a, b in zip(NEED_NAMES, old, got) if b < a]
                     if shrunk:
                         f.add(f"rank {rank}: communication {e['index']} shrinks the shared one: {', '.join(shrunk)}")
-                if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
-                    f.add(f"rank {rank}: communication {e['index']} has top_k {e['top_k']}, num_experts "
-                          f"{e['num_experts']}; the model has {sc.top_k}, {sc.experts}")
+                _model_mismatch(sc, f, rank, "communication", e)
                 live = e
                 builds.append((e["max_num_tokens"], e["workspace_size"]))
             elif e["ev"] == "layer":
@@ -321,6 +315,13 @@ def _shared_communication(sc: Scenario, logs, v: Verdict, complete: bool) -> Non
         if not v.builds[stage]:
             v.builds[stage] = builds
     f.close()
+
+
+def _model_mismatch(sc: Scenario, f: _Findings, rank: int, what: str, e: dict) -> None:
+    """A build for another model's top_k or number of experts."""
+    if (e["top_k"], e["num_experts"]) != (sc.top_k, sc.experts):
+        f.add(f"rank {rank}: {what} {e['index']} has top_k {e['top_k']}, num_experts {e['num_experts']}; "
+              f"the model has {sc.top_k}, {sc.experts}")
 
 
 def _same_builds_in_stage(f: _Findings, seen_stage: dict, stage: int, rank: int, builds: list, complete: bool) -> None:

@@ -28,7 +28,6 @@ from testbed.scenario.experts import Experts
 from testbed.scenario.model import Scenario
 from testbed.scenario.moe import quant_config, rank_api, rank_device
 from testbed.scenario.reference import (
-    ACT_DTYPE,
     expert_weight,
     intermediate_size,
     lane_keys,
