@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import os
+import sys
 import time
 
 from testbed import __version__
@@ -165,10 +165,10 @@ def _run(args) -> int:
         if why:
             raise UsageError(f"--integration vllm: {why}")
         os.environ.setdefault(PRELOAD_VLLM_ENV, "1")  # before the pool's fork server starts
-    if args.integration is not None and not _other_scenario_flags(args):
+    if args.integration == "vllm" and not (scenario_given(args) or args.layout):
         from testbed.scenario.matrix import on_integration
 
-        try:
+        try:  # vLLM 0.33.0 pins FlashInfer 0.7.2
             scenarios, refused = on_integration(args.integration, args.matrix_profile or "0.7.2")
         except ValueError as e:
             raise UsageError(f"--matrix-profile: {e}") from None
@@ -188,14 +188,6 @@ def _run(args) -> int:
             print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
         return _judge(scenarios, args, not_run=len(refused))
     return _judge(_scenarios(args), args)
-
-
-def _other_scenario_flags(args) -> bool:
-    """Whether a scenario flag besides ``--integration`` (or a layout) is given."""
-    from testbed.scenario.model import SCENARIO_FLAGS
-
-    return bool(args.layout) or any(getattr(args, name) is not None for name in SCENARIO_FLAGS
-                                    if name != "integration")
 
 
 def _judge_on(backend: str, args) -> int:

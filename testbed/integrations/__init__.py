@@ -11,7 +11,6 @@ need from it besides the event log is declared, not inferred from its name (:cla
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import ContextManager, Protocol
 
@@ -78,7 +77,3 @@ def get(name: str) -> Integration:
 
         return VLLM
     raise ValueError(f"unknown integration {name!r}; one of {', '.join(INTEGRATIONS)}")
-
-
-def nothing() -> ContextManager[None]:
-    return contextlib.nullcontext()

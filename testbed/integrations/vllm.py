@@ -12,8 +12,8 @@ Per rank and scenario:
 - each layer's prepare/finalize comes from vLLM's own builder (``maybe_make_prepare_finalize``:
   dispatch format and extra bytes from the layer's ``FusedMoEQuantConfig``), with
   ``scheduler_config.max_num_batched_tokens`` the layer's budget, and runs in vLLM's
-  ``FusedMoEKernel`` with :class:`TestbedExperts` (vLLM's modular experts interface over the
-  testbed's experts);
+  ``FusedMoEKernel`` with ``TestbedExperts`` (vLLM's modular experts interface over the
+  testbed's experts, a class defined on first use: its base is vLLM's);
 - each forward pass runs under vLLM's ``set_forward_context`` (its DP token-count exchange
   and DP metadata) and every layer of the pass in it, with no collective between layers,
   as in vLLM; the final TP all-reduce is decided by vLLM's own
@@ -27,7 +27,7 @@ sees (the prepare/finalize choice, the kernel, the reduce) are vLLM's own code a
 CPU glue (what vLLM needs that a CPU torch lacks): ``VLLM_TARGET_DEVICE=cpu``,
 ``VLLM_HAS_FLASHINFER_CUBIN=1`` (else ``has_flashinfer()`` wants nvcc), and no-op
 ``torch.accelerator.current_device_index / synchronize / empty_cache``, which vLLM's one-sided
-manager calls. ``A2A_VLLM_SOURCE`` (``--vllm-source``) puts a checkout's Python first on
+manager calls. ``A2A_VLLM_SOURCE`` puts a checkout's Python first on
 every rank's path, so a pull-request branch is what runs.
 """
 
@@ -97,6 +97,7 @@ def unavailable() -> str | None:
     return None
 
 
+@functools.cache
 def code() -> tuple[tuple[str, str], ...]:
     """vLLM's integration code: its distributed layer and its fused-MoE layer."""
     prepare_environment()
@@ -151,9 +152,8 @@ class VllmSession:
         parallel = ParallelConfig(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                                   data_parallel_size=lay.dp, enable_expert_parallel=True,
                                   all2all_backend=_backend(sc), distributed_executor_backend="external_launcher")
-        scheduler = SchedulerConfig(max_num_batched_tokens=max(budget, 8), max_num_seqs=min(budget, 8),
-                                    max_model_len=max(budget, 8), is_encoder_decoder=False)
-        scheduler.max_num_batched_tokens = budget
+        scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=budget, max_model_len=budget,
+                                    is_encoder_decoder=False)
         self.config = VllmConfig(parallel_config=parallel, scheduler_config=scheduler)
         entered = set_current_vllm_config(self.config)
         entered.__enter__()
@@ -208,7 +208,7 @@ class VllmSession:
             pf = maybe_make_prepare_finalize(moe, quant, allow_new_interface=True)
         if pf is None:
             raise RuntimeError(f"vLLM built no prepare/finalize for all2all_backend {_backend(sc)!r} at {lay}")
-        kernel = FusedMoEKernel(pf, TestbedExperts.make(moe, quant, experts))
+        kernel = FusedMoEKernel(pf, _experts_class().make(moe, quant, experts))
         return VllmLayer(kernel, moe, sc, len(own))
 
     @contextlib.contextmanager
@@ -294,6 +294,7 @@ class VllmLayer:
         return MoERunner._maybe_reduce_final_output(runner, out, None)
 
 
+@functools.cache
 def _experts_class():
     from vllm.model_executor.layers.fused_moe import modular_kernel as mk
     from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceNoOP
@@ -351,16 +352,4 @@ def _experts_class():
     return TestbedExperts
 
 
-class _Lazy:
-    """``TestbedExperts``, defined on first use (its base class is vLLM's)."""
-
-    _cls = None
-
-    def make(self, moe, quant, experts):
-        if _Lazy._cls is None:
-            _Lazy._cls = _experts_class()
-        return _Lazy._cls.make(moe, quant, experts)
-
-
-TestbedExperts = _Lazy()
 VLLM = VllmIntegration()

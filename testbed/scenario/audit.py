@@ -113,7 +113,7 @@ def certain_mismatch(logs: dict[int, list[dict]], finished: set[int]) -> str | N
     return None
 
 
-def impl_call_site() -> str | None:
+def integration_call_site() -> str | None:
     """``impl/<file>:<line> in <function>`` of the innermost frame of the integration's code
     calling (``vllm/...`` for vLLM's), or None."""
     frame = inspect.currentframe()
@@ -145,7 +145,7 @@ def install(log: EventLog, world_size: int, code: tuple[tuple[str, str], ...] = 
             sig = None
 
         def recorded(*args, **kwargs):
-            site = impl_call_site()
+            site = integration_call_site()
             if site is not None:
                 log.write(ev="coll", op=name, group=_group_ranks(name, sig, args, kwargs, world_size),
                           site=site)

@@ -127,6 +127,7 @@ def _group_text(ranks) -> str:
 def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
     f = _Findings(v, "collectives")
     lay = sc.layout
+    barrier_after_build = integrations.get(sc.integration).traits(sc).barrier_after_build
     for rank, events in sorted(logs.items()):
         ep, tp, dp = lay.group_of("ep", rank), lay.group_of("tp", rank), lay.group_of("dp", rank)
         allowed = {(ep, None), (tp, "all_reduce")}
@@ -142,7 +143,7 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
                       + (" and the sequence-parallel all-gather" if sc.sequence_parallel else "")
                       + (f", and its DP group {_group_text(dp)} to gather and reduce-scatter"
                          if sc.path == "allgather_reducescatter" and not sc.sequence_parallel else ""))
-        if integrations.get(sc.integration).traits(sc).barrier_after_build:
+        if barrier_after_build:
             _rebuild_barriers(rank, events, ep, f)
     for group, by_rank in sorted(audit.calls_per_group(logs).items()):
         found = audit.divergence(group, by_rank, finished)

@@ -464,8 +464,10 @@ def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
                           "off has no all-to-all")
     for flag, name, default in _VLLM_IMPL_ONLY:
         if getattr(sc, name) != default:
-            return flag, ("is impl's; --integration vllm runs vLLM's own classes as they ship (the layer's "
-                          "shared experts, scaling and deferral live in vLLM's MoERunner, not driven yet)")
+            return flag, ("is not driven under --integration vllm, which runs vLLM's own classes on the fake "
+                          "(impl's combine signatures, API choice, TRT-LLM experts, workspace output and sentinel "
+                          "have no vLLM counterpart; its shared experts, scaling, deferral and sequence parallel "
+                          "live in vLLM's MoERunner, which the adapter does not drive yet)")
     fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(VLLM_FORMATS))
     if fmts:
         return "--stages", (f"vLLM 0.33.0 quantizes {', '.join(fmts)} with CUDA custom ops or Triton "
@@ -552,7 +554,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def scenario_given(args: argparse.Namespace) -> bool:
-    return any(getattr(args, name) is not None for name in SCENARIO_FLAGS)
+    """Whether the flags describe one scenario (``--integration`` alone picks whose code runs
+    the matrix)."""
+    return any(getattr(args, name) is not None for name in SCENARIO_FLAGS if name != "integration")
 
 
 def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:

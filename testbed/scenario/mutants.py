@@ -331,8 +331,10 @@ def apply(name: str) -> Callable[[], None]:
         raise MutantError(f"mutant {name}: the changed {m.target} does not compile: {type(e).__name__}: {e}") from e
     # Rebind every module's reference (``from impl.x import f`` copies the name), as an
     # edit of the file would reach every importer.
+    # A module's own dict (what `from x import f` wrote), never its __getattr__: lazy modules
+    # (transformers') import on attribute access.
     holders = [owner] + ([] if owner_path else [mod for mod in list(sys.modules.values())
-                                               if mod is not owner and getattr(mod, attr, None) is original])
+                                               if mod is not owner and vars(mod).get(attr) is original])
     for holder in holders:
         setattr(holder, attr, replacement)
 

@@ -49,7 +49,7 @@ def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int
                   workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
 
     def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *args, **kwargs):
-        log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.integration_call_site())
         log.write(ev="dispatch", rtm=runtime_max_tokens_per_rank, tokens=token_selected_experts.size(0))
         return base._dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
                               *args, **kwargs)
@@ -59,7 +59,7 @@ def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int
         in_workspace = kwargs.get("payload_in_workspace", args[0] if args else False)
         log.write(ev="combine", build=self._testbed_build, output=output is not None,
                   rtm=runtime_max_tokens_per_rank, in_workspace=bool(in_workspace))
-        log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.integration_call_site())
         return base._combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs)
 
     return type("MoeAlltoAll", (base,), {"__init__": __init__, "_dispatch": _dispatch, "_combine": _combine})
@@ -93,7 +93,7 @@ def _recording_mnnvl_moe(base: type, log: audit.EventLog, ep_ranks: tuple[int, .
         fn = getattr(base, name)
 
         def call(*args, **kwargs):
-            log.write(ev="coll", op=name, group=list(ep_ranks), site=audit.impl_call_site())
+            log.write(ev="coll", op=name, group=list(ep_ranks), site=audit.integration_call_site())
             return fn(*args, **kwargs)
 
         return staticmethod(call)
@@ -136,7 +136,7 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
     @functools.wraps(base.dispatch)
     def dispatch(self, hidden_states, topk_ids, *args, **kwargs):
         result_kw = kwargs.get("runtime_max_tokens_per_rank", kwargs.get("max_tokens_per_rank"))
-        log.write(ev="coll", op="moe_ep_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="coll", op="moe_ep_dispatch", group=list(ep_ranks), site=audit.integration_call_site())
         log.write(ev="dispatch", rtm=result_kw, tokens=topk_ids.size(0), build=self._testbed_build)
         return base.dispatch(self, hidden_states, topk_ids, *args, **kwargs)
 
@@ -151,7 +151,7 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
         # moe_ep's combine takes no step size: it runs with its dispatch's (rtm None)
         log.write(ev="combine", build=self._testbed_build, output=kwargs.get("output") is not None, rtm=None,
                   in_workspace=buffer is not None and expert_output.data_ptr() == buffer.data_ptr())
-        log.write(ev="coll", op="moe_ep_combine", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="coll", op="moe_ep_combine", group=list(ep_ranks), site=audit.integration_call_site())
         return base.combine(self, expert_output, *args, **kwargs)
 
     return type(base.__name__, (base,), {"dispatch": dispatch, "combine": combine,
@@ -174,7 +174,7 @@ def _recording_public_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tu
     @functools.wraps(base.dispatch)
     def dispatch(self, *args, **kwargs):
         given = dispatch_sig.bind(self, *args, **kwargs).arguments
-        log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.integration_call_site())
         log.write(ev="dispatch", rtm=given["runtime_max_tokens_per_rank"],
                   tokens=given["token_selected_experts"].size(0))
         return base.dispatch(self, *args, **kwargs)
@@ -184,7 +184,7 @@ def _recording_public_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tu
         given = combine_sig.bind(self, *args, **kwargs).arguments
         log.write(ev="combine", build=self._testbed_build, output=given.get("output") is not None,
                   rtm=given["runtime_max_tokens_per_rank"], in_workspace=bool(given.get("payload_in_workspace")))
-        log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.impl_call_site())
+        log.write(ev="coll", op="moe_a2a_combine", group=list(ep_ranks), site=audit.integration_call_site())
         return base.combine(self, *args, **kwargs)
 
     return type("MoeAlltoAll", (base,), {"__init__": __init__, "dispatch": dispatch, "combine": combine})
