@@ -104,3 +104,25 @@ def test_slot_order_is_reproducible_and_differs_per_target():
         assert per_target(k.send_slots(dest, counts, 0, 1)) == [list(range(int(n))) for n in counts]
     finally:
         k.SlotOrder.mode, k.SlotOrder.seed = mode, seed
+
+
+def _rounds(offsets, between=None):
+    """Rank 0's rounds on build 1 with these combine offsets; ``between`` an event after each combine."""
+    events = [{"ev": "forward", "pass_": 0, "layer": 0, "reduced": True, "pending": False, "sp": False}]
+    for offset in offsets:
+        events += [{"ev": "dispatch", "rtm": 1, "tokens": 1}, {"ev": "dispatched", "build": 1, "combine_offset": offset},
+                   {"ev": "combine", "build": 1, "output": False, "rtm": 1, "in_workspace": False}]
+        if between:
+            events.append(between)
+    return {0: events, 1: [], 2: [], 3: []}
+
+
+def test_invariant_round_ordering_flags_a_growing_round_with_nothing_between():
+    (f,) = _check(_rounds([1024, 2048])).failed("round-ordering")
+    assert "end at byte 2048" in f.evidence and "past byte 1024" in f.evidence and "FI-RACE" in f.evidence
+    assert not _check(_rounds([2048, 1024])).failed("round-ordering")  # a smaller round stays before it
+    assert not _check(_rounds([1024, 1024])).failed("round-ordering")
+    assert not _check(_rounds([1024, 2048], _coll("all_reduce", (0, 2), "testbed"))).failed("round-ordering")
+    # the all-to-all's own rounds and a collective of part of the EP group order nothing
+    assert _check(_rounds([1024, 2048], _coll("moe_ep_combine", (0, 2)))).failed("round-ordering")
+    assert _check(_rounds([1024, 2048], _coll("barrier", (0,)))).failed("round-ordering")

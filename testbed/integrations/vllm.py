@@ -215,6 +215,13 @@ class VllmSession:
     def forward_pass(self, num_tokens: int):
         from vllm.forward_context import get_forward_context, set_forward_context
 
+        # The rest of the model between two forwards (attention's TP collectives, the DP
+        # metadata exchange) orders every EP rank's previous forward before this one; between
+        # the MoE layers of one forward nothing does, as in vLLM.
+        ep = self.ctx.groups["ep"]
+        self.log.write(ev="coll", op="barrier", group=list(self.ctx.group_ranks["ep"]),
+                       site="testbed: the model between two forwards")
+        torch.distributed.barrier(group=ep)
         with set_forward_context(None, self.config, num_tokens=num_tokens):
             dp = get_forward_context().dp_metadata
             with dp.sp_local_sizes(1) if dp is not None else contextlib.nullcontext():

@@ -2,8 +2,10 @@
 each written up in ``docs/findings.md`` under its id.
 
 A finding names the scenarios it applies to (a property of the scenario, never a list) and
-how it fails there: ``(invariant, piece of its evidence)`` pairs. A scenario it applies to is
-``KNOWN <id>`` when it fails exactly that way (its failures move to ``known_failures``) (every failure matches one of the pairs, at least
+how it fails there: ``(invariant, piece of its evidence)`` pairs, the first its signature
+(what must show), the rest what may follow from it (a rank that raised leaves its peers failing). A scenario it applies to is
+``KNOWN <id>`` when its signature shows and every failure is one of the pairs of the findings
+that apply (the failures move to ``known_failures``) (every failure matches one of the pairs, at least
 one does), a plain failure when it also fails some other way, and a failure of the finding
 itself when it passes: the bug is gone (fixed upstream, or the testbed no longer reaches it),
 so the write-up and this entry must go.
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from testbed.scenario.invariants import Failure, Verdict
-from testbed.scenario.model import Scenario
+from testbed.scenario.model import Scenario, row_bytes
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,14 @@ class Finding:
 
 def _vllm(sc: Scenario, path: str, profile: Optional[str] = None) -> bool:
     return sc.integration == "vllm" and sc.path == path and (profile is None or sc.profile == profile)
+
+
+def _payload_grows_within_a_forward(sc: Scenario) -> bool:
+    """A stage where a layer dispatches more bytes per token than the layer before it."""
+    def grows(a, b):
+        return sum(row_bytes(b.fmt, sc.hidden).values()) > sum(row_bytes(a.fmt, sc.hidden).values())
+
+    return any(grows(a, b) for st in sc.stages for a, b in zip(st, st[1:]))
 
 
 def _all_idle_pass(sc: Scenario) -> bool:
@@ -53,7 +63,14 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("VLLM-003", "vLLM 0.33.0's one-sided prepare dispatches max_tokens_per_rank=0 in a forward where no DP "
                         "rank has a token; FlashInfer refuses it (must be in (0, capacity])",
             lambda sc: _vllm(sc, "one_sided") and _all_idle_pass(sc),
-            (("completes", "max_tokens_per_rank=0 must be in (0,"), ("runtime-max-tokens", "with runtime_max_tokens"))),
+            (("runtime-max-tokens", "with runtime_max_tokens_per_rank 0"),
+             ("completes", "max_tokens_per_rank=0 must be in (0,"))),
+    Finding("FI-RACE", "FlashInfer's one-sided protocol does not order a round after the previous round's combine "
+                       "reads: vLLM runs an MoE layer whose dispatch payload is larger right after another in one "
+                       "forward, with nothing between them",
+            lambda sc: _vllm(sc, "one_sided") and _payload_grows_within_a_forward(sc),
+            (("round-ordering", "the cross-round race"), ("output", "x the tolerance"),
+             ("expert-load", "lanes"))),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,
@@ -79,9 +96,10 @@ def judge(v: Verdict) -> Optional[str]:
         return None
     pairs = [pair for f in expected for pair in f.expect]
     explained = all(any(inv == f.invariant and piece in f.evidence for inv, piece in pairs) for f in v.failures)
-    if not explained:
+    # A finding reproduces when its signature (its first pair) shows; the others are what may follow.
+    ids = [f.id for f in expected if any(f.expect[0][0] == g.invariant and f.expect[0][1] in g.evidence
+                                         for g in v.failures)]
+    if not explained or not ids:
         return None
-    ids = [f.id for f in expected if any(inv == g.invariant and piece in g.evidence
-                                         for inv, piece in f.expect for g in v.failures)]
     v.known, v.known_failures, v.failures = ids, list(v.failures), []
     return "KNOWN " + ", ".join(ids)

@@ -25,6 +25,11 @@
 - ``runtime-max-tokens``: each one-sided (and each ``moe_ep``) round dispatches and combines with the max over the
   dispatching ranks of the layer's token counts (at least 1; under sequence parallel a DP
   rank's count is split over its TP ranks), the same on every rank.
+- ``round-ordering``: on one workspace, a round whose dispatch payload region reaches into the
+  previous round's combine region (its combine offset is larger) comes after a collective of
+  every EP rank since that combine: FlashInfer's one-sided protocol waits for peers only at
+  the start of its reads, so otherwise a peer still reading its combine output can be
+  overwritten (decided from the logged offsets, not from timing).
 - ``no-leaks`` (checked by the runner): no process or shared-memory segment left behind.
 """
 
@@ -49,7 +54,9 @@ from testbed.scenario.reference import (
 )
 
 INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "finalize",
-              "expert-output", "probe", "runtime-max-tokens", "no-leaks")
+              "expert-output", "probe", "runtime-max-tokens", "round-ordering", "no-leaks")
+# The all-to-all's own rounds: the protocol whose waits are not enough on their own.
+A2A_OPS = ("moe_a2a_dispatch", "moe_a2a_combine", "moe_ep_dispatch", "moe_ep_combine")
 FLASHINFER_PATHS = ("one_sided", "two_sided")
 MAX_EVIDENCE = 6  # findings kept per invariant
 
@@ -110,6 +117,7 @@ def check(sc: Scenario, logs: dict[int, list[dict]], results: Optional[list[dict
     _expert_output(sc, logs, v)
     _probe(sc, logs, v)
     _runtime_max_tokens(sc, logs, v)
+    _round_ordering(sc, logs, v)
     if results is not None:
         _output(sc, results, v)
         _expert_load(sc, results, v)
@@ -455,6 +463,30 @@ def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
             elif e["ev"] == "forward_end" and rounds != Counter(dispatch=1, combine=1):
                 f.add(f"{where}: {rounds['dispatch']} dispatch(es) and {rounds['combine']} combine(s) in one "
                       f"forward, expected one of each")
+    f.close()
+
+
+def _round_ordering(sc: Scenario, logs, v: Verdict) -> None:
+    f = _Findings(v, "round-ordering")
+    for rank, events in sorted(logs.items()):
+        ep = set(sc.layout.group_of("ep", rank))
+        last: dict[int, int] = {}  # build -> the combine offset of its previous round
+        ordered, where = True, None
+        for e in events:
+            if e["ev"] == "forward":
+                where = f"pass {e['pass_']} layer {e['layer']}"
+            elif e["ev"] == "combine":
+                ordered = False
+            elif e["ev"] == "coll" and e["op"] not in A2A_OPS and ep <= set(e["group"]):
+                ordered = True
+            elif e["ev"] == "dispatched":
+                before = last.get(e["build"])
+                if before is not None and not ordered and e["combine_offset"] > before:
+                    f.add(f"rank {rank} {where}: this round's dispatch payloads end at byte {e['combine_offset']} of "
+                          f"the workspace row, past byte {before} where the previous round's combine region starts, "
+                          "with no collective of every EP rank between the rounds: a peer still reading its combine "
+                          "output can be overwritten (the cross-round race, docs/findings.md FI-RACE)")
+                last[e["build"]] = e["combine_offset"]
     f.close()
 
 

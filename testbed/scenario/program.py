@@ -51,8 +51,10 @@ def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int
     def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *args, **kwargs):
         log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.integration_call_site())
         log.write(ev="dispatch", rtm=runtime_max_tokens_per_rank, tokens=token_selected_experts.size(0))
-        return base._dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
+        recv = base._dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
                               *args, **kwargs)
+        _log_dispatched(log, self._testbed_build, self)
+        return recv
 
     def _combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs):
         output = kwargs.get("output", args[3] if len(args) > 3 else None)
@@ -122,6 +124,15 @@ def _recording_communication(create, log: audit.EventLog, ep_ranks: tuple[int, .
     return create_communication
 
 
+def _log_dispatched(log: audit.EventLog, build: int, alltoall) -> None:
+    """Where the round just dispatched put its combine region in this rank's workspace row
+    (the 128-aligned end of its dispatch payloads), for a fake ``MoeAlltoAll``; 0.7.4's own
+    moe_ep kernels lay out no such offset and log none."""
+    offset = getattr(getattr(alltoall, "_state", None), "combine_payload_offset", None)
+    if offset is not None:
+        log.write(ev="dispatched", build=build, combine_offset=int(offset))
+
+
 def _workspace_bytes(comm) -> int:
     """Bytes per rank of the fake communication's (main) workspace: 0.7.4's one-sided layout,
     0.7.2's ``MoeAlltoAll``, or the two-sided FIFO."""
@@ -138,7 +149,9 @@ def _recording_communication_class(base: type, log: audit.EventLog, ep_ranks: tu
         result_kw = kwargs.get("runtime_max_tokens_per_rank", kwargs.get("max_tokens_per_rank"))
         log.write(ev="coll", op="moe_ep_dispatch", group=list(ep_ranks), site=audit.integration_call_site())
         log.write(ev="dispatch", rtm=result_kw, tokens=topk_ids.size(0), build=self._testbed_build)
-        return base.dispatch(self, hidden_states, topk_ids, *args, **kwargs)
+        result = base.dispatch(self, hidden_states, topk_ids, *args, **kwargs)
+        _log_dispatched(log, self._testbed_build, getattr(self, "_alltoall", None))
+        return result
 
     @functools.wraps(base.get_combine_input_buffer)
     def get_combine_input_buffer(self, dtype):
