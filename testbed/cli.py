@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     fz.add_argument("--seed", type=int, default=None, metavar="S",
                     help="random draw from this seed (default: derandomized, the same every time)")
     fz.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-scenario timeout")
-    mu = sub.add_parser("mutants", help="run the catalogue of impl mutants; each must be killed")
+    mu = sub.add_parser("mutants", help="run the catalogue of mutants of an integration; each must be killed")
+    mu.add_argument("--integration", choices=("impl", "vllm"), default="impl",
+                    help="whose code the mutants change: impl (default) or the installed vLLM's, hunted by its matrix")
     mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
     mu.add_argument("--list", action="store_true", help="list the mutants and exit")
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
@@ -158,13 +160,7 @@ def _run(args) -> int:
     if args.backend not in (None, "fake"):
         return _judge_on(args.backend, args)
     if args.integration == "vllm":
-        from testbed.cluster.pool import PRELOAD_VLLM_ENV
-        from testbed.integrations import vllm
-
-        why = vllm.unavailable()
-        if why:
-            raise UsageError(f"--integration vllm: {why}")
-        os.environ.setdefault(PRELOAD_VLLM_ENV, "1")  # before the pool's fork server starts
+        _need_vllm()
     if args.integration == "vllm" and not (scenario_given(args) or args.layout):
         from testbed.scenario.matrix import on_integration
 
@@ -188,6 +184,17 @@ def _run(args) -> int:
             print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
         return _judge(scenarios, args, not_run=len(refused))
     return _judge(_scenarios(args), args)
+
+
+def _need_vllm() -> None:
+    """vLLM usable here, and imported by the pool's fork server (set before it starts)."""
+    from testbed.cluster.pool import PRELOAD_VLLM_ENV
+    from testbed.integrations import vllm
+
+    why = vllm.unavailable()
+    if why:
+        raise UsageError(f"--integration vllm: {why}")
+    os.environ.setdefault(PRELOAD_VLLM_ENV, "1")
 
 
 def _judge_on(backend: str, args) -> int:
@@ -358,19 +365,25 @@ def _fuzz(args) -> int:
 def _mutants(args) -> int:
     from testbed.scenario import mutants
 
+    catalogue = mutants.VLLM_CATALOGUE if args.integration == "vllm" else mutants.CATALOGUE
     if args.list:
-        for m in mutants.CATALOGUE:
+        for m in catalogue:
             print(f"{m.name:32s} {m.description}")
         return 0
-    names = args.only or [m.name for m in mutants.CATALOGUE]
+    names = args.only or [m.name for m in catalogue]
     for name in names:
-        if name not in mutants.BY_NAME:
-            raise UsageError(f"--only: unknown mutant {name!r} (a2a-testbed mutants --list)")
+        if name not in {m.name for m in catalogue}:
+            raise UsageError(f"--only: unknown {args.integration} mutant {name!r} (a2a-testbed mutants "
+                             f"--integration {args.integration} --list)")
     _positive("--timeout", args.timeout)
     from testbed.cluster.pool import RankPool
     from testbed.scenario import report, runner
-    from testbed.scenario.matrix import MATRIX
+    from testbed.scenario.matrix import MATRIX, on_integration
 
+    scenarios = MATRIX
+    if args.integration == "vllm":
+        _need_vllm()
+        scenarios = on_integration("vllm", "0.7.2")[0]  # vLLM 0.33.0's pinned FlashInfer
     started = time.monotonic()
     progress = report.Progress()
     hunts = []
@@ -378,7 +391,7 @@ def _mutants(args) -> int:
     with RankPool() as pool:
         for i, name in enumerate(names, 1):
             progress.show(f"[{i}/{len(names)}] {name}")
-            h = runner.hunt(pool, name, MATRIX, timeout_s=args.timeout)
+            h = runner.hunt(pool, name, scenarios, timeout_s=args.timeout)
             progress.clear()
             print(f"{name:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
             hunts.append(h)

@@ -182,3 +182,19 @@ def test_scenario_fuzz_find_empty_top1_payload_with_odd_strides(cluster):
             "--hidden 64 --stages bf16:1 --tokens 0,0 --routing local --seed 0")
     verdict = runner.run(cluster, _parse(line))
     assert verdict.passed, failure_text(verdict)
+
+
+def test_scenario_runner_removes_posix_shm_the_ranks_left():
+    from multiprocessing import shared_memory
+
+    shm = shared_memory.SharedMemory(create=True, size=64)  # as a rank's vLLM message queue makes one
+    shm.close()
+    logs = {0: [{"ev": "posix_shm", "name": "/" + shm.name}], 1: [{"ev": "posix_shm", "name": "/" + shm.name}]}
+    assert shm.name in runner._posix_shm_left(logs, counted=True)  # a completed scenario leaked it
+    assert not (runner.SHM_DIR / shm.name).exists()
+    shm = shared_memory.SharedMemory(create=True, size=64)
+    shm.close()
+    logs = {0: [{"ev": "posix_shm", "name": "/" + shm.name}]}
+    assert runner._posix_shm_left(logs, counted=False) == ""  # a killed rank's: removed, not blamed
+    assert not (runner.SHM_DIR / shm.name).exists()
+    assert runner._posix_shm_left(logs, counted=True) == ""  # gone already

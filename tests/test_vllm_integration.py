@@ -4,10 +4,12 @@ model, its invariants and its known findings (the model's rules need no vLLM).""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 
 import pytest
 
-from testbed.scenario import findings, runner
+from testbed.scenario import findings, invariants, mutants, runner
 from testbed.scenario.invariants import Failure, Verdict, check
 from testbed.scenario.matrix import VLLM_MATRIX, on_integration
 from testbed.scenario.model import ScenarioInputError
@@ -98,3 +100,36 @@ def test_vllm_integration_flashinfer_074_breaks_vllm(no_leaks):
     v = runner.run(no_leaks, sc, timeout_s=VLLM_TIMEOUT_S)
     assert v.known == ["VLLM-001"]
     assert "TypeError" in v.known_failures[0].evidence
+
+
+def test_vllm_mutants_catalogue_is_large_and_targets_vllm():
+    assert len(mutants.VLLM_CATALOGUE) >= 15
+    assert all(m.integration == "vllm" and m.target.startswith("vllm.") and m.needs_scenarios
+               for m in mutants.VLLM_CATALOGUE)
+    assert all(kind in invariants.INVARIANTS for m in mutants.VLLM_CATALOGUE for kind, _ in m.expect)
+
+
+@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.parametrize("m", mutants.VLLM_CATALOGUE, ids=lambda m: m.name)
+def test_vllm_mutant_applies_and_undoes_exactly(m):
+    module_name, _, path = m.target.partition(":")
+    owner = importlib.import_module(module_name)
+    *owner_path, attr = path.split(".")
+    for part in owner_path:
+        owner = getattr(owner, part)
+    before = inspect.getattr_static(owner, attr)
+    undo = mutants.apply(m.name)
+    try:
+        assert inspect.getattr_static(owner, attr) is not before
+    finally:
+        undo()
+    assert inspect.getattr_static(owner, attr) is before
+
+
+@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.parametrize("name, invariant", [("v-one-sided-not-reduced", "reduce"),
+                                             ("v-step-is-local-count", "runtime-max-tokens"),
+                                             ("v-replace-when-covered", "workspace")])
+def test_vllm_mutant_killed_by_the_invariant_it_names(cluster, name, invariant):
+    h = runner.hunt(cluster, name, on_integration("vllm", "0.7.2")[0], timeout_s=VLLM_TIMEOUT_S)
+    assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)

@@ -262,6 +262,23 @@ class RecordingExperts:
         return self.experts(prepared, defer=defer, output=output)
 
 
+def _record_posix_shm(log: audit.EventLog):
+    """Log the name of every ``multiprocessing.shared_memory`` segment this rank creates (vLLM's
+    message queues make them) until the scenario ends, so the parent can remove what a killed
+    rank leaves and count what a finished one leaves; returns the function that stops it."""
+    from multiprocessing import resource_tracker
+
+    register = resource_tracker.register
+
+    def recorded(name, rtype):
+        if rtype == "shared_memory":
+            log.write(ev="posix_shm", name=name)
+        return register(name, rtype)
+
+    resource_tracker.register = recorded
+    return lambda: setattr(resource_tracker, "register", register)
+
+
 def _slice(t: torch.Tensor, logical: tuple[int, int], rows: Optional[range] = None,
            cols: Optional[range] = None) -> torch.Tensor:
     """Rows / cols of the logical ``[M, K]`` matrix ``t`` encodes (values or block scales)."""
@@ -317,6 +334,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
     ctx.add_cleanup(log.close)
     if mutant:
         ctx.add_cleanup(mutants.apply(mutant))
+    ctx.add_cleanup(_record_posix_shm(log))
     integration = integrations.get(sc.integration)
     api = _install(ctx, sc, log)
     session = integration.start(ctx, sc, api, log)  # the engine's own set-up is not audited

@@ -56,7 +56,7 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
         shutil.rmtree(log_dir, ignore_errors=True)
     verdict = invariants.check(sc, logs, results, error)
     verdict.seconds = seconds
-    leaks = _leaks()
+    leaks = "; ".join(filter(None, (_leaks(), _posix_shm_left(logs, counted=error is None))))
     if leaks:
         verdict.failures.append(Failure("no-leaks", leaks))
     findings.judge(verdict)
@@ -105,6 +105,22 @@ def _leaks() -> str:
     if strays:
         found.append(f"child processes left running: {strays}")
     return "; ".join(found)
+
+
+def _posix_shm_left(logs: dict[int, list[dict]], counted: bool) -> str:
+    """Remove the ``multiprocessing.shared_memory`` segments the ranks created that are still
+    there; a leak when the scenario completed (its code should have removed them), the
+    testbed's own clean-up when a rank was killed or raised first."""
+    from multiprocessing import resource_tracker
+
+    left = []
+    for name in dict.fromkeys(e["name"] for events in logs.values() for e in events if e["ev"] == "posix_shm"):
+        path = SHM_DIR / name.lstrip("/")
+        if path.exists():
+            path.unlink(missing_ok=True)
+            resource_tracker.unregister(name, "shared_memory")  # the ranks registered it with this tracker
+            left.append(name)
+    return f"POSIX shared memory left by the ranks (removed now): {left}" if left and counted else ""
 
 
 @dataclass(frozen=True)
