@@ -71,6 +71,11 @@ FINDINGS: tuple[Finding, ...] = (
             lambda sc: _vllm(sc, "one_sided") and _payload_grows_within_a_forward(sc),
             (("round-ordering", "the cross-round race"), ("output", "x the tolerance"),
              ("expert-load", "lanes"))),
+    Finding("VLLM-005", "vLLM 0.33.0's two-sided manager hands FlashInfer's Mapping the function "
+                        "torch.accelerator.device_count as gpus_per_node; Mapping's node_rank, local_rank and "
+                        "has_multi_node then compute with a function",
+            lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4",
+            (("arguments", "gpus_per_node=<function device_count"),)),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,

@@ -25,6 +25,8 @@
 - ``runtime-max-tokens``: each one-sided (and each ``moe_ep``) round dispatches and combines with the max over the
   dispatching ranks of the layer's token counts (at least 1; under sequence parallel a DP
   rank's count is split over its TP ranks), the same on every rank.
+- ``arguments``: every argument the integration passes to the fake's ``Mapping`` has the kind
+  of the release's default for it (an int where it takes a count, not a function).
 - ``round-ordering``: on one workspace, a round whose dispatch payload region reaches into the
   previous round's combine region (its combine offset is larger) comes after a collective of
   every EP rank since that combine: FlashInfer's one-sided protocol waits for peers only at
@@ -54,7 +56,7 @@ from testbed.scenario.reference import (
 )
 
 INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "finalize",
-              "expert-output", "probe", "runtime-max-tokens", "round-ordering", "no-leaks")
+              "expert-output", "probe", "runtime-max-tokens", "round-ordering", "arguments", "no-leaks")
 # The all-to-all's own rounds: the protocol whose waits are not enough on their own.
 A2A_OPS = ("moe_a2a_dispatch", "moe_a2a_combine", "moe_ep_dispatch", "moe_ep_combine")
 FLASHINFER_PATHS = ("one_sided", "two_sided")
@@ -118,6 +120,7 @@ def check(sc: Scenario, logs: dict[int, list[dict]], results: Optional[list[dict
     _probe(sc, logs, v)
     _runtime_max_tokens(sc, logs, v)
     _round_ordering(sc, logs, v)
+    _arguments(logs, v)
     if results is not None:
         _output(sc, results, v)
         _expert_load(sc, results, v)
@@ -487,6 +490,19 @@ def _round_ordering(sc: Scenario, logs, v: Verdict) -> None:
                           "with no collective of every EP rank between the rounds: a peer still reading its combine "
                           "output can be overwritten (the cross-round race, docs/findings.md FI-RACE)")
                 last[e["build"]] = e["combine_offset"]
+    f.close()
+
+
+def _arguments(logs, v: Verdict) -> None:
+    f = _Findings(v, "arguments")
+    seen = set()
+    for rank, events in sorted(logs.items()):
+        for e in events:
+            key = (e.get("call"), e.get("param"), e.get("site"))
+            if e["ev"] == "arguments" and key not in seen:
+                seen.add(key)
+                f.add(f"rank {rank}: {e['call']}({e['param']}={e['value']}) from {e['site']}: the release takes "
+                      f"{e['expected']} there (its default)")
     f.close()
 
 

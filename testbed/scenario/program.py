@@ -12,8 +12,10 @@ scenario's. ``moe_ep``'s communications are recorded alike.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import itertools
+import numbers
 from collections import Counter
 from typing import Optional
 
@@ -203,6 +205,37 @@ def _recording_public_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tu
     return type("MoeAlltoAll", (base,), {"__init__": __init__, "dispatch": dispatch, "combine": combine})
 
 
+def _recording_mapping(base: type, log: audit.EventLog) -> type:
+    """``Mapping`` logging each argument the integration passes whose type is not its default's
+    (the release declares no annotations there: ``world_size=1, rank=0, gpus_per_node=8, ...``),
+    so a function handed over for a count is named with its caller."""
+    signature = inspect.signature(base.__init__)
+
+    def __init__(self, *args, **kwargs):
+        site = audit.integration_call_site()
+        if site is not None:
+            for name, value in signature.bind(self, *args, **kwargs).arguments.items():
+                default = signature.parameters[name].default
+                if not _fits(value, default):
+                    log.write(ev="arguments", call=f"{base.__module__.replace('fakes.', '')}.Mapping", param=name,
+                              value=repr(value)[:120], expected=type(default).__name__, site=site)
+        base.__init__(self, *args, **kwargs)
+
+    return type("Mapping", (base,), {"__init__": __init__})
+
+
+def _fits(value, default) -> bool:
+    """Whether ``value`` has the kind of the parameter's default (any value where the default
+    says nothing: None or an object)."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return not isinstance(default, str) or isinstance(value, str)
+
+
 def _replace(module, name: str, value) -> callable:
     """Set ``module.name``; returns what puts it back (a module-level lookup, as the fake's
     per-profile names are, comes back by removing the attribute)."""
@@ -242,6 +275,10 @@ def _install(ctx, sc: Scenario, log: audit.EventLog):
     if sc.api == "moe_ep" and api.has("moe_ep"):
         record(api.moe_ep, "create_communication",
                _recording_communication(api.moe_ep.create_communication, log, ep_ranks))
+    if sc.flashinfer_backend == "fake":
+        mapping = _recording_mapping(api.mapping.Mapping, log)
+        for module in (api.mapping, importlib.import_module(api.mapping.__name__.rpartition(".")[0])):
+            record(module, "Mapping", mapping)
     return api
 
 
