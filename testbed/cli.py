@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -58,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
+    run.add_argument("--vllm-source", metavar="DIR",
+                     help="with --integration vllm: import vLLM's Python from this checkout on every rank "
+                          "(A2A_VLLM_SOURCE), so a branch is tested as it stands")
     run.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     run.add_argument("--html", metavar="PATH", help="write one self-contained HTML page")
     fz = sub.add_parser("fuzz", help="Hypothesis over the scenario model; failures printed as run lines")
@@ -65,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     fz.add_argument("--seed", type=int, default=None, metavar="S",
                     help="random draw from this seed (default: derandomized, the same every time)")
     fz.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-scenario timeout")
+    fz.add_argument("--integration", choices=("impl", "vllm"), default="impl",
+                    help="draw scenarios of impl (default) or of the installed vLLM's classes")
     mu = sub.add_parser("mutants", help="run the catalogue of mutants of an integration; each must be killed")
     mu.add_argument("--integration", choices=("impl", "vllm"), default="impl",
                     help="whose code the mutants change: impl (default) or the installed vLLM's, hunted by its matrix")
@@ -159,8 +163,10 @@ def _run(args) -> int:
             raise UsageError(f"--mutant: {e}") from None
     if args.backend not in (None, "fake"):
         return _judge_on(args.backend, args)
+    if args.vllm_source and args.integration != "vllm":
+        raise UsageError("--vllm-source goes with --integration vllm")
     if args.integration == "vllm":
-        _need_vllm()
+        _need_vllm(args.vllm_source)
     if args.integration == "vllm" and not (scenario_given(args) or args.layout):
         from testbed.scenario.matrix import on_integration
 
@@ -186,15 +192,12 @@ def _run(args) -> int:
     return _judge(_scenarios(args), args)
 
 
-def _need_vllm() -> None:
-    """vLLM usable here, and imported by the pool's fork server (set before it starts)."""
-    from testbed.cluster.pool import PRELOAD_VLLM_ENV
+def _need_vllm(source: str | None = None) -> None:
     from testbed.integrations import vllm
 
-    why = vllm.unavailable()
+    why = vllm.use(source)
     if why:
-        raise UsageError(f"--integration vllm: {why}")
-    os.environ.setdefault(PRELOAD_VLLM_ENV, "1")
+        raise UsageError(why)
 
 
 def _judge_on(backend: str, args) -> int:
@@ -334,9 +337,11 @@ def _judge_launched(env, scenarios, args, not_run: int) -> int:
 def _fuzz(args) -> int:
     from testbed.cluster.pool import RankPool
     from testbed.scenario import report, runner
-    from testbed.scenario.fuzz import ScenarioFailed, fuzz
+    from testbed.scenario.fuzz import ScenarioFailed, fuzz, scenarios, vllm_scenarios
 
     _positive("--examples", args.examples)
+    if args.integration == "vllm":
+        _need_vllm()
     _positive("--timeout", args.timeout)
     progress = report.Progress()
     started = time.monotonic()
@@ -349,7 +354,8 @@ def _fuzz(args) -> int:
             return runner.run(pool, sc, timeout_s=args.timeout)
 
         try:
-            fuzz(check, examples=args.examples, seed=args.seed)
+            fuzz(check, examples=args.examples, seed=args.seed,
+                 strategy=vllm_scenarios() if args.integration == "vllm" else scenarios())
         except ScenarioFailed as e:
             progress.clear()
             print(f"FAIL (shrunk) {e.verdict.scenario.short()}")

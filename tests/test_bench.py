@@ -88,3 +88,11 @@ def test_bench_race_refuses_a_deadlock_on_the_fake():
     done = subprocess.run([sys.executable, "-m", "testbed.bench", "race", "--between-rounds", "collective"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "a deadlock, not a race" in done.stderr
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_bench_scale_vllm_integration_prints_json_line():
+    result = _bench("scale", "--worlds", "2", "--repeats", "1", "--integration", "vllm")
+    assert result["bench"] == "scale" and result["integration"] == "vllm" and [w["world"] for w in result["worlds"]] == [2]
+    (w,) = result["worlds"]
+    assert w["scenario_s"] > 0 and w["warm_scenario_s"] > 0 and w["rank_uss_mb"] > 0

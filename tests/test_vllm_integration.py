@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 
 import pytest
 
@@ -133,3 +134,32 @@ def test_vllm_mutant_applies_and_undoes_exactly(m):
 def test_vllm_mutant_killed_by_the_invariant_it_names(cluster, name, invariant):
     h = runner.hunt(cluster, name, on_integration("vllm", "0.7.2")[0], timeout_s=VLLM_TIMEOUT_S)
     assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)
+
+
+def test_vllm_integration_needs_dp_above_one():
+    with pytest.raises(ScenarioInputError) as e:
+        _parse("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 5 --integration vllm")
+    assert e.value.flag == "--layout" and "use_all2all_kernels" in str(e.value)
+
+
+def test_vllm_integration_source_must_hold_the_package(tmp_path, monkeypatch):
+    from testbed.integrations import vllm
+
+    monkeypatch.delenv(vllm.SOURCE_ENV, raising=False)
+    why = vllm.use(str(tmp_path))
+    assert why.startswith("--vllm-source") and "no vllm/ package" in why
+    assert vllm.SOURCE_ENV not in os.environ
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_vllm_integration_fuzz_bounded_derandomized(cluster):
+    from testbed.scenario.fuzz import fuzz, vllm_scenarios
+
+    seen = []
+
+    def check(sc):
+        seen.append(sc)
+        return runner.run(cluster, sc, timeout_s=VLLM_TIMEOUT_S)
+
+    fuzz(check, examples=5, strategy=vllm_scenarios())
+    assert seen and all(sc.integration == "vllm" for sc in seen)

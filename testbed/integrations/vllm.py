@@ -98,6 +98,23 @@ def unavailable() -> str | None:
 
 
 @functools.cache
+def use(source: str | None = None) -> str | None:
+    """Make this process's rank pools run vLLM (a checkout's Python where ``source`` is given)
+    and import it in their fork server (so call it before the first pool starts); returns why
+    it cannot (one line, naming the flag), or None."""
+    from testbed.cluster.pool import PRELOAD_VLLM_ENV
+
+    if source:
+        if not os.path.isdir(os.path.join(source, "vllm")):
+            return f"--vllm-source: {source} holds no vllm/ package (give the checkout's root)"
+        os.environ[SOURCE_ENV] = os.path.abspath(source)
+    why = unavailable()
+    if why is None:
+        os.environ.setdefault(PRELOAD_VLLM_ENV, "1")
+    return why and f"--integration vllm: {why}"
+
+
+@functools.cache
 def code() -> tuple[tuple[str, str], ...]:
     """vLLM's integration code: its distributed layer and its fused-MoE layer."""
     prepare_environment()

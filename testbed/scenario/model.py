@@ -462,6 +462,9 @@ def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
         return "--path", (f"--integration vllm drives {', '.join(VLLM_PATHS)}: vLLM's all-gather/reduce-scatter "
                           "needs all_gatherv, which its CpuCommunicator does not implement, and expert parallel "
                           "off has no all-to-all")
+    if sc.layout.dp < 2:
+        return "--layout", ("vLLM runs its all-to-all kernels only with DP > 1 (FusedMoEParallelConfig."
+                            f"use_all2all_kernels); with dp={sc.layout.dp} its layers dispatch nothing")
     for flag, name, default in _VLLM_IMPL_ONLY:
         if getattr(sc, name) != default:
             return flag, ("is not driven under --integration vllm, which runs vLLM's own classes on the fake "
