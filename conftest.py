@@ -55,11 +55,6 @@ if MUTANT:
     mutants.apply(MUTANT)
 
 
-# vLLM's import (~5 s) once per fork server where vLLM is installed, not once per rank.
-if importlib.util.find_spec("vllm") is not None:
-    os.environ.setdefault("A2A_PRELOAD_VLLM", "1")
-
-
 @pytest.fixture(scope="session")
 def vllm_installed() -> None:
     """Skip (with the reason) where ``--integration vllm`` cannot run; under
@@ -79,7 +74,9 @@ def cluster():
     from testbed.cluster.pool import RankPool
 
     initializer = functools.partial(mutants.apply, MUTANT) if MUTANT else None
-    with RankPool(initializer=initializer) as pool:
+    # vLLM's import (~5 s) once in this process's fork server where vLLM is installed, not once
+    # per rank; not through the environment, which every subprocess a test starts would inherit.
+    with RankPool(initializer=initializer, preload_vllm=importlib.util.find_spec("vllm") is not None) as pool:
         yield pool
 
 

@@ -176,14 +176,17 @@ PRELOAD = ("torch", "torch.distributed", "testbed.cluster.worker", "testbed.scen
 PRELOAD_VLLM_ENV = "A2A_PRELOAD_VLLM"
 
 
-def worker_context():
+def worker_context(preload_vllm: bool | None = None):
     """The multiprocessing context workers start from: a fork server that preloaded
     :data:`PRELOAD` (it forks from a single-threaded process, unlike a plain fork of this
-    one, which may run threads)."""
+    one, which may run threads), and vLLM where ``preload_vllm`` (by default where
+    ``A2A_PRELOAD_VLLM`` is set). The fork server is one per process: the first pool to start
+    a worker decides."""
     ctx = mp.get_context("forkserver")
-    # vLLM's import (~5 s, ~260 MiB) once per fork server instead of once per rank, where a run
-    # asks for it before its first pool starts.
-    vllm = ["testbed.integrations.vllm_preload"] if os.environ.get(PRELOAD_VLLM_ENV) else []
+    # vLLM's import (~5 s, ~260 MiB) once per fork server instead of once per rank.
+    if preload_vllm is None:
+        preload_vllm = bool(os.environ.get(PRELOAD_VLLM_ENV))
+    vllm = ["testbed.integrations.vllm_preload"] if preload_vllm else []
     ctx.set_forkserver_preload(list(PRELOAD) + vllm)
     return ctx
 
@@ -213,14 +216,16 @@ class RankPool:
     initializer : callable, optional
         Picklable; every rank process calls it once at start (e.g. to apply a mutant of
         ``impl`` to the whole run).
+    preload_vllm : bool, optional
+        Whether the fork server imports vLLM (see :func:`worker_context`).
 
     Use as a context manager or call :meth:`close`; workers are also killed at interpreter
     exit and exit by themselves when this process dies.
     """
 
     def __init__(self, start_timeout_s: float = START_TIMEOUT_S,
-                 initializer: Callable[[], Any] | None = None) -> None:
-        self._mp = worker_context()
+                 initializer: Callable[[], Any] | None = None, preload_vllm: bool | None = None) -> None:
+        self._mp = worker_context(preload_vllm)
         _open_pools.add(self)
         self._start_timeout_s = start_timeout_s
         self._initializer = initializer
