@@ -163,6 +163,8 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
             _make(ctx, profile).combine(torch.zeros(ctx.layout.ep_size, 4, H, dtype=torch.bfloat16), 4)
         elif what == "rtm_exceeds_max":
             _make(ctx, profile).dispatch(ids, [x], 5)
+        elif what == "rtm_differs":  # each rank its own count, as SGLang without DP attention
+            _make(ctx, profile).dispatch(ids[:2 + me], [x[:2 + me]], 2 + me)
         elif what == "ids_int64":
             _make(ctx, profile).dispatch(ids.long(), [x], 4)
         elif what == "ids_wrong_top_k":
@@ -435,6 +437,8 @@ def trigger_moe_ep(ctx, what: str):
             make().dispatch(x, ids, weights, runtime_max_tokens_per_rank=5)
         elif what == "old_keyword":
             make().dispatch(x, ids, weights, max_tokens_per_rank=4)
+        elif what == "rtm_differs":
+            make().dispatch(x[:2 + me], ids[:2 + me], weights[:2 + me], runtime_max_tokens_per_rank=2 + me)
         elif what == "top_k_5":
             make(top_k=5, num_experts=8)
         elif what == "experts_not_divisible":

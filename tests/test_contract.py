@@ -154,6 +154,20 @@ def test_install_refuses_what_the_release_does_not_ship():
             pass
 
 
+def test_install_entered_without_with_exits_cleanly():
+    """A script that enters install() and never leaves it: the generator is closed at
+    interpreter exit and must say nothing there."""
+    code = ("from fakes.flashinfer import install\n"
+            "block = install('0.7.2')\n"
+            "block.__enter__()\n"
+            "import flashinfer.comm\n"
+            "print(flashinfer.__version__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0.7.2", proc.stdout + proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
 def test_install_pytest_plugin_option(tmp_path):
     (tmp_path / "test_engine.py").write_text(textwrap.dedent("""
         def test_engine_sees_the_fake():

@@ -16,6 +16,9 @@ CASES = [
     ("dispatch_twice", "0.7.2", "AssertionError", "dispatch called twice without combine"),
     ("combine_before_dispatch", "0.7.2", "AssertionError", "combine called before successful dispatch"),
     ("rtm_exceeds_max", "0.7.2", "AssertionError", "runtime_max_tokens_per_rank exceeds max_num_tokens"),
+    # stricter than the kernel, which returns garbage: every rank refuses, naming each value
+    ("rtm_differs", "0.7.2", "RuntimeError", "passed different runtime_max_tokens_per_rank (rank 0: 2, rank 1: 3)"),
+    ("rtm_differs", "0.6.8", "RuntimeError", "passed different runtime_max_tokens_per_rank (rank 0: 2, rank 1: 3)"),
     ("ids_int64", "0.7.2", "RuntimeError", "token_selected_experts must be int32"),
     ("ids_wrong_top_k", "0.7.2", "RuntimeError", "token_selected_experts shape mismatch"),
     ("five_payloads", "0.6.8", "RuntimeError", "Too many payloads: 5 > 4"),

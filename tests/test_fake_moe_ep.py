@@ -15,6 +15,8 @@ from testbed.cluster.layout import ParallelLayout
 CASES = [
     ("runtime_over_capacity", "ValueError", "runtime_max_tokens_per_rank=5 must be in (0, 4]"),
     ("old_keyword", "TypeError", "max_tokens_per_rank"),
+    ("rtm_differs", "RuntimeError", "dispatch: the ranks of this round passed different runtime_max_tokens_per_rank "
+                                    "(rank 0: 2, rank 1: 3)"),
     ("top_k_5", "ValueError", "NVLinkOneSidedAlltoAll supports top_k in (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 22), got 5"),
     ("experts_not_divisible", "ValueError", "requires num_experts (5) divisible by the EP size (2)"),
     ("lamport_and_cft", "ValueError", "lamport=True and cft=True both ask for every eligible step"),

@@ -85,9 +85,16 @@ def install(profile: str) -> Iterator[profiles.Profile]:
         with profiles.fake_profile(profile) as active:
             yield active
     finally:
-        sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n == REAL or n.startswith(REAL + ".")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-        for parent, leaf, value in detached:
-            setattr(parent, leaf, value)
+        # Entered without ``with`` and never left, the generator is closed at interpreter exit,
+        # when there is nothing left to restore.
+        if not sys.is_finalizing() and sys.meta_path is not None:
+            _restore(finder, saved, detached)
+
+
+def _restore(finder, saved: dict, detached: list) -> None:
+    sys.meta_path.remove(finder)
+    for name in [n for n in sys.modules if n == REAL or n.startswith(REAL + ".")]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+    for parent, leaf, value in detached:
+        setattr(parent, leaf, value)

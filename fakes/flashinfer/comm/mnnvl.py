@@ -28,6 +28,7 @@ if _TYPE_CHECKING:  # served per release by __getattr__ below
     CommBackend = Any
 
 _ALLOCATION_GRANULARITY = 2 << 20  # the CUDA VMM granularity; the fake's row stride unit
+SIDE_SLOTS = 4
 
 
 class _CommBackendABC(abc.ABC):
@@ -91,6 +92,9 @@ class _AllocationRecord:
     comm_rank: int
     segment: torch.Tensor  # the whole uint8 segment, [comm_size * rank_stride]
     rank_stride: int
+    # The fake's own channel beside the fabric memory, never part of the workspace's bytes:
+    # int32 [comm_size (reader), comm_size (writer), SIDE_SLOTS], for checks the real kernels lack.
+    side: torch.Tensor
     mapped: bool = True
 
 
@@ -162,14 +166,17 @@ class _MnnvlMemory:
         if comm_rank == 0:
             key = f"mnnvl-{uuid.uuid4().hex[:16]}"
             segment = arena.create(key, comm_size * stride)
-            # Peers attach right after the exchange, long before the scenario can end: the name
-            # goes when this rank's scenario does (mappings live on).
+            side = arena.create(key + "-side", comm_size * comm_size * SIDE_SLOTS * 4)
+            # Peers attach right after the exchange, long before the scenario can end: the names
+            # go when this rank's scenario does (mappings live on).
             arena.on_close(functools.partial(arena.unlink, key))
+            arena.on_close(functools.partial(arena.unlink, key + "-side"))
         handles = comm.allgather(key if comm_rank == 0 else None)
         if comm_rank != 0:
-            segment = arena.attach(handles[0])
+            segment, side = arena.attach(handles[0]), arena.attach(handles[0] + "-side")
         ptr = next(_MnnvlMemory._next_ptr)
-        _MnnvlMemory.allocated_map[ptr] = _AllocationRecord(comm, comm_size, comm_rank, segment, stride)
+        _MnnvlMemory.allocated_map[ptr] = _AllocationRecord(
+            comm, comm_size, comm_rank, segment, stride, side.view(torch.int32).view(comm_size, comm_size, SIDE_SLOTS))
         if _MnnvlMemory._watched_arena is not arena:
             _MnnvlMemory._watched_arena = arena
             arena.on_close(_MnnvlMemory._forget_scenario)
@@ -226,6 +233,17 @@ class _MnnvlMemory:
 _SCENARIO_END_HOOKS: list = []
 
 
+def side_channel(workspace: torch.Tensor) -> Optional[torch.Tensor]:
+    """The fake's int32 ``[readers, writers, SIDE_SLOTS]`` channel of the fabric memory that
+    holds ``workspace``, or None for a tensor that is not fabric memory (no peer sees it)."""
+    at = workspace.data_ptr()
+    for record in _MnnvlMemory.allocated_map.values():
+        base = record.segment.data_ptr()
+        if base <= at < base + record.segment.numel():
+            return record.side
+    return None
+
+
 def on_scenario_end(hook) -> None:
     """Register ``hook()`` to run when the memory of a scenario is forgotten (workspace caches)."""
     _SCENARIO_END_HOOKS.append(hook)
@@ -268,7 +286,7 @@ class _MnnvlMemory_0_7_4(_MnnvlMemory_0_6_16):
 for _cls in (_MnnvlMemory_0_6, _MnnvlMemory_0_6_16, _MnnvlMemory_0_7_4):
     _cls.__name__ = _cls.__qualname__ = "MnnvlMemory"
 
-__fake_only__ = ("on_scenario_end",)
+__fake_only__ = ("SIDE_SLOTS", "on_scenario_end", "side_channel")
 
 
 def __getattr__(name: str):

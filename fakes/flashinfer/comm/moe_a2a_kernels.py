@@ -20,6 +20,7 @@ import torch
 
 from fakes import futex
 from fakes.flashinfer._check import check_contiguous, check_input_type, icheck, icheck_eq
+from fakes.flashinfer.comm import mnnvl
 from fakes.flashinfer.comm.mnnvl import on_scenario_end
 from fakes.flashinfer.profiles import Profile
 
@@ -280,6 +281,39 @@ def _wait_flags(workspace, ep_rank, offset, peers_P, expected, phase, timeout_s)
             futex.wait(first, seen, min(left, 0.05))
 
 
+_DISPATCH_SLOT, _COMBINE_SLOT = 0, 2  # (flag value, runtime max) pairs in the side channel
+
+
+def _announce_rtm(workspace, me, peers_P, expected, rtm, slot):
+    """Tell every peer, beside the workspace, which runtime max this rank's round ``expected``
+    uses (before its flags, so a peer that saw the flags sees the value)."""
+    side = mnnvl.side_channel(workspace)
+    if side is not None:
+        side[peers_P, me, slot:slot + 2] = torch.tensor([expected, rtm], dtype=torch.int32)
+    return side
+
+
+def _check_same_rtm(side, me, peers_P, expected, slot, phase) -> None:
+    """Stricter than the kernel: every rank of a round must pass the same
+    ``runtime_max_tokens_per_rank``. The kernels size every rank's slots ``[ep_size, rtm]``
+    with the caller's own value, so ranks that disagree read and write each other's slots at
+    different offsets: wrong arrival counts and garbage, never an error. Every rank of the
+    round sees the same values, so every rank refuses it."""
+    if side is None:
+        return
+    seen = side[me, peers_P, slot:slot + 2].tolist()
+    if any(flag != expected for flag, _ in seen):
+        return  # a peer of another round: its flags, not this check, decide
+    values = {int(r): v for r, (_, v) in zip(peers_P.tolist(), seen)}
+    if len(set(values.values())) > 1:
+        named = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))
+        raise RuntimeError(
+            f"{phase}: the ranks of this round passed different runtime_max_tokens_per_rank ({named}); "
+            "every rank must pass the same value (the maximum of the ranks' token counts). The real kernel "
+            "does not check: each rank lays out its peers' slots with its own value, so arrival counts are "
+            "wrong and the outputs garbage")
+
+
 def _active_peers(active, ep_size: int) -> torch.Tensor:
     """The ranks a round exchanges flags with: every rank, or those ``active`` marks."""
     return torch.tensor([r for r in range(ep_size) if active is None or active[r]], dtype=torch.long)
@@ -449,8 +483,10 @@ def put(ids_TK, payloads, workspace, regions: "Regions", recv_offsets, rtm, me, 
     if eplb_local_stats is not None and eplb_local_stats.size(0):
         n_eplb = eplb_local_stats.size(0)
         _put_i32(workspace, peers_P, regions.EPLB_GATHERED_STATS + 4 * me * n_eplb, eplb_local_stats[None])
+    side = _announce_rtm(workspace, me, peers_P, expected, rtm, _DISPATCH_SLOT)
     _post_flags(workspace, me, regions.DISPATCH_FLAGS, peers_P, expected)
     _wait_flags(workspace, me, regions.DISPATCH_FLAGS, peers_P, expected, "dispatch", timeout_s)
+    _check_same_rtm(side, me, peers_P, expected, _DISPATCH_SLOT, "dispatch")
     return expected
 
 
@@ -529,8 +565,10 @@ def get(payload_RSH, T, workspace, regions: "Regions", combine_offset, me, ep_si
                 region_RSH[src, :n] = payload_RSH[src, :n]
             if use_low_precision:
                 region_RSH[src, :n] = region_RSH[src, :n].to(torch.float8_e4m3fn).to(payload_RSH.dtype)
+    side = _announce_rtm(workspace, me, peers_P, expected, payload_RSH.size(1), _COMBINE_SLOT)
     _post_flags(workspace, me, regions.COMBINE_FLAGS, peers_P, expected)
     _wait_flags(workspace, me, regions.COMBINE_FLAGS, peers_P, expected, "combine", timeout_s)
+    _check_same_rtm(side, me, peers_P, expected, _COMBINE_SLOT, "combine")
     if Hooks.before_combine_read is not None:
         Hooks.before_combine_read(workspace, me, regions)
 
