@@ -36,6 +36,9 @@ class AllGatherReduceScatter:
     def output_is_reduced(self) -> bool:
         return False
 
+    def topk_indices_dtype(self) -> Optional[torch.dtype]:
+        return None
+
     def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,
                 quant_config: QuantConfig, defer_input_quant: bool = False) -> PrepareResult:
@@ -77,6 +80,9 @@ class LocalPrepareFinalize:
 
     def output_is_reduced(self) -> bool:
         return False
+
+    def topk_indices_dtype(self) -> Optional[torch.dtype]:
+        return None
 
     def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                 expert_map: Optional[torch.Tensor], apply_router_weight_on_input: bool,

@@ -47,6 +47,9 @@ class PrepareFinalize(Protocol):
 
     def output_is_reduced(self) -> bool: ...
 
+    def topk_indices_dtype(self) -> Optional[torch.dtype]:
+        """The dtype ``prepare`` needs the ids in (the router converts them), or None: any."""
+
 
 class ExpertsKernel(Protocol):
     def __call__(self, prepared: PrepareResult, *, defer: bool = False,

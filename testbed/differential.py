@@ -265,9 +265,10 @@ def _fused_call(api, case: FusedCase, device: torch.device):
         w1 = torch.stack([w.q1[0] for w in own]).to(device)
         w2 = torch.stack([w.q2[0] for w in own]).to(device)
     else:
-        gs = torch.ones(len(own), device=device)
-        w1 = QuantizedWeights(*(torch.stack([w.q1[j] for w in own]).to(device) for j in (0, 1)), gs)
-        w2 = QuantizedWeights(*(torch.stack([w.q2[j] for w in own]).to(device) for j in (0, 1)), gs)
+        gs1 = torch.tensor([w.gs1 for w in own], device=device)
+        gs2 = torch.tensor([w.gs2 for w in own], device=device)
+        w1 = QuantizedWeights(*(torch.stack([w.q1[j] for w in own]).to(device) for j in (0, 1)), gs1)
+        w2 = QuantizedWeights(*(torch.stack([w.q2[j] for w in own]).to(device) for j in (0, 1)), gs2)
     qc = quant_config(case.fmt)
     experts = TrtLlmExperts(api, case.fmt, w1, w2, num_experts=case.experts, top_k=case.top_k,
                             local_expert_offset=case.local.start,

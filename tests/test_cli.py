@@ -48,7 +48,7 @@ def test_cli_run_wrong_group_barrier_fault_is_caught_as_expected():
 @pytest.mark.parametrize("argv, message", [
     (("--job", "selfcheck", "--layout", "6,4,1,1"), "--layout: ParallelLayout: world_size 6 is not divisible by tp 4"),
     (("--layout", "6,4,1,1"), "--layout: ParallelLayout: world_size 6 is not divisible by tp 4"),
-    (("--top-k", "12"), "--top-k: the MoE kernels support top_k in 1..8, got 12"),
+    (("--top-k", "11"), "--top-k: FlashInfer 0.7.2's one-sided kernels are instantiated for top_k in {1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 22} (SWITCH_TOP_K), got 11"),
     (("--hidden", "100", "--stages", "nvfp4:8"), "--hidden: nvfp4 needs hidden divisible by 16"),
     (("--stages", "nvfp4:8;bf16:8"), "--stages: has 2 stage(s)"),
     (("--fault", "crash"), "--fault crash is a cluster fault"),

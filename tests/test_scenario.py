@@ -41,7 +41,9 @@ BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), p
 
 
 @pytest.mark.parametrize("change, flag, rule", [
-    (dict(top_k=9), "--top-k", "support top_k in 1..8"),
+    (dict(top_k=33), "--top-k", "support top_k in 1..32"),
+    (dict(top_k=10, experts=8, expert_kernel="trtllm", routing="hotspot", stages=((Layer("bf16", 8),),), hidden=256),
+     "--top-k", "the TRT-LLM MoE kernels need top_k between 1 and num_experts (check_routing_common), got 10 > 8"),
     (dict(top_k=3), "--top-k", "one-sided kernels are instantiated for top_k in {1, 2, 4, 6, 8, 10, 12, 14, 16, "
                                "18, 22} (SWITCH_TOP_K), got 3"),
     (dict(top_k=3, profile="0.6.8"), "--top-k", "instantiated for top_k in {1, 2, 4, 6, 8, 10, 16, 22}"),

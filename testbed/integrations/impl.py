@@ -41,7 +41,7 @@ class ImplSession:
 
     def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
         sc, ctx = self.sc, self.ctx
-        qc = quant_config(fmt)
+        qc = quant_config(fmt, sc.mx_alignment)
         pf = make_prepare_finalize(self.parallel, self.manager, dp_group=ctx.groups["dp"], ep_group=self.ep_group,
                                    max_num_tokens=max_num_tokens, top_k=sc.top_k, num_experts=sc.experts,
                                    hidden_size=sc.hidden, layout=dispatch_layout(sc.hidden, qc, ACT_DTYPE),
@@ -87,6 +87,7 @@ class _ImplLayer:
         self.sequence_parallel = moe.sequence_parallel
         self.reduce_pending = moe.reduce_pending
         self.output_is_reduced = moe.prepare_finalize.output_is_reduced
+        self.topk_indices_dtype = moe.prepare_finalize.topk_indices_dtype
 
     def __call__(self, x_TH, w_TK, ids_TK):
         return self.moe(x_TH, w_TK, ids_TK)

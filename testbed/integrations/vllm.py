@@ -220,7 +220,7 @@ class VllmSession:
                              intermediate_size=sc.hidden, num_local_experts=len(own), num_logical_experts=sc.experts,
                              activation=MoEActivation.SILU, device="cpu", routing_method=RoutingMethodType.Renormalize,
                              moe_parallel_config=parallel, in_dtype=ACT_DTYPE, max_num_tokens=max_num_tokens)
-        quant = quant_config(fmt)
+        quant = quant_config(fmt, sc.mx_alignment)
         with set_current_vllm_config(self.config):
             pf = maybe_make_prepare_finalize(moe, quant, allow_new_interface=True)
         if pf is None:
@@ -278,14 +278,15 @@ def _backend(sc) -> str:
     return {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}[sc.path]
 
 
-def quant_config(fmt: str):
+def quant_config(fmt: str, mx_alignment: int):
     """vLLM's ``FusedMoEQuantConfig`` of a layer's activation format."""
     from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG, FusedMoEQuantConfig
 
     if fmt == "bf16":
         return FUSED_MOE_UNQUANTIZED_CONFIG
     if fmt == "mxfp8":
-        return replace(FusedMoEQuantConfig.make(quant_dtype="mxfp8", is_scale_swizzled=False), mx_alignment=0)
+        return replace(FusedMoEQuantConfig.make(quant_dtype="mxfp8", is_scale_swizzled=False),
+                       mx_alignment=mx_alignment)
     raise ValueError(f"--integration vllm has no quant config for {fmt!r}")
 
 
@@ -305,13 +306,13 @@ class VllmLayer:
     def output_is_reduced(self) -> bool:
         return self.kernel.output_is_reduced()
 
+    def topk_indices_dtype(self):
+        return self.kernel.prepare_finalize.topk_indices_dtype()
+
     def __call__(self, x_TH, w_TK, ids_TK):
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
         from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
-        # vLLM's routers hand the ids in the dtype the prepare/finalize asks for, else int32
-        # (fused_topk_router.py).
-        ids_TK = ids_TK.to(self.kernel.prepare_finalize.topk_indices_dtype() or torch.int32)
         out = self.kernel.apply(x_TH.clone(), self.w1, self.w2, w_TK, ids_TK, MoEActivation.SILU,
                                 self.sc.experts, None, self.sc.router_weight_on_input)
         runner = SimpleNamespace(moe_config=self.moe, _fused_output_is_reduced=self.kernel.output_is_reduced())

@@ -35,7 +35,7 @@ def _vllm(sc: Scenario, path: str, profile: Optional[str] = None) -> bool:
 def _payload_grows_within_a_forward(sc: Scenario) -> bool:
     """A stage where a layer dispatches more bytes per token than the layer before it."""
     def grows(a, b):
-        return sum(row_bytes(b.fmt, sc.hidden).values()) > sum(row_bytes(a.fmt, sc.hidden).values())
+        return sum(row_bytes(b.fmt, sc.hidden, sc.mx_alignment).values()) > sum(row_bytes(a.fmt, sc.hidden, sc.mx_alignment).values())
 
     return any(grows(a, b) for st in sc.stages for a, b in zip(st, st[1:]))
 
@@ -76,6 +76,11 @@ FINDINGS: tuple[Finding, ...] = (
                         "has_multi_node then compute with a function",
             lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4",
             (("arguments", "gpus_per_node=<function device_count"),)),
+    Finding("VLLM-006", "vLLM 0.33.0's two-sided prepare/finalize declares topk_indices_dtype() None, so vLLM's "
+                        "router hands it ids in the router's own dtype, and passes them to MnnvlMoe's moe_prepare, "
+                        "which takes int32 only: a router computing int64 ids fails every forward",
+            lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4" and sc.router_ids == "int64",
+            (("completes", "Inconsistency of Tensor type: expertsIds"),)),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,

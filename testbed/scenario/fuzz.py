@@ -5,7 +5,8 @@ all-gather/reduce-scatter, expert parallel off), every profile, mixed formats an
 layer, uneven and 0-token passes (also all-zero ones), counts that grow past earlier ones,
 top_k from the kernels' set, every routing pattern, combine signature and slot order;
 sequence parallel, deferred finalize, shared experts, routed scaling, the TRT-LLM kernels,
-workspace-resident expert output and the expert-id sentinel wherever they apply; both
+workspace-resident expert output and the expert-id sentinel wherever they apply; router ids
+in int32 or int64, mxfp8 scale paddings (``mx_alignment``); both
 FlashInfer APIs (``comm`` and ``moe_ep``) where the release has them. Scenarios the kernels
 cannot run are never drawn: each choice is
 made from what the earlier ones allow (and :meth:`Scenario.validate` still checks them).
@@ -27,6 +28,7 @@ from testbed.scenario.model import (
     FORMATS,
     INVALID_EXPERT_IDS,
     PROFILES,
+    ROUTER_ID_DTYPES,
     ROUTINGS,
     SLOT_ORDERS,
     SUPPORTED_TOP_K,
@@ -77,7 +79,8 @@ def scenarios(draw) -> Scenario:
     routing = draw(st.sampled_from(ROUTINGS))
     kernels = FAKE_PROFILES[profile].top_k_kernels if path == "one_sided" else SUPPORTED_TOP_K
     top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K if k in kernels
-                                  and (k <= experts or routing in ("hotspot", "one-expert"))]))
+                                  and (k <= experts or routing in ("hotspot", "one-expert") and not trtllm
+                                       and not on_moe_ep)]))
     signature = draw(st.sampled_from(COMBINE_SIGNATURES)) if path == "one_sided" and not on_moe_ep else "release"
     sp_ok = path in ("one_sided", "allgather_reducescatter") and layout.tp > 1 and layout.dp > 1
     one_sided = path == "one_sided"
@@ -89,6 +92,8 @@ def scenarios(draw) -> Scenario:
         expert_kernel=draw(st.sampled_from(("trtllm", "trtllm-packed"))) if trtllm else "reference",
         expert_output="workspace" if one_sided and signature == "release" and draw(st.booleans()) else "separate",
         invalid_expert_id=draw(st.sampled_from(INVALID_EXPERT_IDS)) if one_sided else "-1",
+        router_ids=draw(st.sampled_from(ROUTER_ID_DTYPES)),
+        mx_alignment=draw(mx_alignments(formats, hidden, path)),
     )
     try:
         return Scenario.make(layout=layout, stages=tuple(stages), passes=passes, path=path, profile=profile,
@@ -102,6 +107,14 @@ def scenarios(draw) -> Scenario:
 
 
 VLLM_LAYOUTS = tuple(lay for lay in LAYOUTS if lay.dp >= 2)
+MX_ALIGNMENTS = (0, 32, 64, 128, 256, 512)
+
+
+def mx_alignments(formats, hidden: int, path: str):
+    """The mxfp8 scale paddings a scenario of these layers can run (0 where none is mxfp8)."""
+    if "mxfp8" not in formats:
+        return st.just(0)
+    return st.sampled_from([a for a in MX_ALIGNMENTS if not hidden_rule("mxfp8", hidden, path, a)])
 
 
 @st.composite
@@ -122,14 +135,16 @@ def vllm_scenarios(draw) -> Scenario:
     counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).map(tuple)
     routing = draw(st.sampled_from(ROUTINGS))
     kernels = FAKE_PROFILES[profile].top_k_kernels if path == "one_sided" else SUPPORTED_TOP_K
-    top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K if k in kernels
-                                  and (k <= experts or routing in ("hotspot", "one-expert"))]))
+    top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K if k in kernels  # moe_ep one-sided: k <= experts
+                                  and (k <= experts or routing in ("hotspot", "one-expert") and path == "two_sided")]))
     try:
         return Scenario.make(layout=layout, stages=stages, passes=tuple(draw(st.lists(counts, min_size=1, max_size=3))),
                              path=path, profile=profile, experts=experts, top_k=top_k, hidden=hidden,
                              routing=routing, slot_order=draw(st.sampled_from(SLOT_ORDERS)),
                              seed=draw(st.integers(0, 2 ** 16)), router_weight_on_input=top_k == 1 and draw(st.booleans()),
-                             integration="vllm", label="fuzz vllm")
+                             router_ids=draw(st.sampled_from(ROUTER_ID_DTYPES)),
+                             mx_alignment=draw(mx_alignments(formats, hidden, path)), integration="vllm",
+                             label="fuzz vllm")
     except ScenarioInputError as e:
         raise AssertionError(f"the vLLM scenario strategy drew an invalid scenario: {e}") from e
 

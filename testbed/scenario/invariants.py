@@ -272,7 +272,7 @@ def _moe_ep_workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
 def _need(sc: Scenario, layer) -> tuple[int, int, int]:
     """What a layer needs of a communication: (tokens per rank, hidden, activation bytes per
     dispatched token), from the format definitions."""
-    return layer.max_num_tokens, sc.hidden, sum(row_bytes(layer.fmt, sc.hidden).values())
+    return layer.max_num_tokens, sc.hidden, sum(row_bytes(layer.fmt, sc.hidden, sc.mx_alignment).values())
 
 
 NEED_NAMES = ("max_tokens_per_rank", "hidden_size", "dispatch bytes per token")

@@ -32,6 +32,11 @@ PATHS = tuple(PATH_BACKEND)
 EXPERT_KERNELS = ("reference", "trtllm", "trtllm-packed")
 EXPERT_OUTPUTS = support.EXPERT_OUTPUTS
 INVALID_EXPERT_IDS = ("-1", "num_experts")
+# The dtype a router computes expert ids in. vLLM's routers convert them to the dtype a
+# prepare/finalize's topk_indices_dtype() names, and hand their own where it names none
+# (base_router._convert_indices_dtype): fused_topk gives int32, torch.topk-based ones int64.
+ROUTER_ID_DTYPES = ("int32", "int64")
+MX_BLOCK = 32  # values per mxfp8 scale; mx_alignment is a multiple of it
 TRTLLM_FORMATS = support.TRTLLM_FORMATS  # the fake implements these kernels too
 MAX_ROUTED_SCALING = 1e6  # larger factors overflow the bf16 outputs
 TRTLLM_HIDDEN_BLOCK = 128  # fp8 weight blocks and the nvfp4 scale interleave need it
@@ -50,9 +55,11 @@ SLOT_ORDERS = ("shuffled", "deterministic")
 # scenario's profile must then be the installed release's).
 BACKENDS = ("fake", "flashinfer")
 PROFILES = tuple(FAKE_PROFILES)
-# The TRT-LLM MoE routing kernels take at most 8 experts per token (the one-sided all-to-all
-# itself allows kMaxTopK = 22, the two-sided one 32).
-SUPPORTED_TOP_K = tuple(range(1, 9))
+# The most experts per token any kernel here takes: the two-sided prepare (trtllm_alltoall_prepare.cu,
+# ``1 <= topK <= 32``) and the TRT-LLM routing of precomputed ids (its tiers end at Tier<2048, 32>).
+# The one-sided path narrows it to its release's SWITCH_TOP_K (kMaxTopK = 22); the reference
+# experts add no limit of their own.
+SUPPORTED_TOP_K = tuple(range(1, 33))
 # Bytes one received row of each format occupies per value block; the two-sided kernels move
 # rows in 16-byte units, so every payload row (values and scales) must fill whole units.
 TWO_SIDED_ROW_UNIT = 16
@@ -107,6 +114,8 @@ class Scenario:
     expert_kernel: str = "reference"  # one of EXPERT_KERNELS
     expert_output: str = "separate"  # "workspace": straight into the one-sided combine region
     invalid_expert_id: str = "-1"  # the one-sided dispatch's sentinel: -1 or num_experts
+    router_ids: str = "int32"  # one of ROUTER_ID_DTYPES: the router's own id dtype
+    mx_alignment: int = 0  # mxfp8 layers pad their scale columns to cover hidden rounded up to it
     a2a_api: str = "auto"  # one of A2A_APIS (FlashInfer paths only)
     flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
     integration: str = "impl"  # one of INTEGRATIONS: whose code drives FlashInfer
@@ -191,11 +200,16 @@ class Scenario:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ScenarioInputError(flag, f"must be a positive integer, got {v!r}")
         if self.top_k not in SUPPORTED_TOP_K:
-            raise ScenarioInputError("--top-k", f"the MoE kernels support top_k in 1..{SUPPORTED_TOP_K[-1]}, "
-                                     f"got {self.top_k}")
+            raise ScenarioInputError("--top-k", f"the FlashInfer kernels support top_k in 1..{SUPPORTED_TOP_K[-1]} "
+                                     f"(the two-sided prepare, the TRT-LLM routing tiers), got {self.top_k}")
         _choice("--expert-kernel", self.expert_kernel, EXPERT_KERNELS)
         _choice("--expert-output", self.expert_output, EXPERT_OUTPUTS)
         _choice("--invalid-expert-id", self.invalid_expert_id, INVALID_EXPERT_IDS)
+        _choice("--router-ids", self.router_ids, ROUTER_ID_DTYPES)
+        if isinstance(self.mx_alignment, bool) or not isinstance(self.mx_alignment, int) \
+                or self.mx_alignment < 0 or self.mx_alignment % MX_BLOCK:
+            raise ScenarioInputError("--mx-alignment", f"must be 0 or a positive multiple of {MX_BLOCK} "
+                                     f"(whole mxfp8 scale blocks), got {self.mx_alignment!r}")
         _choice("--a2a-api", self.a2a_api, A2A_APIS)
         _choice("--backend", self.flashinfer_backend, BACKENDS)
         _choice("--integration", self.integration, INTEGRATIONS)
@@ -303,6 +317,9 @@ class Scenario:
         if self.experts % self.ep_size:
             raise ScenarioInputError("--experts", f"flashinfer.moe_ep needs num_experts divisible by the EP size "
                                      f"({self.experts} % {self.ep_size} != 0)")
+        if self.top_k > self.experts:
+            raise ScenarioInputError("--top-k", f"flashinfer.moe_ep's MoEEpCommParams needs top_k <= num_experts, "
+                                     f"got {self.top_k} > {self.experts}")
         if self.combine_signature != "release":
             raise ScenarioInputError("--combine-signature", "the custom signatures replace MoeAlltoAll's combine; "
                                      "they need --a2a-api comm")
@@ -337,13 +354,16 @@ class Scenario:
                 raise ScenarioInputError("--expert-kernel", f"the CPU fake implements the TRT-LLM kernels for "
                                          f"{', '.join(TRTLLM_FORMATS)}; layers of {', '.join(fmts)} need "
                                          "--expert-kernel reference")
+            if self.top_k > self.experts:
+                raise ScenarioInputError("--top-k", f"the TRT-LLM MoE kernels need top_k between 1 and num_experts "
+                                         f"(check_routing_common), got {self.top_k} > {self.experts}")
             if self.hidden % TRTLLM_HIDDEN_BLOCK:
                 raise ScenarioInputError("--hidden", f"--expert-kernel trtllm needs hidden divisible by "
                                          f"{TRTLLM_HIDDEN_BLOCK} (fp8 weight blocks, nvfp4 scale tiles), "
                                          f"got {self.hidden}")
 
     def _check_hidden(self, fmt: str) -> None:
-        broken = hidden_rule(fmt, self.hidden, self.path)
+        broken = hidden_rule(fmt, self.hidden, self.path, self.mx_alignment)
         if broken:
             raise ScenarioInputError("--hidden", broken)
 
@@ -368,7 +388,7 @@ class Scenario:
                 parts.append(flag)
         parts += ["--routed-scaling", repr(float(self.routed_scaling)), "--expert-kernel", self.expert_kernel,
                   "--expert-output", self.expert_output, "--invalid-expert-id", self.invalid_expert_id,
-                  "--a2a-api", self.a2a_api]
+                  "--router-ids", self.router_ids, "--mx-alignment", str(self.mx_alignment), "--a2a-api", self.a2a_api]
         if self.flashinfer_backend != "fake":
             parts += ["--backend", self.flashinfer_backend]
         if self.integration != "impl":
@@ -388,6 +408,8 @@ class Scenario:
         sig += f" {self.expert_kernel}" if self.expert_kernel != "reference" else ""
         sig += " out-in-workspace" if self.expert_output == "workspace" else ""
         sig += f" invalid={self.invalid_expert_id}" if self.invalid_expert_id != "-1" else ""
+        sig += f" ids={self.router_ids}" if self.router_ids != "int32" else ""
+        sig += f" mx-align={self.mx_alignment}" if self.mx_alignment else ""
         sig += " moe_ep" if self.api == "moe_ep" else ""
         sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
         sig += f" [{self.integration}]" if self.integration != "impl" else ""
@@ -413,30 +435,33 @@ def api_for(path: str, profile: str, a2a_api: str) -> str | None:
     return a2a_api if a2a_api != "auto" else available_apis(path, profile)[0]
 
 
-def hidden_rule(fmt: str, hidden: int, path: str) -> str | None:
-    """The rule ``hidden`` breaks for ``fmt`` on ``path``, or None."""
+def hidden_rule(fmt: str, hidden: int, path: str, mx_alignment: int = 0) -> str | None:
+    """The rule ``hidden`` breaks for ``fmt`` on ``path`` (mxfp8 scales padded to
+    ``mx_alignment``), or None."""
     block = BLOCK[fmt]
     if hidden % block:
         return f"{fmt} needs hidden divisible by {block} (one scale per {block} values), got {hidden}"
-    per_token = sum(row_bytes(fmt, hidden).values())
+    per_token = sum(row_bytes(fmt, hidden, mx_alignment).values())
     if path == "one_sided" and per_token % 4:
         return (f"the one-sided dispatch needs {fmt} values + scales of a token ({per_token} bytes at hidden "
                 f"{hidden}) to be a multiple of 4: the int32 ids follow them")
     if path == "two_sided":
-        for what, nbytes in row_bytes(fmt, hidden).items():
+        for what, nbytes in row_bytes(fmt, hidden, mx_alignment).items():
             if nbytes % TWO_SIDED_ROW_UNIT:
                 return (f"the two-sided kernels move rows in {TWO_SIDED_ROW_UNIT}-byte units; {fmt} {what} "
                         f"of hidden {hidden} are {nbytes} bytes per token")
     return None
 
 
-def row_bytes(fmt: str, hidden: int) -> dict[str, int]:
+def row_bytes(fmt: str, hidden: int, mx_alignment: int = 0) -> dict[str, int]:
     """Bytes per token of a format's values and scales, from the format definitions (the
-    testbed's oracle; ``impl.formats.dispatch_layout`` is what is under test)."""
+    testbed's oracle; ``impl.formats.dispatch_layout`` is what is under test): an mxfp8
+    token carries one scale per 32 values of ``hidden`` rounded up to ``mx_alignment``."""
+    padded = -(-hidden // mx_alignment) * mx_alignment if mx_alignment else hidden
     return {
         "bf16": {"values": 2 * hidden},
         "nvfp4": {"values": hidden // 2, "scales": hidden // 16},
-        "mxfp8": {"values": hidden, "scales": hidden // 32},
+        "mxfp8": {"values": hidden, "scales": padded // MX_BLOCK},
         "fp8_block": {"values": hidden, "scales": hidden // 128 * 4},
     }[fmt]
 
@@ -493,12 +518,13 @@ def _choice(flag: str, value, choices) -> None:
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
-                  "invalid_expert_id", "a2a_api", "integration")
+                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
-            "expert_output": "separate", "invalid_expert_id": "-1", "a2a_api": "auto",
+            "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
+            "a2a_api": "auto",
             "integration": "impl"}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
@@ -544,6 +570,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                 "(workspace: the one-sided combine region) (default separate)")
     parser.add_argument("--invalid-expert-id", help=f"the one-sided dispatch's sentinel: "
                                                     f"{', '.join(INVALID_EXPERT_IDS)} (default -1)")
+    parser.add_argument("--router-ids", help=f"the dtype the router computes expert ids in: "
+                                             f"{', '.join(ROUTER_ID_DTYPES)}; a prepare/finalize whose "
+                                             "topk_indices_dtype() names one gets that (default int32)")
+    parser.add_argument("--mx-alignment", type=int, metavar="N",
+                        help="mxfp8 layers pad their scale columns to cover hidden rounded up to N, a multiple "
+                             "of 32 (vLLM's quant_config.mx_alignment) (default 0: no padding)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="who runs FlashInfer: fake (the CPU fake, default) or flashinfer (the installed package "
                              "on this machine's GPUs, a rank per GPU, CUDA tensors over NCCL; the profile is the "

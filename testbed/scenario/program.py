@@ -349,9 +349,11 @@ def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range,
     if fmt == "bf16":
         w1, w2 = stack(q1, 0), stack(q2, 0)
     else:
-        gs = torch.ones(len(own), device=device) if fmt == "nvfp4" else None
-        w1 = QuantizedWeights(stack(q1, 0), stack(q1, 1), gs)
-        w2 = QuantizedWeights(stack(q2, 0), stack(q2, 1), gs)
+        nvfp4 = fmt == "nvfp4"
+        gs1 = torch.tensor([x.gs1 for x in w], device=device) if nvfp4 else None
+        gs2 = torch.tensor([x.gs2 for x in w], device=device) if nvfp4 else None
+        w1 = QuantizedWeights(stack(q1, 0), stack(q1, 1), gs1)
+        w2 = QuantizedWeights(stack(q2, 0), stack(q2, 1), gs2)
     a1_gscale = quant_config(fmt).a1_gscale
     return TrtLlmExperts(api, fmt, w1, w2, num_experts=sc.experts, top_k=sc.top_k, local_expert_offset=own.start,
                          a1_gscale=None if a1_gscale is None else a1_gscale.to(device), weighted=not sc.router_weight_on_input,
@@ -397,6 +399,9 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None) 
         with session.forward_pass(sc.tokens(p, sc.stages[stage][0], dp_rank)):
             for i, (moe, recording) in enumerate(layers):
                 x_TH, ids_TK, w_TK = (t.to(device) for t in layer_inputs(sc, p, stage, i, dp_rank))
+                # The router's conversion (vLLM's _convert_indices_dtype): the dtype the
+                # prepare/finalize asks for, else the router's own.
+                ids_TK = ids_TK.to(moe.topk_indices_dtype() or getattr(torch, sc.router_ids))
                 with session.layer_call(x_TH.size(0)):
                     log.write(ev="forward", pass_=p, layer=i, reduced=bool(moe.output_is_reduced()),
                               pending=moe.reduce_pending, sp=moe.sequence_parallel)

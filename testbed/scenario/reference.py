@@ -153,12 +153,16 @@ class SwigluWeights:
     """One SwiGLU expert: logical fp32 ``w1 [2I, H]`` (linear rows, then gate rows) and
     ``w2 [H, I]``, and the same numbers in the kernel's format: ``(values, scales)`` per
     matrix (bf16: scales None; fp8_block: e4m3 + fp32 per 128x128 block; nvfp4: e2m1
-    packed low nibble first + e4m3 per 16, global scale 1)."""
+    packed low nibble first + e4m3 per 16 read with the matrix's global scale ``gs1`` /
+    ``gs2``, ``w = e2m1 * sf / gs``, drawn per expert and matrix so a scale dropped, inverted
+    or swapped shows; 1 for the other formats)."""
 
     w1: torch.Tensor
     w2: torch.Tensor
     q1: tuple
     q2: tuple
+    gs1: float = 1.0
+    gs2: float = 1.0
 
 
 @functools.lru_cache(maxsize=512)
@@ -167,7 +171,16 @@ def swiglu_weights(seed: int, stage: int, layer_idx: int, expert: int, fmt: str,
     g = torch.Generator().manual_seed(_seed(seed, stage, layer_idx, expert, 13))
     w1, q1 = _grid_matrix(fmt, 2 * inter, hidden, g)
     w2, q2 = _grid_matrix(fmt, hidden, inter, g)
-    return SwigluWeights(w1, w2, q1, q2)
+    if fmt != "nvfp4":
+        return SwigluWeights(w1, w2, q1, q2)
+    # Powers of two from 1 to 16, so sf * gs stays exact in e4m3 and w (fp32) is unchanged.
+    gs1, gs2 = (float(2 ** int(torch.randint(0, 5, (), generator=g))) for _ in range(2))
+    return SwigluWeights(w1, w2, _with_global_scale(q1, gs1), _with_global_scale(q2, gs2), gs1, gs2)
+
+
+def _with_global_scale(q: tuple, gs: float) -> tuple:
+    packed, sf = q
+    return packed, (sf.float() * gs).to(E4M3)
 
 
 def _grid_matrix(fmt: str, M: int, K: int, g: torch.Generator) -> tuple[torch.Tensor, tuple]:
@@ -252,7 +265,7 @@ def local_experts(num_experts: int, ep_size: int, ep_rank: int) -> range:
 
 def dispatch_bytes(layer: Layer, sc: Scenario) -> int:
     """Bytes per token of the one-sided dispatch payload ``[x, (x_sf), ids, weights]``."""
-    return sum(row_bytes(layer.fmt, sc.hidden).values()) + 8 * sc.top_k
+    return sum(row_bytes(layer.fmt, sc.hidden, sc.mx_alignment).values()) + 8 * sc.top_k
 
 
 def dequantize(fmt: str, x_q: torch.Tensor, x_sf, hidden: int) -> torch.Tensor:

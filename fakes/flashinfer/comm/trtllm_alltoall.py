@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from fakes.flashinfer import profiles
-from fakes.flashinfer._check import icheck, icheck_eq
+from fakes.flashinfer._check import check_input_type, icheck, icheck_eq
 from fakes.flashinfer.comm.mapping import Mapping
 from fakes.flashinfer.comm import mnnvl
 from fakes.flashinfer.comm.mnnvl import MnnvlConfig, _MnnvlMemory, on_scenario_end
@@ -57,7 +57,7 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
     send_rank_local_indices [M*max(ep,K)], recv_rank_count_cumsum [ep],
     recv_rank_local_indices [M*ep], backward_recv_rank_local_indices [M*max(ep,K)],
     gathered_expert_statics [ep, E] | None)``."""
-    icheck(experts_ids.dtype == torch.int32, "expertsIds.dtype() == dl_int32", "expertsIds must be int32")
+    check_input_type(experts_ids, torch.int32, "expertsIds")
     icheck_eq(expert_count % 4, 0, "expertCount % 4", "0", "expertCount must be divisible by 4")
     icheck_eq(slot_count % 4, 0, "slotCount % 4", "0", "slotCount must be divisible by 4")
     if not 1 <= top_k <= _MAX_TOP_K:

@@ -40,8 +40,18 @@ _REQUIRED = inspect.Parameter.empty
 
 # --- routing ---------------------------------------------------------------------------------
 
+# RoutingCustomPolicy's largest tier: precomputed routing runs only where a tier covers
+# (num_experts, top_k) (trtllm_fused_moe_routing_common.cu, runPostTopKPipeline).
+_ROUTING_TIER_MAX = (2048, 32)
+
+
 def _precomputed_routing(topk_ids, top_k: int, num_experts: int):
     """``(ids [T, K] long, weights [T, K] fp32)`` from a packed tensor or an (ids, weights) pair."""
+    icheck(0 < top_k <= num_experts, "args->top_k > 0 && args->top_k <= args->num_experts",
+           "top_k must be between 1 and num_experts")
+    if num_experts > _ROUTING_TIER_MAX[0] or top_k > _ROUTING_TIER_MAX[1]:
+        raise RuntimeError(f"runPostTopKPipeline: no compiled tier covers numExperts={num_experts} topK={top_k} "
+                           "for the post-topK permutation")
     if isinstance(topk_ids, tuple):
         ids, weights = topk_ids
         icheck(ids.dtype == torch.int32, "topk_ids.dtype() == dl_int32", "topk_ids must be int32")
