@@ -83,9 +83,14 @@ def _parser() -> argparse.ArgumentParser:
             "kMaxRanks, the metainfo fields and the SWITCH_TOP_K cases, and compares every public name, "
             "signature, default, keyword-only marker, return form and constant with the fake profile "
             "of the same release. Prints the differences; exit 1 on any."))
-    ct.add_argument("--flashinfer", action="append", required=True, metavar="VERSION|WHEEL|DIR",
+    ct.add_argument("--flashinfer", action="append", default=[], metavar="VERSION|WHEEL|DIR",
                     help="a release number (pip download --no-deps, cached), a .whl, or an unpacked or "
-                         "installed copy; repeatable")
+                         "installed copy; repeatable (with --consumer: releases to check it against besides "
+                         "its pin)")
+    ct.add_argument("--consumer", action="append", default=[], metavar="NAME[=VERSION|WHEEL|DIR]",
+                    help="check what an engine's FlashInfer all-to-all path uses (vllm, sglang; the installed "
+                         "copy, a release, a wheel or a directory) against its pinned FlashInfer and the fake's "
+                         "profile of it; exit 1 on a fake gap; repeatable")
     ct.add_argument("--profile", help="the fake profile to compare with (default: the release's own)")
     ct.add_argument("--all", action="store_true", help="print every entry compared, not only differences")
     ct.add_argument("--write-excerpt", metavar="DIR",
@@ -127,6 +132,11 @@ def _contract(args) -> int:
     from testbed.contract.compare import RealTree
     from testbed.contract.excerpt import write_excerpt
 
+    if not args.flashinfer and not args.consumer:
+        raise UsageError("give --flashinfer RELEASE (the fake against a release) or --consumer NAME (what an "
+                         "engine uses)")
+    if args.consumer:
+        return _contract_consumers(args)
     failed = 0
     for spec in args.flashinfer:
         try:
@@ -141,6 +151,45 @@ def _contract(args) -> int:
         if args.write_excerpt:
             write_excerpt(tree, Path(args.write_excerpt) / source.version)
         failed += bool(report.differences)
+    return 1 if failed else 0
+
+
+def _contract_consumers(args) -> int:
+    from pathlib import Path
+
+    from testbed.contract import SourceError, open_source, profile_for
+    from testbed.contract.compare import RealTree
+    from testbed.contract.consumer import check, format_consumer_report, parse_consumer, pinned_flashinfer, \
+        write_consumer_excerpt
+    from testbed.contract.excerpt import write_excerpt
+    from testbed.contract.source import open_package
+
+    failed = 0
+    for spec in args.consumer:
+        try:
+            consumer, where = parse_consumer(spec)
+            source = open_package(consumer.dist, where)
+        except (SourceError, ValueError) as e:
+            raise UsageError(f"--consumer: {e}") from None
+        pin = pinned_flashinfer(source)
+        releases = list(dict.fromkeys(([pin] if pin else []) + args.flashinfer))
+        if not releases:
+            raise UsageError(f"--consumer {spec}: its metadata pins no flashinfer-python; give --flashinfer")
+        for release in releases:
+            try:
+                fi = open_source(release)
+                tree = RealTree(fi)
+                report = check(source, consumer, tree, args.profile or profile_for(fi.version))
+            except (SourceError, ValueError) as e:
+                print(f"--consumer {spec} against flashinfer {release}: {e}", flush=True)
+                failed += 1
+                continue
+            print(format_consumer_report(report, everything=args.all), flush=True)
+            failed += bool(report.fake_defects)
+            if args.write_excerpt:
+                write_excerpt(tree, Path(args.write_excerpt) / fi.version)
+        if args.write_excerpt:
+            write_consumer_excerpt(source, consumer, Path(args.write_excerpt) / f"{consumer.name}-{source.version}")
     return 1 if failed else 0
 
 

@@ -5,9 +5,14 @@ under :func:`fakes.flashinfer.install`:
 
 - ``comm.trtllm_moe_alltoall`` whole: ``__all__``, every public definition either side has,
   and what each looks like (:mod:`testbed.contract.surface`);
-- ``comm.trtllm_alltoall``, ``comm.mnnvl``, ``comm.mapping``, ``fused_moe`` and ``moe_ep``:
-  the names the fake imitates, each of which the release must have in the same form;
-- ``comm``: the names it re-exports from those modules, the same set on both sides;
+- ``comm.trtllm_alltoall``, ``comm.mnnvl``, ``comm.mapping``, ``fused_moe``, ``moe_ep``, the
+  root and the quantizers (``quantization``, its ``fp4_quantization`` and ``fp8_quantization``,
+  and the root's stubs of both): the names the fake imitates, each of which the release must
+  have in the same form;
+- re-exports: every name one of these modules imports from a module the fake imitates, where the
+  fake imitates that name, must be there on the fake too (``fused_moe.QuantFormat`` from
+  ``moe_ep``, the root's ``nvfp4_block_scale_interleave``), and ``comm``'s re-exports are the
+  same set on both sides;
 - a module the release does not ship must fail to import from the fake too;
 - the kernel constants read from the C++ sources (``kMaxTopK``, ``kMaxPayloads``,
   ``kMaxRanks``, the metainfo fields, the ``top_k`` values ``SWITCH_TOP_K`` instantiates).
@@ -52,6 +57,11 @@ SCOPES = (
     Scope("comm.mapping", whole=False),
     Scope("fused_moe", whole=False),
     Scope("moe_ep", whole=False, required=MOE_EP_NVLINK, imitated_from="0.7.2"),
+    Scope("quantization", whole=False),
+    Scope("quantization.fp4_quantization", whole=False),
+    Scope("quantization.fp8_quantization", whole=False),
+    Scope("fp4_quantization", whole=False),
+    Scope("fp8_quantization", whole=False),
 )
 REEXPORTING = "comm"  # the package whose re-exports of the modules above are compared
 
@@ -105,6 +115,8 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealT
         for scope in SCOPES:
             _compare_module(scope, profile, loader, rows, fake_only, not_imitated)
         _compare_reexports(loader, rows)
+        for scope in SCOPES:
+            _compare_imported_names(scope, loader, rows)
         from fakes.flashinfer.profiles import active
         _compare_kernel_constants(source, active(), rows)
     entries = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()))
@@ -188,25 +200,31 @@ def _compare_module(scope: Scope, profile: str, loader: RealTree, rows: dict, fa
 
 def _unknown_form_matches(real: str, fake: str) -> str:
     """A real function that returns what another call returns (form ``value``) may return
-    anything, so any fake form matches it; ``None`` and ``tuple[n]`` must match exactly."""
-    if real.endswith(" -> value") and " -> " in fake:
-        return fake.rsplit(" -> ", 1)[0] + " -> value"
+    anything, so a fake whose forms are among the real ones matches it (``tuple[2]|value``
+    covers a fake that returns only another call's value); ``None`` and ``tuple[n]`` alone
+    must match exactly."""
+    if " -> " not in real or " -> " not in fake:
+        return fake
+    real_forms, fake_forms = (set(x.rsplit(" -> ", 1)[1].split("|")) for x in (real, fake))
+    if real_forms == {"value"} or "value" in real_forms and fake_forms <= real_forms:
+        return fake.rsplit(" -> ", 1)[0] + " -> " + real.rsplit(" -> ", 1)[1]
     return fake
 
 
 def _fake_public(module) -> set[str]:
-    """The fake module's own public functions and classes (a package's: those of its
-    ``__all__`` it re-exports from the fake) and its ALL-CAPS constants; per-profile names
-    are listed by the module's ``__dir__``."""
+    """The fake module's own public functions and classes, those it re-exports from the fake
+    through its ``__all__`` (a package: only those), and its ALL-CAPS constants; per-profile
+    names are listed by the module's ``__dir__``."""
     package = hasattr(module, "__path__")
+    exported = set(getattr(module, "__all__", None) or ())
     names = set()
-    for name in (getattr(module, "__all__", None) if package else None) or dir(module):
+    for name in (exported if package and exported else set(dir(module)) | exported):
         if name.startswith("_"):
             continue
         obj = getattr(module, name, None)
         home = getattr(obj, "__module__", None) or ""
         if inspect.isfunction(obj) or inspect.isclass(obj):
-            if home == module.__name__ or (package and home.startswith("fakes.flashinfer")):
+            if home == module.__name__ or (name in exported and home.startswith("fakes.flashinfer")):
                 names.add(name)
         elif name.isupper() and isinstance(obj, (int, str, tuple)):
             names.add(name)
@@ -228,6 +246,31 @@ def _compare_reexports(loader: RealTree, rows: dict) -> None:
             if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", "") in homes:
                 fake_names.append(name)
     rows[f"{dotted} re-exports"] = (repr(real_names), repr(sorted(fake_names)))
+
+
+def _compare_imported_names(scope: Scope, loader: RealTree, rows: dict) -> None:
+    """A name the real module imports from a module the fake imitates, where the fake's
+    module has that name, must be reachable from the fake's module too, and be the same object."""
+    dotted = f"flashinfer.{scope.module}".rstrip(".")
+    real, fake = loader(dotted), _import_fake(dotted)
+    if real is None or fake is None:
+        return
+    for name, (src, orig) in sorted(real.imports.items()):
+        home = _import_fake(src) if src != dotted else None
+        if home is None or name.startswith("_") or not _has(home, orig):
+            continue
+        real.used.add(name)
+        same = _has(fake, name) and getattr(fake, name) is getattr(home, orig)
+        rows[f"{dotted}.{name} (from {src})"] = ("re-exported", "re-exported" if same else
+                                                  "same object missing" if _has(fake, name) else MISSING)
+
+
+def _has(module, name: str) -> bool:
+    try:
+        getattr(module, name)
+    except AttributeError:
+        return False
+    return True
 
 
 _CONSTANT = re.compile(r"static\s+constexpr\s+int\s+(kMax\w+)\s*=\s*(\d+)")

@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 from testbed.contract.compare import CONSTANT_PATTERNS, RealTree
-from testbed.contract.surface import RealModule, own_nodes
+from testbed.contract.surface import RealModule, own_nodes, top_level
 
 HEADER = ("Excerpt of FlashInfer {version} ({path}), Apache-2.0, (c) the FlashInfer authors:\n"
           "signatures, constants and return statements only, for the fake's contract test.")
@@ -43,8 +43,8 @@ def _python_excerpt(text: str, module: RealModule) -> str:
     """Imports, ``__all__`` and the definitions the comparison resolved, stripped; every other
     top-level name only as an empty stub (so the module's list of public names is intact)."""
     body = []
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.ImportFrom) and node.level > 0:
+    for node in top_level(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("flashinfer")):
             node.names = [a for a in node.names if (a.asname or a.name) in module.used]
             if node.names:
                 body.append(node)

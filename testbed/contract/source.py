@@ -100,21 +100,93 @@ def _wheel(path: Path) -> Source:
     return Source(match.group(1), str(path), _zip=zf)
 
 
-def _download(version: str) -> Path:
+def _download(version: str, dist: str = PACKAGE) -> Path:
+    """The wheel of ``dist==version``, from the cache or ``pip download --no-deps`` into it."""
     cache = Path(os.environ.get("A2A_TESTBED_CACHE", Path.home() / ".cache" / "a2a-testbed")) / "wheels"
-    hits = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
+    stem = dist.replace("-", "_")
+    hits = sorted(cache.glob(f"{stem}-{version}-*.whl"))
     if hits:
         return hits[0]
     cache.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(cache),
-         f"{PACKAGE}=={version}"],
+         f"{dist}=={version}"],
         capture_output=True, text=True, timeout=900,
     )
-    hits = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
+    hits = sorted(cache.glob(f"{stem}-{version}-*.whl"))
     if proc.returncode != 0 or not hits:
-        raise SourceError(f"pip download {PACKAGE}=={version} failed: {proc.stderr.strip()[-800:]}")
+        raise SourceError(f"pip download {dist}=={version} failed: {proc.stderr.strip()[-800:]}")
     return hits[0]
+
+
+@dataclass(frozen=True)
+class PackageSource:
+    """Read-only access to a released Python package's files (a consumer such as vLLM), by
+    path from the top of its wheel (``vllm/utils/flashinfer.py``)."""
+
+    name: str  # the distribution
+    version: str
+    origin: str
+    _zip: Optional[zipfile.ZipFile] = None
+    _root: Optional[Path] = None
+
+    def files(self) -> list[str]:
+        package = self.name.replace("-", "_")
+        if self._zip is not None:
+            return [n for n in self._zip.namelist() if n.startswith(package + "/") and n.endswith(".py")]
+        return [str(p.relative_to(self._root)) for p in (self._root / package).rglob("*.py")]
+
+    def read(self, rel: str) -> str:
+        if self._zip is not None:
+            return self._zip.read(rel).decode()
+        return (self._root / rel).read_text()
+
+    def requires(self) -> list[str]:
+        """The ``Requires-Dist`` lines of its metadata."""
+        return [line.split(":", 1)[1].strip() for line in self._metadata().splitlines()
+                if line.startswith("Requires-Dist:")]
+
+    def _metadata(self) -> str:
+        stem = self.name.replace("-", "_")
+        if self._zip is not None:
+            names = [n for n in self._zip.namelist() if n.endswith(".dist-info/METADATA")]
+            return self._zip.read(names[0]).decode() if names else ""
+        hits = sorted(self._root.glob(f"{stem}-*.dist-info/METADATA"))
+        return hits[0].read_text() if hits else ""
+
+
+def open_package(dist: str, spec: Optional[str]) -> PackageSource:
+    """A package's source: installed (``spec`` None; found through its metadata, not imported),
+    a release number (downloaded once, cached), a ``.whl`` or a directory holding the package
+    and its ``.dist-info``."""
+    stem = dist.replace("-", "_")
+    if spec is None:
+        import importlib.metadata
+
+        try:
+            found = importlib.metadata.distribution(dist)
+        except importlib.metadata.PackageNotFoundError:
+            raise SourceError(f"{dist} is not installed here: give {dist}=VERSION, a wheel or a directory") from None
+        return PackageSource(dist, found.version, "installed", _root=Path(found.locate_file("")))
+    path = Path(spec)
+    if path.is_dir():
+        root = path.parent if path.name == stem else path
+        if not (root / stem).is_dir():
+            raise SourceError(f"{dist}={spec}: no {stem}/ package under this directory")
+        hits = sorted(root.glob(f"{stem}-*.dist-info"))
+        version = hits[0].name[len(stem) + 1:-len(".dist-info")] if hits else "unknown"
+        return PackageSource(dist, version, str(root), _root=root)
+    if spec.endswith(".whl"):
+        if not path.is_file():
+            raise SourceError(f"{dist}={spec}: no such wheel")
+    elif re.fullmatch(r"\d+(\.\d+)*(\.post\d+|rc\d+)?", spec):
+        path = _download(spec, dist)
+    else:
+        raise SourceError(f"{dist}={spec!r}: expected a release number, a .whl file or a directory")
+    match = re.match(rf"{stem}-([^-]+)-", path.name)
+    if match is None:
+        raise SourceError(f"{path}: not a {dist} wheel")
+    return PackageSource(dist, match.group(1), str(path), _zip=zipfile.ZipFile(path))
 
 
 def _dir_version(root: Path) -> str:

@@ -29,6 +29,25 @@ Describe = dict[str, str]
 
 # ---- the real side: source text ------------------------------------------------------------
 
+def top_level(tree: ast.Module) -> Iterator[ast.stmt]:
+    """A module's statements that run at import, with those in top-level ``if``, ``try`` and
+    ``with`` blocks (``with contextlib.suppress(ImportError): from .x import y``)."""
+    for node in tree.body:
+        yield from _flatten(node)
+
+
+def _flatten(node: ast.stmt) -> Iterator[ast.stmt]:
+    if isinstance(node, (ast.If, ast.Try, ast.With)):
+        for field in ("body", "orelse", "finalbody"):
+            for child in getattr(node, field, ()):
+                yield from _flatten(child)
+        for handler in getattr(node, "handlers", ()):
+            for child in handler.body:
+                yield from _flatten(child)
+    else:
+        yield node
+
+
 class RealModule:
     """One real module's top level, with imported names followed inside the same release."""
 
@@ -41,7 +60,10 @@ class RealModule:
         self.defs: dict[str, ast.AST] = {}
         self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, name)
         self.all: Optional[list[str]] = None
-        for node in tree.body:
+        self.lazy = False  # a module __getattr__ may serve more names
+        for node in top_level(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+                self.lazy = True
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.defs[node.name] = node
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -50,10 +72,11 @@ class RealModule:
                     self.all = [ast.literal_eval(e) for e in node.value.elts]
                 else:
                     self.defs[target] = node
-            elif isinstance(node, ast.ImportFrom) and node.level > 0:
-                base = self._relative(node.module, node.level)
+            elif isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] == "flashinfer"):
+                base = self._relative(node.module, node.level) if node.level else node.module
                 for alias in node.names:
-                    self.imports[alias.asname or alias.name] = (base, alias.name)
+                    if alias.name != "*":
+                        self.imports[alias.asname or alias.name] = (base, alias.name)
 
     def _relative(self, module: Optional[str], level: int) -> str:
         parts = self.name.split(".")
@@ -90,6 +113,10 @@ def describe_real(module: RealModule, name: str) -> Describe:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return {name: f"def {_ast_params(node.args, home)} -> {_return_form(node)}"}
     if isinstance(node, ast.Assign):
+        alias = home.resolve(node.value.id) if isinstance(node.value, ast.Name) else None
+        if alias is not None and isinstance(alias[1], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return {name if k == node.value.id else name + k[len(node.value.id):]: v  # the alias is the object
+                    for k, v in describe_real(home, node.value.id).items()}
         try:
             return {name: repr(ast.literal_eval(node.value))}
         except ValueError:

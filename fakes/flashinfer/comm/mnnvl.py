@@ -293,6 +293,10 @@ def __getattr__(name: str):
     new = profiles.active().eplb_and_rank_mask  # 0.6.16 on
     if name == "CommBackend":
         return _CommBackendProtocol if new else _CommBackendABC
+    if name == "TorchDistBackend" and new:  # imported from .comm_backend from 0.6.16 on
+        from fakes.flashinfer.comm.comm_backend import TorchDistBackend
+
+        return TorchDistBackend
     if name == "MnnvlMemory":
         if profiles.active().moe_ep_kernels:
             return _MnnvlMemory_0_7_4
@@ -301,4 +305,5 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"CommBackend", "MnnvlMemory"})
+    return sorted(set(globals()) | {"CommBackend", "MnnvlMemory"}
+                  | ({"TorchDistBackend"} if profiles.active().eplb_and_rank_mask else set()))

@@ -391,8 +391,10 @@ def __getattr__(name: str):
         if "comm.trtllm_alltoall" in profiles.active().absent_modules:
             raise profiles.removed_module(__name__)
         return _MnnvlMoe
+    if name == "MnnvlMemory":  # imported from .mnnvl, as the real module does
+        return mnnvl.MnnvlMemory
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"MnnvlMoe"})
+    return sorted(set(globals()) | {"MnnvlMoe", "MnnvlMemory"})

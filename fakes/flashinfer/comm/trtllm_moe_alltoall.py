@@ -666,8 +666,14 @@ def __getattr__(name: str):
         return sorted(set(_names()) - _NOT_IN_ALL)
     if name in _names():
         return _names()[name]
+    if name in _from_mnnvl():  # imported from .mnnvl, as the real module does
+        return getattr(mnnvl, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _from_mnnvl() -> tuple[str, ...]:
+    return ("CommBackend", "MnnvlMemory") if profiles.active().eplb_and_rank_mask else ("MnnvlMemory",)
+
+
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_BY_PROFILE.get(profiles.active().name, ())))
+    return sorted(set(globals()) | set(_BY_PROFILE.get(profiles.active().name, ())) | set(_from_mnnvl()))

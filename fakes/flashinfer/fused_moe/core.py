@@ -424,3 +424,17 @@ ENTRY_POINTS = tuple(_LATEST)
 def entry_point(name: str):
     """``name`` as the active profile's release has it."""
     return _BY_RELEASE[(profiles.active().name, name)]
+
+
+# The module's names are the release's entry points too (fused_moe re-exports these objects).
+del trtllm_bf16_moe, trtllm_bf16_routed_moe, trtllm_fp8_block_scale_routed_moe, trtllm_fp4_block_scale_routed_moe
+
+
+def __getattr__(name: str):
+    if name in _LATEST:
+        return entry_point(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LATEST))

@@ -1,11 +1,17 @@
 """Fake ``flashinfer.quantization.fp4_quantization``: the row shuffle and the 128x4 scale
 interleave users prepare TRT-LLM weights with (re-exported by ``flashinfer`` itself, not by
-``flashinfer.fused_moe``). ``block_scale_interleave`` takes ``out=`` from 0.7.x."""
+``flashinfer.fused_moe``), and ``fp4_quantize``, the NVFP4 activation quantizer (the MXFP4
+recipe and the 8x4 layout fail loudly: the fake does not implement them).
+``block_scale_interleave`` takes ``out=`` from 0.7.x; ``nvfp4_block_scale_interleave`` is the
+same function, as in every release."""
+
+import os
 
 import torch
 
-from fakes.flashinfer import profiles
+from fakes.flashinfer import profiles, tllm_enums
 from fakes.flashinfer.fused_moe.layouts import interleave_128x4, shuffle_indices
+from fakes.flashinfer.quantization import block_quant
 
 
 def shuffle_matrix_a(input_tensor, epilogue_tile_m: int):
@@ -44,15 +50,104 @@ def shuffle_matrix_sf_a(input_tensor, epilogue_tile_m: int, num_elts_per_sf: int
     return _interleave(shuffle_matrix_a(input_tensor, epilogue_tile_m))
 
 
+class _Unset:
+    """``nvfp4_4over6``'s default: read the FLASHINFER_NVFP4_4OVER6* environment."""
+
+    def __repr__(self) -> str:
+        return "_UNSET"
+
+
+_UNSET = _Unset()
+
+
+def _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                  is_global_scale_inversed, backend, nvfp4_4over6, backends):
+    """What every release's ``fp4_quantize`` does before and in ``fp4_quantize_sm100``."""
+    if sf_vec_size != 16 and sf_vec_size != 32:
+        raise NotImplementedError("sf_vec_size can only be 16 or 32")
+    is_mxfp4 = sf_vec_size != 16 or sf_use_ue8m0
+    if is_mxfp4 and nvfp4_4over6 is not _UNSET and nvfp4_4over6 is not None:
+        raise ValueError("nvfp4_4over6 applies to NVFP4 only (sf_vec_size=16, "
+                         f"sf_use_ue8m0=False); got sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}.")
+    if backend not in backends:
+        raise ValueError(f"Unknown backend: {backend}. Must be {' or '.join(repr(b) for b in backends)}.")
+    if backend == "cute-dsl":
+        raise RuntimeError("the cute-dsl fp4_quantize needs an SM100 GPU; the fake machine has none")
+    if is_mxfp4:
+        raise NotImplementedError("the CPU fake implements fp4_quantize's NVFP4 recipe (sf_vec_size=16, e4m3 "
+                                  "scales) only, not MXFP4")
+    env_4over6 = nvfp4_4over6 is _UNSET and os.environ.get("FLASHINFER_NVFP4_4OVER6", "0") not in ("", "0")
+    if env_4over6 or nvfp4_4over6 not in (_UNSET, None):
+        raise NotImplementedError("the CPU fake does not implement the NVFP4 4over6 scale search")
+    if input.dtype not in (torch.float16, torch.bfloat16):
+        raise NotImplementedError(f"the CPU fake quantizes fp16/bf16 to fp4, got {input.dtype}")
+    if is_sf_swizzled_layout and is_sf_8x4_layout:
+        raise NotImplementedError("the CPU fake implements the 128x4 scale swizzle, not 8x4")
+    column_major = input.dim() >= 2 and input.stride(-2) == 1 and input.size(-1) > 1
+    if column_major:
+        input = input.transpose(-2, -1)
+    assert input.shape[-1] % sf_vec_size == 0
+    gs = 1.0 if global_scale is None else float(global_scale.to(torch.float32).reshape(-1)[0])
+    if is_global_scale_inversed:
+        gs = 1.0 / gs
+    lead, K = input.shape[:-1], input.shape[-1]
+    x_q, sf = block_quant.nvfp4(input.reshape(-1, K), gs, is_sf_swizzled_layout)
+    x_q = x_q.reshape(*lead, K // 2)
+    sf = sf.reshape(-1, -(-(K // 16) // 4) * 4) if is_sf_swizzled_layout else sf.reshape(-1, K // 16)
+    if column_major:
+        x_q, sf = x_q.transpose(-2, -1), sf.transpose(-2, -1)
+    return x_q, sf
+
+
+def _fp4_quantize_0_6_8(input, global_scale=None, sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
+                        is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False,
+                        enable_pdl=None, backend: str = "cuda"):
+    return _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                         False, backend, None, ("cuda", "cute-dsl"))
+
+
+def _fp4_quantize_0_6_14(input, global_scale=None, sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
+                         is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False,
+                         is_global_scale_inversed: bool = False, enable_pdl=None, backend: str = "cuda"):
+    return _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                         is_global_scale_inversed, backend, None, ("cuda", "cute-dsl"))
+
+
+def _fp4_quantize_0_7_2(input, global_scale=None, sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
+                        is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False,
+                        is_global_scale_inversed: bool = False, enable_pdl=None, backend: str = "cuda",
+                        nvfp4_4over6=_UNSET):
+    return _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                         is_global_scale_inversed, backend, nvfp4_4over6, ("cuda", "cute-dsl"))
+
+
+def _fp4_quantize_0_7_4(input, global_scale=None, sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
+                        is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False,
+                        is_global_scale_inversed: bool = False, enable_pdl=None, backend: str = "auto",
+                        nvfp4_4over6=_UNSET, *, batch_invariant: bool = False):
+    return _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                         is_global_scale_inversed, "cuda" if backend == "auto" else backend, nvfp4_4over6,
+                         ("cuda", "cute-dsl"))
+
+
 for _fn in (_block_scale_interleave_0_6, _block_scale_interleave_0_7):
     _fn.__name__ = _fn.__qualname__ = "block_scale_interleave"
+for _fn in (_fp4_quantize_0_6_8, _fp4_quantize_0_6_14, _fp4_quantize_0_7_2, _fp4_quantize_0_7_4):
+    _fn.__name__ = _fn.__qualname__ = "fp4_quantize"
+_FP4_QUANTIZE = {"0.6.8": _fp4_quantize_0_6_8, "0.6.14": _fp4_quantize_0_6_14, "0.6.16": _fp4_quantize_0_6_14,
+                 "0.7.2": _fp4_quantize_0_7_2, "0.7.4": _fp4_quantize_0_7_4}
+_PER_RELEASE = ("SfLayout", "block_scale_interleave", "nvfp4_block_scale_interleave", "fp4_quantize")
 
 
 def __getattr__(name: str):
-    if name == "block_scale_interleave":
+    if name in ("block_scale_interleave", "nvfp4_block_scale_interleave"):
         return _block_scale_interleave_0_7 if profiles.active().backend_kw else _block_scale_interleave_0_6
+    if name == "fp4_quantize":
+        return _FP4_QUANTIZE[profiles.active().name]
+    if name == "SfLayout":  # imported from tllm_enums, as the real module does
+        return tllm_enums.SfLayout
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"block_scale_interleave"})
+    return sorted(set(globals()) | set(_PER_RELEASE))

@@ -1,0 +1,7 @@
+"""Fake ``flashinfer.fp8_quantization``: the real package's backwards-compatibility stub,
+re-exporting ``flashinfer.quantization.fp8_quantization``."""
+
+from fakes.flashinfer._reexport import forwarding
+
+__all__ = ["mxfp8_quantize"]
+__getattr__, __dir__ = forwarding(__name__, {"mxfp8_quantize": "quantization.fp8_quantization"})
