@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
                          "profile of it; exit 1 on a fake gap; repeatable")
     ct.add_argument("--profile", help="the fake profile to compare with (default: the release's own)")
     ct.add_argument("--all", action="store_true", help="print every entry compared, not only differences")
+    ct.add_argument("--write-annotations", action="store_true",
+                    help="also write each release's parameter annotations into the fake's table "
+                         "(fakes/flashinfer/annotations/<profile>.json), which the fake checks calls with")
     ct.add_argument("--write-excerpt", metavar="DIR",
                     help="also write the excerpt of each release read (DIR/<version>/flashinfer/...)")
     return parser
@@ -147,6 +150,13 @@ def _contract(args) -> int:
             print(f"--flashinfer {spec}: {e}", flush=True)
             failed += 1
             continue
+        if args.write_annotations:
+            from testbed.contract.annotations import release_annotations, write_table
+            from fakes.flashinfer.annotations import table
+
+            print(f"wrote {write_table(report.profile, release_annotations(report, tree))}", flush=True)
+            table.cache_clear()
+            report = compare(source, args.profile, RealTree(source))
         print(format_report(report, everything=args.all), flush=True)
         if args.write_excerpt:
             write_excerpt(tree, Path(args.write_excerpt) / source.version)

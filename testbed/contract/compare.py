@@ -119,8 +119,26 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealT
             _compare_imported_names(scope, loader, rows)
         from fakes.flashinfer.profiles import active
         _compare_kernel_constants(source, active(), rows)
+    _compare_annotations(source, profile, loader, rows)
     entries = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()))
     return Report(source.version, profile, entries, tuple(sorted(fake_only)), tuple(not_imitated))
+
+
+def _compare_annotations(source: Source, profile: str, loader: "RealTree", rows: dict) -> None:
+    """The fake's checked-in annotation table of ``profile`` against the release's source."""
+    from testbed.contract.annotations import release_annotations
+    from fakes.flashinfer.annotations import table
+
+    compared = Report(source.version, profile, tuple(Difference(k, r, f) for k, (r, f) in rows.items()), (), ())
+    real, stored = release_annotations(compared, loader), table(profile)
+    for key in sorted(set(real) | set(stored)):
+        rows[f"flashinfer.{key} annotations"] = (_annotations_text(real.get(key)), _annotations_text(stored.get(key)))
+
+
+def _annotations_text(params: Optional[dict]) -> str:
+    if params is None:
+        return MISSING
+    return ", ".join(f"{p}: {a}" if a and not a.startswith("=") else f"{p}{a}" if a else p for p, a in params.items())
 
 
 class RealTree:

@@ -126,6 +126,27 @@ def integration_call_site() -> str | None:
     return None
 
 
+def direct_integration_call_site(skip: int = 1) -> str | None:
+    """The integration's frame that called into the fake directly (the testbed's own recording
+    frames between them skipped), or None when the call came from the fake itself: what the
+    fake does with its own arguments is not the integration's doing."""
+    frame = inspect.currentframe()
+    for _ in range(skip + 1):
+        frame = frame.f_back if frame is not None else None
+    while frame is not None and _real(frame.f_code.co_filename).startswith(_TESTBED):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    filename = _real(frame.f_code.co_filename)
+    for prefix, shown in _code:
+        if filename.startswith(prefix):
+            return f"{shown}{filename[len(prefix):]}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return None
+
+
+_TESTBED = os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir)) + os.sep
+
+
 @functools.lru_cache(maxsize=4096)
 def _real(filename: str) -> str:
     return os.path.realpath(filename)

@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
@@ -501,8 +502,10 @@ def _arguments(logs, v: Verdict) -> None:
             key = (e.get("call"), e.get("param"), e.get("site"))
             if e["ev"] == "arguments" and key not in seen:
                 seen.add(key)
-                f.add(f"rank {rank}: {e['call']}({e['param']}={e['value']}) from {e['site']}: the release takes "
-                      f"{e['expected']} there (its default)")
+                rule = e["expected"]
+                said = f"{type(ast.literal_eval(rule[1:])).__name__} there (its default is {rule[1:]})" \
+                    if rule.startswith("=") else f"{rule} there (its annotation)"
+                f.add(f"rank {rank}: {e['call']}({e['param']}={e['value']}) from {e['site']}: the release takes {said}")
     f.close()
 
 

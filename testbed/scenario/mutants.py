@@ -280,6 +280,14 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("two-sided-combine-top1", "the two-sided combine is told top_k = 1",
        "impl.two_sided:TwoSidedPrepareFinalize.finalize", "top_k=topk_ids.size(1)", "top_k=1",
        ("completes", "would write outside it")),
+    # -- arguments the release's annotations (or defaults) rule out ------------------------------
+    _m("gpus-per-node-function", "vLLM's VLLM-005 in impl: the two-sided manager hands Mapping the function "
+       "torch.cuda.device_count as gpus_per_node", "impl.two_sided:TwoSidedManager.initialize",
+       "gpus_per_node=self.gpus_per_node, tp_size=W)", "gpus_per_node=torch.cuda.device_count, tp_size=W)",
+       ("arguments", "gpus_per_node=<function")),
+    _m("payloads-as-tuple", "the one-sided dispatch is handed its payloads as a tuple (the release annotates "
+       "list[torch.Tensor])", f"{PF}.prepare", "token_selected_experts=topk_ids, input_payloads=payloads,",
+       "token_selected_experts=topk_ids, input_payloads=tuple(payloads),", ("arguments", "input_payloads=(")),
     # -- flashinfer.moe_ep (issue 10) ------------------------------------------------------------
     _m("moe-ep-first-layer-communication", "historical bug 2 on moe_ep: every layer runs on the first "
        "layer's communication", f"{EP_MGR}.communication",

@@ -15,7 +15,6 @@ import functools
 import importlib
 import inspect
 import itertools
-import numbers
 from collections import Counter
 from typing import Optional
 
@@ -205,35 +204,90 @@ def _recording_public_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tu
     return type("MoeAlltoAll", (base,), {"__init__": __init__, "dispatch": dispatch, "combine": combine})
 
 
-def _recording_mapping(base: type, log: audit.EventLog) -> type:
-    """``Mapping`` logging each argument the integration passes whose type is not its default's
-    (the release declares no annotations there: ``world_size=1, rank=0, gpus_per_node=8, ...``),
-    so a function handed over for a count is named with its caller."""
-    signature = inspect.signature(base.__init__)
+def _recording_arguments(profile: str, log: audit.EventLog, cleanup) -> None:
+    """Every public callable of the fake whose parameters the release annotates (or gives a
+    literal default), wrapped for the scenario so that each argument the integration passes it
+    directly and its release rules out is logged with its call site (``arguments``): a function
+    for a count, a list for a tensor, another enum. The table is the release's own
+    (:mod:`fakes.flashinfer.annotations`); calls the fake makes itself are not checked."""
+    from fakes.flashinfer.annotations import table
 
-    def __init__(self, *args, **kwargs):
-        site = audit.integration_call_site()
+    done: set = set()
+    for qualname, rules in table(profile).items():
+        if not any(rules.values()):
+            continue
+        found = _fake_callable(qualname)
+        if found is None:
+            continue
+        module, owner, attr, raw = found
+        fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+        if id(fn) in done or not callable(fn):
+            continue
+        done.add(id(fn))
+        checked = _checking(fn, qualname, module, log)
+        wrapped = type(raw)(checked) if isinstance(raw, (staticmethod, classmethod)) else checked
+        cleanup(_replace(owner, attr, wrapped) if inspect.ismodule(owner) else _patch(owner, attr, wrapped))
+
+
+def _fake_callable(qualname: str):
+    """``(module, owner, attribute, raw object)`` of the fake's ``qualname`` under the active
+    profile (``owner``: the module or the class that holds it), or None."""
+    parts = qualname.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        try:
+            module = importlib.import_module(".".join(["fakes.flashinfer"] + parts[:cut]))
+            break
+        except ImportError:
+            continue
+    else:
+        return None
+    owner, path = module, parts[cut:]
+    try:
+        for attr in path[:-1]:
+            owner = getattr(owner, attr)
+        raw = inspect.getattr_static(owner, path[-1]) if inspect.isclass(owner) else getattr(owner, path[-1])
+    except AttributeError:
+        return None
+    return module, owner, path[-1], raw
+
+
+def _checking(fn, qualname: str, module, log: audit.EventLog):
+    from fakes.flashinfer.annotations import violations
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        site = audit.direct_integration_call_site()
         if site is not None:
-            for name, value in signature.bind(self, *args, **kwargs).arguments.items():
-                default = signature.parameters[name].default
-                if not _fits(value, default):
-                    log.write(ev="arguments", call=f"{base.__module__.replace('fakes.', '')}.Mapping", param=name,
-                              value=repr(value)[:120], expected=type(default).__name__, site=site)
-        base.__init__(self, *args, **kwargs)
+            for param, value, rule in violations(qualname, fn, args, kwargs, _Names(module)):
+                log.write(ev="arguments", call=f"flashinfer.{qualname}", param=param, value=value,
+                          expected=rule, site=site)
+        return fn(*args, **kwargs)
 
-    return type("Mapping", (base,), {"__init__": __init__})
+    return checked
 
 
-def _fits(value, default) -> bool:
-    """Whether ``value`` has the kind of the parameter's default (any value where the default
-    says nothing: None or an object)."""
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    return not isinstance(default, str) or isinstance(value, str)
+class _Names:
+    """The names an annotation of ``module`` can mean: the module's, then the package root's."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def get(self, name: str):
+        import fakes.flashinfer as root
+
+        for where in (self.module, root):
+            try:
+                return getattr(where, name)
+            except AttributeError:
+                continue
+        return None
+
+
+def _patch(cls: type, attr: str, value) -> callable:
+    """Set ``cls.attr`` in place (instances made by anyone see it); returns what puts it back."""
+    had, old = attr in vars(cls), vars(cls).get(attr)
+    setattr(cls, attr, value)
+    return lambda: setattr(cls, attr, old) if had else delattr(cls, attr)
 
 
 def _replace(module, name: str, value) -> callable:
@@ -276,9 +330,7 @@ def _install(ctx, sc: Scenario, log: audit.EventLog):
         record(api.moe_ep, "create_communication",
                _recording_communication(api.moe_ep.create_communication, log, ep_ranks))
     if sc.flashinfer_backend == "fake":
-        mapping = _recording_mapping(api.mapping.Mapping, log)
-        for module in (api.mapping, importlib.import_module(api.mapping.__name__.rpartition(".")[0])):
-            record(module, "Mapping", mapping)
+        _recording_arguments(sc.profile, log, ctx.add_cleanup)
     return api
 
 
