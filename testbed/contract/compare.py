@@ -120,6 +120,7 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealT
         from fakes.flashinfer.profiles import active
         _compare_kernel_constants(source, active(), rows)
     _compare_annotations(source, profile, loader, rows)
+    _compare_setup_calls(profile, loader, rows)
     entries = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()))
     return Report(source.version, profile, entries, tuple(sorted(fake_only)), tuple(not_imitated))
 
@@ -133,6 +134,17 @@ def _compare_annotations(source: Source, profile: str, loader: "RealTree", rows:
     real, stored = release_annotations(compared, loader), table(profile)
     for key in sorted(set(real) | set(stored)):
         rows[f"flashinfer.{key} annotations"] = (_annotations_text(real.get(key)), _annotations_text(stored.get(key)))
+
+
+def _compare_setup_calls(profile: str, loader: "RealTree", rows: dict) -> None:
+    """The communicator calls of the release's MNNVL set-up against the testbed's record of
+    them, which the fake is held to in every scenario."""
+    from testbed.contract.setup_calls import SETUP_CALLS, release_setup_calls
+
+    real = release_setup_calls(loader)
+    if real is not None:
+        rows["flashinfer.comm.mnnvl.MnnvlMemory.open_mnnvl_memory communicator calls"] = (
+            ", ".join(map(str, real)), ", ".join(SETUP_CALLS.get(profile, (MISSING,))))
 
 
 def _annotations_text(params: Optional[dict]) -> str:

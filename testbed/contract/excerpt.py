@@ -49,7 +49,8 @@ def _python_excerpt(text: str, module: RealModule) -> str:
             if node.names:
                 body.append(node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            body.append(_strip(node) if node.name in module.used else _stub(node))
+            body.append(node if node.name in module.whole else _strip(node) if node.name in module.used
+                        else _stub(node))
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
             body.append(node if name == "__all__" or name in module.used else

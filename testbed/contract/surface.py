@@ -55,7 +55,8 @@ class RealModule:
                  load: Callable[[str], Optional["RealModule"]]):
         self.name = name
         self.is_package = is_package
-        self.used: set[str] = set()  # names resolved here (what an excerpt must keep whole)
+        self.used: set[str] = set()  # names resolved here (what an excerpt must keep)
+        self.whole: set[str] = set()  # definitions whose bodies the contract reads (kept verbatim)
         self._load = load
         self.defs: dict[str, ast.AST] = {}
         self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, name)

@@ -25,8 +25,11 @@
 - ``runtime-max-tokens``: each one-sided (and each ``moe_ep``) round dispatches and combines with the max over the
   dispatching ranks of the layer's token counts (at least 1; under sequence parallel a DP
   rank's count is split over its TP ranks), the same on every rank.
-- ``arguments``: every argument the integration passes to the fake's ``Mapping`` has the kind
-  of the release's default for it (an int where it takes a count, not a function).
+- ``arguments``: every argument the integration passes straight to the fake's public API is
+  what the release's annotation (or, without one, its default) allows: an int where it takes a
+  count, not a function; a tensor, not a list.
+- ``setup-calls`` (the fake): each MNNVL set-up makes the integration's communicator calls the
+  release's ``open_mnnvl_memory`` makes, in its order (``testbed.contract.setup_calls``).
 - ``round-ordering``: on one workspace, a round whose dispatch payload region reaches into the
   previous round's combine region (its combine offset is larger) comes after a collective of
   every EP rank since that combine: FlashInfer's one-sided protocol waits for peers only at
@@ -57,7 +60,8 @@ from testbed.scenario.reference import (
 )
 
 INVARIANTS = ("completes", "output", "expert-load", "workspace", "collectives", "reduce", "finalize",
-              "expert-output", "probe", "runtime-max-tokens", "round-ordering", "arguments", "no-leaks")
+              "expert-output", "probe", "runtime-max-tokens", "round-ordering", "arguments", "setup-calls",
+              "no-leaks")
 # The all-to-all's own rounds: the protocol whose waits are not enough on their own.
 A2A_OPS = ("moe_a2a_dispatch", "moe_a2a_combine", "moe_ep_dispatch", "moe_ep_combine")
 FLASHINFER_PATHS = ("one_sided", "two_sided")
@@ -122,6 +126,7 @@ def check(sc: Scenario, logs: dict[int, list[dict]], results: Optional[list[dict
     _runtime_max_tokens(sc, logs, v)
     _round_ordering(sc, logs, v)
     _arguments(logs, v)
+    _setup_calls(sc, logs, v)
     if results is not None:
         _output(sc, results, v)
         _expert_load(sc, results, v)
@@ -506,6 +511,19 @@ def _arguments(logs, v: Verdict) -> None:
                 said = f"{type(ast.literal_eval(rule[1:])).__name__} there (its default is {rule[1:]})" \
                     if rule.startswith("=") else f"{rule} there (its annotation)"
                 f.add(f"rank {rank}: {e['call']}({e['param']}={e['value']}) from {e['site']}: the release takes {said}")
+    f.close()
+
+
+def _setup_calls(sc: Scenario, logs, v: Verdict) -> None:
+    from testbed.contract.setup_calls import SETUP_CALLS, matches
+
+    f = _Findings(v, "setup-calls")
+    pattern = SETUP_CALLS[sc.profile]
+    for rank, events in sorted(logs.items()):
+        for n, e in enumerate(ev for ev in events if ev["ev"] == "mnnvl_setup"):
+            if not matches(pattern, e["calls"], first=n == 0):
+                f.add(f"rank {rank}: MNNVL set-up {n + 1} called the communicator's {', '.join(e['calls'])}; "
+                      f"FlashInfer {sc.profile}'s open_mnnvl_memory calls {', '.join(pattern)}")
     f.close()
 
 

@@ -38,6 +38,8 @@ INVALID_EXPERT_IDS = ("-1", "num_experts")
 ROUTER_ID_DTYPES = ("int32", "int64")
 MX_BLOCK = 32  # values per mxfp8 scale; mx_alignment is a multiple of it
 TRTLLM_FORMATS = support.TRTLLM_FORMATS  # the fake implements these kernels too
+# The releases whose routed TRT-LLM MoE declares the (ids, weights) pair in its annotation.
+PAIR_ROUTING_PROFILES = ("0.7.2", "0.7.4")
 MAX_ROUTED_SCALING = 1e6  # larger factors overflow the bf16 outputs
 TRTLLM_HIDDEN_BLOCK = 128  # fp8 weight blocks and the nvfp4 scale interleave need it
 INTERMEDIATE_PER_RANK = 128  # each rank's share of a SwiGLU expert's intermediate size
@@ -354,6 +356,10 @@ class Scenario:
                 raise ScenarioInputError("--expert-kernel", f"the CPU fake implements the TRT-LLM kernels for "
                                          f"{', '.join(TRTLLM_FORMATS)}; layers of {', '.join(fmts)} need "
                                          "--expert-kernel reference")
+            if self.expert_kernel == "trtllm" and self.profile not in PAIR_ROUTING_PROFILES:
+                raise ScenarioInputError("--expert-kernel", f"FlashInfer {self.profile}'s routed MoE declares topk_ids: "
+                                         "torch.Tensor (packed routing; 0.6.8 cannot take a pair at all); the (ids, "
+                                         "weights) pair is declared from 0.7.2: use --expert-kernel trtllm-packed")
             if self.top_k > self.experts:
                 raise ScenarioInputError("--top-k", f"the TRT-LLM MoE kernels need top_k between 1 and num_experts "
                                          f"(check_routing_common), got {self.top_k} > {self.experts}")

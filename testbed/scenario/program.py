@@ -331,7 +331,44 @@ def _install(ctx, sc: Scenario, log: audit.EventLog):
                _recording_communication(api.moe_ep.create_communication, log, ep_ranks))
     if sc.flashinfer_backend == "fake":
         _recording_arguments(sc.profile, log, ctx.add_cleanup)
+        ctx.add_cleanup(_recording_mnnvl_setup(log))
     return api
+
+
+_COMM_METHODS = ("Get_rank", "Get_size", "allgather", "bcast", "barrier", "Split")
+
+
+def _recording_mnnvl_setup(log: audit.EventLog) -> callable:
+    """Log the communicator calls each of the fake's MNNVL set-ups makes (``setup-calls``);
+    returns what stops it."""
+    from fakes.flashinfer.comm.mnnvl import _MnnvlMemory
+
+    original = inspect.getattr_static(_MnnvlMemory, "open_mnnvl_memory").__func__
+
+    def open_mnnvl_memory(mapping, size):
+        comm = _MnnvlMemory.get_comm(mapping)
+        calls: list[str] = []
+        _MnnvlMemory.comm = _CallRecorder(comm, calls)
+        try:
+            return original(mapping, size)
+        finally:
+            _MnnvlMemory.comm = comm
+            log.write(ev="mnnvl_setup", calls=calls)
+
+    return _patch(_MnnvlMemory, "open_mnnvl_memory", staticmethod(open_mnnvl_memory))
+
+
+class _CallRecorder:
+    """The integration's communicator, noting each CommBackend method FlashInfer calls on it."""
+
+    def __init__(self, comm, calls: list):
+        self._comm, self._calls = comm, calls
+
+    def __getattr__(self, name):
+        value = getattr(self._comm, name)
+        if name in _COMM_METHODS:
+            self._calls.append(name)
+        return value
 
 
 class RecordingExperts:

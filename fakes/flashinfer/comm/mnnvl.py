@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import functools
 import itertools
+import socket
 import uuid
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -108,6 +109,7 @@ class _MnnvlMemory:
     allocated_map: dict[int, _AllocationRecord] = {}
     _watched_arena: Optional[ShmArena] = None
     _fabric_supported: Optional[bool] = None
+    _address_reserved = False  # new_mnnvl_memory_address ran in this scenario
     _next_ptr = itertools.count(1 << 40, 1 << 32)
 
     def __init__(self, mapping: Mapping, size: int):
@@ -151,18 +153,25 @@ class _MnnvlMemory:
 
     @staticmethod
     def open_mnnvl_memory(mapping: Mapping, size: int) -> tuple[int, int]:
-        """The release's communicator calls, in its order (0.7.2.post1 ``mnnvl.py``): all-gather
-        the sizes, the fabric support (once, cached), then the exported handles; no broadcast
-        and no barrier. The fake's one handle is rank 0's segment of every rank's row, created
-        before rank 0 contributes it, so a peer attaches only after the exchange."""
+        """The release's communicator calls, in its order (``testbed.contract.setup_calls``
+        reads them from each release's ``mnnvl.py``; FABRIC path): rank, size and an all-gather
+        of the sizes, then what the release does to reserve addresses and exchange the handles
+        (:meth:`_exchange_handles`); no broadcast and no barrier. The fake's one handle is rank
+        0's segment of every rank's row, created before rank 0 contributes it, so a peer
+        attaches only after the exchange."""
+        memory = _MnnvlMemory.release_class()
         comm = _MnnvlMemory.get_comm(mapping)
         comm_rank, comm_size = comm.Get_rank(), comm.Get_size()
         sizes = comm.allgather(size)
         assert len(sizes) == comm_size
         assert all(x == size for x in sizes), "Not all rank allocating same size."
-        _MnnvlMemory._resolve_fabric_support(comm)
+        memory._before_reserving(comm)
+        if not _MnnvlMemory._address_reserved:  # new_mnnvl_memory_address: the first allocation
+            comm.Get_size()
+            _MnnvlMemory._address_reserved = True
         arena = ShmArena.current()
         stride = -(-size // _ALLOCATION_GRANULARITY) * _ALLOCATION_GRANULARITY
+        key = None
         if comm_rank == 0:
             key = f"mnnvl-{uuid.uuid4().hex[:16]}"
             segment = arena.create(key, comm_size * stride)
@@ -171,7 +180,7 @@ class _MnnvlMemory:
             # go when this rank's scenario does (mappings live on).
             arena.on_close(functools.partial(arena.unlink, key))
             arena.on_close(functools.partial(arena.unlink, key + "-side"))
-        handles = comm.allgather(key if comm_rank == 0 else None)
+        handles = memory._exchange_handles(comm, key)
         if comm_rank != 0:
             segment, side = arena.attach(handles[0]), arena.attach(handles[0] + "-side")
         ptr = next(_MnnvlMemory._next_ptr)
@@ -181,6 +190,20 @@ class _MnnvlMemory:
             _MnnvlMemory._watched_arena = arena
             arena.on_close(_MnnvlMemory._forget_scenario)
         return ptr, stride
+
+    @staticmethod
+    def release_class() -> type:
+        """The active release's ``MnnvlMemory`` (its set-up steps differ)."""
+        return __getattr__("MnnvlMemory")
+
+    @staticmethod
+    def _before_reserving(comm) -> None:
+        """0.6.8 and 0.6.14 go straight on."""
+
+    @staticmethod
+    def _exchange_handles(comm, key):
+        """0.6.8 and 0.6.14: every rank's exported handle, all-gathered in open_mnnvl_memory."""
+        return comm.allgather(key)
 
     @staticmethod
     def _resolve_fabric_support(comm) -> bool:
@@ -226,6 +249,7 @@ class _MnnvlMemory:
         _MnnvlMemory.config = None
         _MnnvlMemory.initialized = False
         _MnnvlMemory._fabric_supported = None
+        _MnnvlMemory._address_reserved = False
         for hook in _SCENARIO_END_HOOKS:
             hook()
 
@@ -254,6 +278,16 @@ class _MnnvlMemory_0_6(_MnnvlMemory):
 
 
 class _MnnvlMemory_0_6_16(_MnnvlMemory):
+    @staticmethod
+    def _before_reserving(comm) -> None:
+        _MnnvlMemory._resolve_fabric_support(comm)
+
+    @staticmethod
+    def _exchange_handles(comm, key):
+        """``_create_and_map_handles``: rank and size again, then the FABRIC handles."""
+        comm.Get_rank(), comm.Get_size()
+        return comm.allgather(key)
+
     @property
     def mapped(self) -> bool:
         """False between ``MoeAlltoAll.checkpoint_prepare`` and ``checkpoint_restore``."""
@@ -263,6 +297,25 @@ class _MnnvlMemory_0_6_16(_MnnvlMemory):
 class _MnnvlMemory_0_7_4(_MnnvlMemory_0_6_16):
     """0.7.4 chooses FABRIC handles or POSIX file descriptors collectively; the fake's shared
     memory stands in for FABRIC handles (what CFT counted writes would need)."""
+
+    @staticmethod
+    def _before_reserving(comm) -> None:
+        """0.7.4 votes on the handle type at each allocation instead (allocate_mnnvl_handles)."""
+
+    @staticmethod
+    def _exchange_handles(comm, key):
+        """``allocate_mnnvl_handles``: the handle-type vote (host, fabric status), then
+        ``_create_and_import_handles``: rank and size, the creation errors, the FABRIC handles,
+        the import errors."""
+        votes = comm.allgather((socket.gethostname(), None, b"fake-fabric"))
+        assert all(reason is None for _, reason, _ in votes)
+        comm.Get_rank(), comm.Get_size()
+        if any(comm.allgather(None)):
+            raise RuntimeError("a rank failed to create its MNNVL allocation")
+        handles = comm.allgather(key)
+        if any(comm.allgather(None)):
+            raise RuntimeError("a rank failed to import a peer's MNNVL allocation")
+        return handles
 
     @property
     def fabric_handles(self) -> bool:

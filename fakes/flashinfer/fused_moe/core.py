@@ -53,6 +53,9 @@ def _precomputed_routing(topk_ids, top_k: int, num_experts: int):
         raise RuntimeError(f"runPostTopKPipeline: no compiled tier covers numExperts={num_experts} topK={top_k} "
                            "for the post-topK permutation")
     if isinstance(topk_ids, tuple):
+        if profiles.active().name == "0.6.8":  # the pair is read from 0.6.14 on
+            raise TypeError("flashinfer 0.6.8's routed MoE takes topk_ids as one packed int32 tensor "
+                            "((id << 16) | bf16 weight); it was given a tuple, which its C++ op cannot take")
         ids, weights = topk_ids
         icheck(ids.dtype == torch.int32, "topk_ids.dtype() == dl_int32", "topk_ids must be int32")
         icheck(weights.dtype in (torch.bfloat16, torch.float32),
