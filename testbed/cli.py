@@ -165,16 +165,25 @@ def _contract(args) -> int:
 
 
 def _contract_consumers(args) -> int:
+    """Each consumer against its pinned release and every --flashinfer; each release read once
+    (its tree is also compared with the fake, so an excerpt holds what both read)."""
     from pathlib import Path
 
-    from testbed.contract import SourceError, open_source, profile_for
-    from testbed.contract.compare import RealTree
+    from testbed.contract import SourceError, compare, open_source, profile_for
+    from testbed.contract.compare import IMITATED, RealTree
     from testbed.contract.consumer import check, format_consumer_report, parse_consumer, pinned_flashinfer, \
         write_consumer_excerpt
     from testbed.contract.excerpt import write_excerpt
     from testbed.contract.source import open_package
 
-    failed = 0
+    failed, trees = 0, {}  # version -> the release's tree, read once
+    try:
+        for spec in args.flashinfer:
+            source = open_source(spec)
+            trees.setdefault(source.version, RealTree(source))
+    except SourceError as e:
+        raise UsageError(f"--flashinfer: {e}") from None
+    given = list(trees)
     for spec in args.consumer:
         try:
             consumer, where = parse_consumer(spec)
@@ -182,24 +191,33 @@ def _contract_consumers(args) -> int:
         except (SourceError, ValueError) as e:
             raise UsageError(f"--consumer: {e}") from None
         pin = pinned_flashinfer(source)
-        releases = list(dict.fromkeys(([pin] if pin else []) + args.flashinfer))
+        releases = list(dict.fromkeys(([pin] if pin else []) + given))
         if not releases:
             raise UsageError(f"--consumer {spec}: its metadata pins no flashinfer-python; give --flashinfer")
         for release in releases:
             try:
-                fi = open_source(release)
-                tree = RealTree(fi)
-                report = check(source, consumer, tree, args.profile or profile_for(fi.version))
+                if release not in trees:  # the pin, given by number: downloaded once, cached
+                    trees[release] = RealTree(open_source(release))
+                tree = trees[release]
+                report = check(source, consumer, tree, args.profile or profile_for(tree.source.version))
             except (SourceError, ValueError) as e:
                 print(f"--consumer {spec} against flashinfer {release}: {e}", flush=True)
                 failed += 1
                 continue
             print(format_consumer_report(report, everything=args.all), flush=True)
             failed += bool(report.fake_defects)
-            if args.write_excerpt:
-                write_excerpt(tree, Path(args.write_excerpt) / fi.version)
         if args.write_excerpt:
             write_consumer_excerpt(source, consumer, Path(args.write_excerpt) / f"{consumer.name}-{source.version}")
+    for tree in trees.values():
+        report = compare(tree.source, args.profile, tree)
+        imitated = IMITATED[report.profile] == report.version
+        note = "" if imitated else f"; profile {report.profile} imitates {IMITATED[report.profile]}, so not counted"
+        print(f"flashinfer {report.version} against fake profile {report.profile}: {report.compared} entries "
+              f"compared, {len(report.differences)} differ (a2a-testbed contract --flashinfer {report.version}"
+              f"{note})", flush=True)
+        failed += imitated and bool(report.differences)
+        if args.write_excerpt and imitated:
+            write_excerpt(tree, Path(args.write_excerpt) / tree.source.version)
     return 1 if failed else 0
 
 

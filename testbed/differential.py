@@ -44,6 +44,8 @@ from testbed.scenario.moe import (
     rank_device,
     rank_inputs,
 )
+from testbed.gpu_env import profile_of
+from testbed.scenario.model import PAIR_ROUTING_PROFILES
 from testbed.scenario.reference import REAL_TRTLLM_TOLERANCE, local_experts, representable, swiglu_weights
 
 INVALID_ID = -1
@@ -270,9 +272,11 @@ def _fused_call(api, case: FusedCase, device: torch.device):
         w1 = QuantizedWeights(*(torch.stack([w.q1[j] for w in own]).to(device) for j in (0, 1)), gs1)
         w2 = QuantizedWeights(*(torch.stack([w.q2[j] for w in own]).to(device) for j in (0, 1)), gs2)
     qc = quant_config(case.fmt)
+    # The (ids, weights) pair where the release declares it; packed routing before (0.6.8 takes no pair).
     experts = TrtLlmExperts(api, case.fmt, w1, w2, num_experts=case.experts, top_k=case.top_k,
                             local_expert_offset=case.local.start,
-                            a1_gscale=None if qc.a1_gscale is None else qc.a1_gscale.to(device))
+                            a1_gscale=None if qc.a1_gscale is None else qc.a1_gscale.to(device),
+                            packed_routing=profile_of(api.version) not in PAIR_ROUTING_PROFILES)
     a1q, a1q_scale = quantize_input(x_TH.to(device), qc)
     return experts(PrepareResult(a1q, a1q_scale, None, ids_TK.to(device), w_TK.to(device)), defer=True)
 

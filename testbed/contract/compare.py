@@ -91,6 +91,12 @@ class Report:
         return len(self.entries)
 
 
+# The release each profile imitates where several releases share its name (0.7.2 is 0.7.2.post1,
+# which added block_scale_interleave(out=)).
+IMITATED = {"0.6.8": "0.6.8.post1", "0.6.14": "0.6.14", "0.6.16": "0.6.16", "0.7.2": "0.7.2.post1",
+            "0.7.4": "0.7.4"}
+
+
 def profile_for(version: str) -> str:
     """The fake profile that imitates release ``version`` (``0.7.2.post1`` -> ``0.7.2``)."""
     from fakes.flashinfer.profiles import PROFILES

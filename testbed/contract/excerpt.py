@@ -68,7 +68,14 @@ def _stub(node: ast.stmt) -> ast.stmt:
 def _strip(node: ast.stmt) -> ast.stmt:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         returns = [n for n in own_nodes(node) if isinstance(n, ast.Return)]
-        node.body = returns or [ast.Expr(ast.Constant(...))]
+        # The attributes a method sets on self are what an instance has (the consumer contract
+        # reads them); their values are not.
+        attrs = sorted({t.attr for n in own_nodes(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"})
+        sets = [ast.Assign([ast.Attribute(ast.Name("self"), a, ast.Store())], ast.Constant(None), lineno=0)
+                for a in attrs]
+        node.body = sets + returns or [ast.Expr(ast.Constant(...))]
     elif isinstance(node, ast.ClassDef):
         kept = [_strip(n) for n in node.body if isinstance(
             n, (ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]

@@ -159,7 +159,7 @@ class _MnnvlMemory:
         (:meth:`_exchange_handles`); no broadcast and no barrier. The fake's one handle is rank
         0's segment of every rank's row, created before rank 0 contributes it, so a peer
         attaches only after the exchange."""
-        memory = _MnnvlMemory.release_class()
+        memory = _MnnvlMemory._release_class()
         comm = _MnnvlMemory.get_comm(mapping)
         comm_rank, comm_size = comm.Get_rank(), comm.Get_size()
         sizes = comm.allgather(size)
@@ -192,7 +192,7 @@ class _MnnvlMemory:
         return ptr, stride
 
     @staticmethod
-    def release_class() -> type:
+    def _release_class() -> type:
         """The active release's ``MnnvlMemory`` (its set-up steps differ)."""
         return __getattr__("MnnvlMemory")
 

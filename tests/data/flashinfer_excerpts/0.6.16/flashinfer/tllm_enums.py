@@ -58,8 +58,10 @@ def trtllm_gen_dtype_has_scale():
 def deduce_trtllm_gen_tensor_dtype():
     ...
 
-class SfLayout:
-    ...
+class SfLayout(IntEnum):
+    layout_128x4 = 0
+    layout_8x4 = 1
+    layout_linear = 2
 
 class WeightLayout(IntEnum):
     MajorK = 0

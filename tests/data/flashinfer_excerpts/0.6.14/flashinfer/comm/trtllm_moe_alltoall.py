@@ -1,5 +1,9 @@
 # Excerpt of FlashInfer 0.6.14 (comm/trtllm_moe_alltoall.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
+from .mnnvl import MnnvlMemory, MnnvlConfig
+from .mapping import Mapping
+from ..tllm_enums import SfLayout
+
 class _A2AState:
     ...
 
@@ -50,7 +54,17 @@ class MoeAlltoAll:
         ...
 
     def __init__(self, mapping: Mapping, max_num_tokens: int, top_k: int, num_experts: int, workspace_size_per_rank: int=None, hidden_size: int=None, mnnvl_config: Optional[MnnvlConfig]=None):
-        ...
+        self._WORKSPACE = None
+        self._state = None
+        self.ep_rank = None
+        self.ep_size = None
+        self.max_num_tokens = None
+        self.metainfo = None
+        self.mnnvl_mem = None
+        self.num_experts = None
+        self.top_k = None
+        self.workspace = None
+        self.workspace_size_per_rank = None
 
     def _reset_workspace(self):
         ...
@@ -61,6 +75,7 @@ class MoeAlltoAll:
 
     @flashinfer_api
     def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int, payload_in_workspace: bool=False, output_dtype: Optional[torch.dtype]=None, output_scales: Optional[torch.Tensor]=None, output_scalar_scale: float=1.0, sf_layout: SfLayout=SfLayout.layout_linear) -> torch.Tensor:
+        self._state = None
         return output
 
     @flashinfer_api

@@ -1,5 +1,6 @@
 # Excerpt of FlashInfer 0.6.14 (quantization/fp4_quantization.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
+from ..tllm_enums import SfLayout
 NVFP4_QUANT_ENV_VARS = None
 
 def _compute_swizzled_layout_sf_size():
@@ -42,8 +43,10 @@ def gen_fp4_quantization_module():
 def get_fp4_quantization_module():
     ...
 
-def fp4_quantize():
-    ...
+@flashinfer_api(trace=fp4_quantize_trace)
+def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor]=None, sf_vec_size: int=16, sf_use_ue8m0: bool=False, is_sf_swizzled_layout: bool=True, is_sf_8x4_layout: bool=False, is_global_scale_inversed: bool=False, enable_pdl: Optional[bool]=None, backend: str='cuda') -> Tuple[torch.Tensor, torch.Tensor]:
+    return _fp4_quantize_cute_dsl(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout, enable_pdl)
+    return (x_q, sf)
 
 def _fp4_quantize_custom_op():
     ...
@@ -57,7 +60,7 @@ def _fp4_quantize_cute_dsl():
 @flashinfer_api
 def block_scale_interleave(unswizzled_sf: torch.Tensor) -> torch.Tensor:
     return get_fp4_quantization_module(device_arch).block_scale_interleave_sm100(unswizzled_sf)
-nvfp4_block_scale_interleave = None
+nvfp4_block_scale_interleave = block_scale_interleave
 
 def e2m1_and_ufp8sf_scale_to_float():
     ...

@@ -3,7 +3,26 @@
 class Mapping(object):
 
     def __init__(self, world_size=1, rank=0, gpus_per_node=8, *, cp_size=1, cp_config=None, tp_size=1, pp_size=1, moe_cluster_size=-1, moe_tp_size=-1, moe_ep_size=-1, attn_tp_size=-1, attn_cp_size=-1, auto_parallel=False, enable_attention_dp=False):
-        ...
+        self.attn_cp_size = None
+        self.attn_tp_size = None
+        self.auto_parallel = None
+        self.cp_config = None
+        self.cp_groups = None
+        self.cp_size = None
+        self.enable_attention_dp = None
+        self.gpus_per_node = None
+        self.moe_cluster_groups = None
+        self.moe_cluster_size = None
+        self.moe_ep_groups = None
+        self.moe_ep_size = None
+        self.moe_tp_groups = None
+        self.moe_tp_size = None
+        self.pp_groups = None
+        self.pp_size = None
+        self.rank = None
+        self.tp_groups = None
+        self.tp_size = None
+        self.world_size = None
 
     def __eq__(self, other):
         return NotImplemented
@@ -18,7 +37,7 @@ class Mapping(object):
 
     @rank.setter
     def rank(self, rank: int):
-        ...
+        self._rank = None
 
     @property
     def tp_rank(self):

@@ -1,5 +1,8 @@
 # Excerpt of FlashInfer 0.6.16 (comm/trtllm_moe_alltoall.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
+from .mnnvl import CommBackend, MnnvlMemory, MnnvlConfig
+from .mapping import Mapping
+from ..tllm_enums import SfLayout
 MOE_A2A_RANK_MASK_WORDS = 1
 
 def moe_a2a_active_rank_mask(active_ranks: Sequence[int], ep_size: int) -> torch.Tensor:
@@ -56,7 +59,20 @@ class MoeAlltoAll:
         ...
 
     def __init__(self, mapping: Mapping, max_num_tokens: int, top_k: int, num_experts: int, workspace_size_per_rank: int=None, hidden_size: int=None, mnnvl_config: Optional[MnnvlConfig]=None, eplb_stats_num_experts: int=0, enable_rank_mask: bool=False):
-        ...
+        self._WORKSPACE = None
+        self._state = None
+        self.enable_eplb = None
+        self.enable_rank_mask = None
+        self.ep_rank = None
+        self.ep_size = None
+        self.eplb_stats_num_experts = None
+        self.max_num_tokens = None
+        self.metainfo = None
+        self.mnnvl_mem = None
+        self.num_experts = None
+        self.top_k = None
+        self.workspace = None
+        self.workspace_size_per_rank = None
 
     @property
     def eplb_gathered_stats(self) -> Optional[torch.Tensor]:
@@ -68,6 +84,7 @@ class MoeAlltoAll:
 
     @flashinfer_api
     def checkpoint_restore(self, comm_backend: CommBackend) -> None:
+        self._state = None
         return
 
     def _reset_workspace(self):
@@ -79,6 +96,7 @@ class MoeAlltoAll:
 
     @flashinfer_api
     def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int, payload_in_workspace: bool=False, output_dtype: Optional[torch.dtype]=None, output_scales: Optional[torch.Tensor]=None, output_scalar_scale: float=1.0, sf_layout: SfLayout=SfLayout.layout_linear, output: Optional[torch.Tensor]=None, *, use_low_precision: bool=False, active_rank_mask: Optional[torch.Tensor]=None) -> torch.Tensor:
+        self._state = None
         return output
 
     @flashinfer_api

@@ -1,5 +1,8 @@
 # Excerpt of FlashInfer 0.7.2.post1 (comm/trtllm_alltoall.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
+from .mapping import Mapping
+from .mnnvl import MnnvlMemory, MnnvlConfig
+
 def get_comm_alltoall_module():
     ...
 

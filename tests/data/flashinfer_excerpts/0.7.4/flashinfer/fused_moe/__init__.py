@@ -1,11 +1,14 @@
 # Excerpt of FlashInfer 0.7.4 (fused_moe/__init__.py), Apache-2.0, (c) the FlashInfer authors:
 # signatures, constants and return statements only, for the fake's contract test.
+from .api import QuantFormat
 _PRIMS_TS_LAZY_EXPORTS = None
 
 def __dir__():
     ...
 from .core import convert_to_block_layout, reorder_rows_for_gated_act_gemm, trtllm_fp4_block_scale_routed_moe, trtllm_fp8_block_scale_routed_moe, trtllm_bf16_moe, trtllm_bf16_routed_moe
 from ..tllm_enums import ActivationType, Fp8QuantizationType, WeightLayout, RoutingMethodType
+_cute_dsl_available = None
+_cute_dsl_available = None
 
 def __getattr__():
     ...

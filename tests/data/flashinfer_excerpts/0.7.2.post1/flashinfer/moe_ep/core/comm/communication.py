@@ -39,7 +39,11 @@ class MoEEpCommunication(ABC):
     supports_cuda_graph: ClassVar[bool] = True
 
     def __init__(self, bootstrap: 'BootstrapConfig', params: MoEEpCommParams) -> None:
-        ...
+        self.bootstrap = None
+        self.ep_rank = None
+        self.ep_size = None
+        self.num_local_experts = None
+        self.params = None
 
     @classmethod
     @abstractmethod

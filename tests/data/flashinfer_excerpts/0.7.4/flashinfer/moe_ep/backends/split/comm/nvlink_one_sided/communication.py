@@ -46,7 +46,19 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication):
     _CFT_WORKSPACE_KEY: ClassVar[Optional[tuple]] = None
 
     def __init__(self, bootstrap: 'BootstrapConfig', params: MoEEpCommParams, config: Optional[NVLinkOneSidedConfig]=None) -> None:
-        ...
+        self._enable_pdl = None
+        self._index = None
+        self._lamport_format = None
+        self._lamport_row = None
+        self._lamport_workspace_bytes = None
+        self._module = None
+        self._rank_bytes = None
+        self._round = None
+        self._state = None
+        self.config = None
+        self.lamport_max_tokens = None
+        self.metainfo = None
+        self.workspace = None
 
     def _acquire_workspace(self, mapping: Any, comm: 'CommBackend', metainfo: 'torch.Tensor', cft_capable: bool) -> dict[str, Any]:
         return state
@@ -103,21 +115,29 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication):
         return
 
     def dispatch(self, hidden_states: 'torch.Tensor', topk_ids: 'torch.Tensor', topk_weights: 'torch.Tensor | None'=None, *, hidden_states_scale: 'torch.Tensor | None'=None, runtime_max_tokens_per_rank: Optional[int]=None, eplb_local_stats: 'torch.Tensor | None'=None, active_rank_mask: 'torch.Tensor | None'=None) -> MoEEpDispatchResult:
+        self._round = None
         return MoEEpDispatchResult(hidden_states=recv[0], hidden_states_scale=recv[1] if hidden_states_scale is not None else None, topk_ids=recv[expert_id_index], topk_weights=recv[expert_id_index + 1] if topk_weights is not None else None, tokens_per_rank=tokens_per_rank, eplb_gathered_stats=eplb_gathered_stats)
 
     def get_combine_input_buffer(self, dtype: 'torch.dtype') -> 'torch.Tensor':
         return self._workspace_view(self._round['combine_offset'], dtype, (rows, self.params.hidden_size))
 
     def combine(self, expert_output: 'torch.Tensor', *, output: 'torch.Tensor | None'=None, active_rank_mask: 'torch.Tensor | None'=None) -> 'torch.Tensor':
+        self._round = None
         return output
 
     def checkpoint_prepare(self) -> None:
         ...
 
     def checkpoint_restore(self, comm_backend: 'CommBackend') -> None:
+        self._round = None
         return
         return
 
     def destroy(self) -> None:
+        self._rank_bytes = None
+        self._round = None
+        self._state = None
+        self.metainfo = None
+        self.workspace = None
         return
         return
