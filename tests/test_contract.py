@@ -67,6 +67,15 @@ MUTATIONS = [  # (what changes in the release, file, old, new, the entry that mu
      "flashinfer.comm.mnnvl.CommBackend"),
     ("method became a property", "comm/mapping.py", "def has_tp(self)", "@property\n    def has_tp(self)",
      "flashinfer.comm.mapping.Mapping.has_tp"),
+    ("re-export added", "__init__.py", "from .quantization.fp8_quantization import mxfp8_quantize",
+     "from .quantization.fp8_quantization import mxfp8_quantize\nfrom .comm.mapping import Mapping",
+     "flashinfer.Mapping (from flashinfer.comm.mapping)"),
+    ("annotation changed", A2A, "input_payloads: list[torch.Tensor], runtime_max_tokens_per_rank: int, "
+     "invalid_token_expert_id", "input_payloads: list[torch.Tensor], runtime_max_tokens_per_rank: float, "
+     "invalid_token_expert_id", "flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll.dispatch annotations"),
+    ("set-up call added", "comm/mnnvl.py", "all_rank_allocate_sizes = comm.allgather(size)",
+     "all_rank_allocate_sizes = comm.allgather(size)\n        comm.barrier()",
+     "flashinfer.comm.mnnvl.MnnvlMemory.open_mnnvl_memory communicator calls"),
 ]
 
 

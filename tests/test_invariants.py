@@ -126,3 +126,73 @@ def test_invariant_round_ordering_flags_a_growing_round_with_nothing_between():
     # the all-to-all's own rounds and a collective of part of the EP group order nothing
     assert _check(_rounds([1024, 2048], _coll("moe_ep_combine", (0, 2)))).failed("round-ordering")
     assert _check(_rounds([1024, 2048], _coll("barrier", (0,)))).failed("round-ordering")
+
+
+@pytest.mark.parametrize("profile, calls, first, ok", [
+    ("0.7.2", ["Get_rank", "Get_size", "allgather", "allgather", "Get_size", "Get_rank", "Get_size", "allgather"],
+     True, True),
+    ("0.7.2", ["Get_rank", "Get_size", "allgather", "Get_rank", "Get_size", "allgather"], False, True),
+    ("0.7.2", ["Get_rank", "Get_size", "allgather", "Get_rank", "Get_size", "allgather"], True, False),  # no vote
+    ("0.7.2", ["Get_rank", "Get_size", "allgather", "allgather", "Get_rank", "Get_size", "allgather"], False, False),
+    ("0.6.8", ["Get_rank", "Get_size", "allgather", "allgather"], True, True),
+    ("0.6.8", ["Get_rank", "Get_size", "bcast", "barrier", "allgather", "barrier"], True, False),  # the old fake's
+    ("0.7.4", ["Get_rank", "Get_size", "allgather", "allgather", "Get_rank", "Get_size", "allgather", "allgather",
+               "allgather"], False, True),
+])
+def test_setup_calls_match_the_release_pattern(profile, calls, first, ok):
+    from testbed.contract.setup_calls import SETUP_CALLS, matches
+
+    assert matches(SETUP_CALLS[profile], calls, first) is ok
+
+
+def test_invariant_setup_calls_names_rank_and_calls():
+    good = ["Get_rank", "Get_size", "allgather", "allgather", "Get_size", "Get_rank", "Get_size", "allgather"]
+    logs = {0: [{"ev": "mnnvl_setup", "calls": good}],
+            1: [{"ev": "mnnvl_setup", "calls": good[:3] + ["barrier"] + good[3:]}]}
+    v = _check(logs)
+    failures = [f for f in v.failures if f.invariant == "setup-calls"]
+    assert len(failures) == 1 and "rank 1: MNNVL set-up 1 called the communicator's Get_rank, Get_size, allgather, " \
+                                   "barrier" in failures[0].evidence, v.failures
+    assert "FlashInfer 0.7.2's open_mnnvl_memory calls Get_rank, Get_size, allgather, allgather (once)" in \
+        failures[0].evidence
+
+
+def test_invariant_setup_calls_holds_the_fake_to_the_release(cluster, monkeypatch):
+    """Every fake scenario logs its set-ups: a release recorded with one more step fails them."""
+    from testbed.contract import setup_calls
+    from testbed.scenario import runner
+
+    sc = Scenario.make(layout=ParallelLayout(2, 1, 2, 1), stages=((Layer("bf16", 4),),), passes=((1, 2),))
+    assert runner.run(cluster, sc, timeout_s=60).passed
+    monkeypatch.setitem(setup_calls.SETUP_CALLS, "0.7.2", setup_calls.SETUP_CALLS["0.7.2"] + ("barrier",))
+    v = runner.run(cluster, sc, timeout_s=60)
+    assert [f.invariant for f in v.failures] == ["setup-calls"], v.failures
+
+
+@pytest.mark.parametrize("qualname, call, bad", [
+    ("comm.mapping.Mapping.__init__", dict(self=None, world_size=2, rank=0, gpus_per_node=len), ["gpus_per_node"]),
+    ("comm.mapping.Mapping.__init__", dict(self=None, world_size=2, rank=0, gpus_per_node=8), []),
+    ("comm.trtllm_moe_alltoall.moe_a2a_initialize", dict(workspace=[0], ep_rank=0, ep_size=2, max_num_tokens=4),
+     ["workspace"]),  # a list for a tensor
+    ("comm.trtllm_moe_alltoall.MoeAlltoAll.dispatch",
+     dict(self=None, token_selected_experts=torch.zeros(1, 1), input_payloads=(torch.zeros(1),),
+          runtime_max_tokens_per_rank=1, invalid_token_expert_id=None), ["input_payloads"]),
+    ("comm.trtllm_moe_alltoall.moe_a2a_combine",
+     dict(payload=torch.zeros(1), local_num_tokens=1, workspace=torch.zeros(1), metainfo=torch.zeros(1),
+          runtime_max_tokens_per_rank=1, ep_rank=0, ep_size=2, top_k=1, combine_payload_offset=0,
+          sf_layout="linear"), ["sf_layout"]),  # another kind for an enum
+])
+def test_annotations_rule_out_what_the_release_does(qualname, call, bad):
+    import inspect
+
+    from fakes.flashinfer import install
+    from fakes.flashinfer.annotations import violations
+    from testbed.scenario.program import _Names, _fake_callable
+
+    with install("0.7.2"):
+        module, _, _, raw = _fake_callable(qualname)
+        fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+        names = list(inspect.signature(fn).parameters)
+        args = [call.pop(n) for n in names if n in call and n == "self"]
+        found = violations(qualname, fn, tuple(args), call, _Names(module))
+    assert [p for p, _, _ in found] == bad

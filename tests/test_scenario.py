@@ -200,3 +200,33 @@ def test_scenario_runner_removes_posix_shm_the_ranks_left():
     assert runner._posix_shm_left(logs, counted=False) == ""  # a killed rank's: removed, not blamed
     assert not (runner.SHM_DIR / shm.name).exists()
     assert runner._posix_shm_left(logs, counted=True) == ""  # gone already
+
+
+# The review's holes, as scenarios (the fuzz strategy draws each dimension too).
+HOLES = [
+    ("top_k 10, reference experts", dict(top_k=10, experts=32)),
+    ("top_k 22 on the two-sided path", dict(top_k=22, experts=32, path="two_sided", layout=ParallelLayout(4, 1, 4, 1),
+                                            passes=((0, 5, 1, 3),))),
+    ("top_k 10, TRT-LLM experts", dict(top_k=10, experts=32, expert_kernel="trtllm",
+                                       stages=((Layer("nvfp4", 8), Layer("bf16", 8)),))),
+    ("mxfp8 scales padded to 128", dict(mx_alignment=128, hidden=96, stages=((Layer("mxfp8", 8),),))),
+    ("int64 router ids, two-sided", dict(router_ids="int64", path="two_sided", layout=ParallelLayout(4, 1, 4, 1),
+                                         passes=((2, 0, 4, 1),))),
+]
+
+
+@pytest.mark.parametrize("label, change", HOLES, ids=[h[0] for h in HOLES])
+def test_scenario_review_holes_pass(cluster, label, change):
+    base = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8), Layer("bf16", 8)),),
+                passes=((0, 5), (3, 2)))
+    v = runner.run(cluster, Scenario.make(**{**base, **change}), timeout_s=60)
+    assert v.passed, failure_text(v)
+
+
+def test_scenario_trtllm_weight_global_scales_are_drawn():
+    """A global scale dropped, inverted or swapped between w1 and w2 must change the output."""
+    from testbed.scenario.reference import swiglu_weights
+
+    scales = {(w.gs1, w.gs2) for w in (swiglu_weights(0, 0, 0, e, "nvfp4", 256, 128) for e in range(16))}
+    assert len(scales) > 4 and any(a != b for a, b in scales) and all(a >= 1 and b >= 1 for a, b in scales)
+    assert swiglu_weights(0, 0, 0, 0, "bf16", 256, 128).gs1 == 1.0

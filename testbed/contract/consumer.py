@@ -418,7 +418,7 @@ class _RealSide:
         module = self.tree(dotted)
         target = self._resolve(module, path) if module is not None and path else None
         if target is None:
-            return None
+            return path or None  # missing here: what is reached through it follows from that
         home, node = target
         if isinstance(node, ast.ClassDef):
             return path
