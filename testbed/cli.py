@@ -89,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
                          "its pin)")
     ct.add_argument("--consumer", action="append", default=[], metavar="NAME[=VERSION|WHEEL|DIR]",
                     help="check what an engine's FlashInfer all-to-all path uses (vllm, sglang; the installed "
-                         "copy, a release, a wheel or a directory) against its pinned FlashInfer and the fake's "
-                         "profile of it; exit 1 on a fake gap; repeatable")
+                         "copy, else the release the testbed drives: vLLM 0.33.0, SGLang 0.5.23; or a release, a "
+                         "wheel or a directory) against its pinned FlashInfer and the fake's profile of it; exit 1 "
+                         "on a fake gap; repeatable")
     ct.add_argument("--profile", help="the fake profile to compare with (default: the release's own)")
     ct.add_argument("--all", action="store_true", help="print every entry compared, not only differences")
     ct.add_argument("--write-annotations", action="store_true",
@@ -187,7 +188,12 @@ def _contract_consumers(args) -> int:
     for spec in args.consumer:
         try:
             consumer, where = parse_consumer(spec)
-            source = open_package(consumer.dist, where)
+            try:
+                source = open_package(consumer.dist, where)
+            except SourceError:
+                if where is not None or consumer.release is None:
+                    raise
+                source = open_package(consumer.dist, consumer.release)  # not installed: the driven release
         except (SourceError, ValueError) as e:
             raise UsageError(f"--consumer: {e}") from None
         pin = pinned_flashinfer(source)

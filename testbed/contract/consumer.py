@@ -56,6 +56,7 @@ class Consumer:
     name: str
     dist: str  # the PyPI distribution
     files: tuple[PathFile, ...]
+    release: Optional[str] = None  # what a bare ``--consumer NAME`` reads where none is installed
 
 
 CONSUMERS = {
@@ -70,12 +71,12 @@ CONSUMERS = {
         PathFile("vllm/model_executor/layers/fused_moe/all2all_utils.py"),
         PathFile("vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_*.py"),
         PathFile("vllm/model_executor/layers/quantization/utils/mxfp8_utils.py"),
-    )),
+    ), release="0.33.0"),
     "sglang": Consumer("sglang", "sglang", (
         PathFile("sglang/srt/layers/moe/token_dispatcher/flashinfer.py"),
         PathFile("sglang/srt/layers/moe/token_dispatcher/flashinfer_utils.py"),
         PathFile("sglang/srt/layers/quantization/fp4_utils.py"),
-    )),
+    ), release="0.5.23"),
 }
 
 ROOT = "flashinfer"
@@ -706,7 +707,8 @@ def pinned_flashinfer(source: PackageSource) -> Optional[str]:
 
 
 def parse_consumer(spec: str) -> tuple[Consumer, Optional[str]]:
-    """``vllm`` or ``vllm=0.33.0|WHEEL|DIR`` -> (consumer, its source spec or None: installed)."""
+    """``vllm`` or ``vllm=0.33.0|WHEEL|DIR`` -> (consumer, its source spec or None: the
+    installed copy, else the release the testbed drives)."""
     name, _, where = spec.partition("=")
     if name not in CONSUMERS:
         raise ValueError(f"--consumer {spec!r}: known consumers are {', '.join(sorted(CONSUMERS))}")

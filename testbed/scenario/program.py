@@ -232,16 +232,11 @@ def _recording_arguments(profile: str, log: audit.EventLog, cleanup) -> None:
 def _fake_callable(qualname: str):
     """``(module, owner, attribute, raw object)`` of the fake's ``qualname`` under the active
     profile (``owner``: the module or the class that holds it), or None."""
-    parts = qualname.split(".")
-    for cut in range(len(parts) - 1, -1, -1):
-        try:
-            module = importlib.import_module(".".join(["fakes.flashinfer"] + parts[:cut]))
-            break
-        except ImportError:
-            continue
-    else:
+    found = _fake_module_of(qualname)
+    if found is None:
         return None
-    owner, path = module, parts[cut:]
+    module, path = importlib.import_module(found[0]), found[1]
+    owner = module
     try:
         for attr in path[:-1]:
             owner = getattr(owner, attr)
@@ -249,6 +244,21 @@ def _fake_callable(qualname: str):
     except AttributeError:
         return None
     return module, owner, path[-1], raw
+
+
+@functools.lru_cache(maxsize=None)
+def _fake_module_of(qualname: str):
+    """``(the fake module's name, the path under it)`` of ``qualname``: the longest prefix that
+    is a module (cached: a failed import searches every path entry)."""
+    parts = qualname.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        name = ".".join(["fakes.flashinfer"] + parts[:cut])
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        return name, tuple(parts[cut:])
+    return None
 
 
 def _checking(fn, qualname: str, module, log: audit.EventLog):

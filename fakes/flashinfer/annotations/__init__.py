@@ -39,7 +39,7 @@ def violations(qualname: str, fn, args: tuple, kwargs: dict, namespace: dict) ->
     if not rules:
         return []
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound = _signature(fn).bind(*args, **kwargs)
     except TypeError:
         return []  # the call itself fails, with the release's own error
     out = []
@@ -50,15 +50,28 @@ def violations(qualname: str, fn, args: tuple, kwargs: dict, namespace: dict) ->
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _signature(fn) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
 def _allows(rule: str, value: Any, namespace: dict) -> bool:
+    node = _parsed(rule)
     if rule.startswith("="):
-        return _fits_default(ast.literal_eval(rule[1:]), value)
-    try:
-        node = ast.parse(rule, mode="eval").body
-    except SyntaxError:
-        return True
-    verdict = _check(node, value, namespace)
+        return _fits_default(node, value)
+    verdict = None if node is None else _check(node, value, namespace)
     return True if verdict is None else verdict
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(rule: str):
+    """A default's value, or an annotation's expression (None: not one)."""
+    if rule.startswith("="):
+        return ast.literal_eval(rule[1:])
+    try:
+        return ast.parse(rule, mode="eval").body
+    except SyntaxError:
+        return None
 
 
 def _fits_default(default, value) -> bool:
