@@ -5,6 +5,7 @@ re-exporting ``flashinfer.quantization.fp4_quantization`` (vLLM reads
 from fakes.flashinfer._reexport import forwarding
 
 _HOME = "quantization.fp4_quantization"
-__all__ = ["block_scale_interleave", "fp4_quantize", "nvfp4_block_scale_interleave", "shuffle_matrix_a",
-           "shuffle_matrix_sf_a"]
+__all__ = [  # noqa: F822 - served by __getattr__, per release
+    "block_scale_interleave", "fp4_quantize", "nvfp4_block_scale_interleave", "shuffle_matrix_a", "shuffle_matrix_sf_a",
+]
 __getattr__, __dir__ = forwarding(__name__, dict.fromkeys(__all__, _HOME))
