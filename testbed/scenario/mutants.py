@@ -245,6 +245,13 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("trtllm-router-weight-twice", "the TRT-LLM experts weight the rows again after prepare applied the weight",
        "impl.experts:TrtLlmExperts.__call__", "if self.weighted else torch.ones_like(", "if True else torch.ones_like(",
        ("output", "")),
+    _m("trtllm-w2-global-scale-of-w1", "the nvfp4 TRT-LLM experts scale GEMM2 by w1's global scale",
+       "impl.experts:TrtLlmExperts.__init__", "self.scale2 = (1.0 / w2.global_scale.float()).float()",
+       "self.scale2 = (1.0 / w1.global_scale.float()).float()", ("output", "")),
+    _m("trtllm-global-scale-dropped", "the nvfp4 TRT-LLM experts drop the weights' global scale from GEMM1",
+       "impl.experts:TrtLlmExperts.__init__", "self.scale1 = (1.0 / (a1_gscale.float() * w1.global_scale.float())).float()",
+       "self.scale1 = (1.0 / (a1_gscale.float() * torch.ones_like(w1.global_scale.float()))).float()",
+       ("output", "")),
     # -- what scenarios cannot reach: refusals and checkpoints, caught by the tests named ----
     _m("split-ignores-colors", "the communicator's Split pretends a split over different colors worked",
        "impl.communicator:_GroupCommunicator.Split", "if len(colors) != 1:", "if len(colors) > len(pairs):",
