@@ -39,6 +39,9 @@ def _mutated(tmp_path: Path, version: str, rel: str, old: str, new: str) -> str:
     root = tmp_path / version
     shutil.copytree(RELEASES[version], root)
     path = root / "flashinfer" / rel
+    if old is None:  # the release no longer ships the file
+        path.unlink()
+        return str(root)
     text = path.read_text()
     assert old in text, f"{old!r} not in the excerpt of {rel}"
     path.write_text(text.replace(old, new, 1))
@@ -73,6 +76,8 @@ MUTATIONS = [  # (what changes in the release, file, old, new, the entry that mu
     ("annotation changed", A2A, "input_payloads: list[torch.Tensor], runtime_max_tokens_per_rank: int, "
      "invalid_token_expert_id", "input_payloads: list[torch.Tensor], runtime_max_tokens_per_rank: float, "
      "invalid_token_expert_id", "flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll.dispatch annotations"),
+    ("module the fake has, gone from the release", "comm/comm_backend.py", None, None,
+     "flashinfer.comm.comm_backend (module)"),
     ("set-up call added", "comm/mnnvl.py", "all_rank_allocate_sizes = comm.allgather(size)",
      "all_rank_allocate_sizes = comm.allgather(size)\n        comm.barrier()",
      "flashinfer.comm.mnnvl.MnnvlMemory.open_mnnvl_memory communicator calls"),
@@ -161,6 +166,20 @@ def test_install_refuses_what_the_release_does_not_ship():
     with pytest.raises(ValueError, match="unknown FlashInfer profile"):
         with install("0.9"):
             pass
+
+
+def test_install_hides_the_fakes_own_modules():
+    """What no release ships does not import under the real name (the fake is not more
+    lenient than the release), while the fake still reaches it under its own."""
+    with install("0.7.2"):
+        for name in ("flashinfer.profiles", "flashinfer.comm.moe_a2a_kernels", "flashinfer.annotations"):
+            with pytest.raises(ModuleNotFoundError):
+                importlib.import_module(name)
+        importlib.import_module("fakes.flashinfer.comm.moe_a2a_kernels")
+        importlib.import_module("flashinfer.comm.comm_backend")  # shipped from 0.6.16
+    with install("0.6.8"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("flashinfer.comm.comm_backend")
 
 
 def test_install_entered_without_with_exits_cleanly():

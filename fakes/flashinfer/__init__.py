@@ -16,6 +16,10 @@ __all__ = ["ActivationType", "RoutingMethodType", "SfLayout", "block_scale_inter
            "shuffle_matrix_sf_a", "trtllm_bf16_moe", "trtllm_bf16_routed_moe", "trtllm_fp4_block_scale_routed_moe",
            "trtllm_fp8_block_scale_routed_moe"]
 __fake_only__ = ("PROFILES", "active", "install", "set_profile")
+# The fake's own modules: no release ships them, so `import flashinfer.<one>` fails under install().
+__fake_only_modules__ = ("_check", "_reexport", "aliases", "annotations", "comm.moe_a2a_kernels", "fused_moe.layouts",
+                         "moe_ep.communication", "moe_ep.nvlink", "moe_ep.nvlink_jit", "moe_ep.one_sided_ops",
+                         "profiles", "quantization.block_quant")
 _PER_RELEASE = {"block_scale_interleave": "quantization.fp4_quantization",
                 "nvfp4_block_scale_interleave": "quantization.fp4_quantization",
                 "fp4_quantize": "quantization.fp4_quantization",

@@ -64,8 +64,8 @@ def install(profile: str) -> Iterator[profiles.Profile]:
         raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {sorted(profiles.PROFILES)}")
     if any(isinstance(f, _RefuseRealFlashInfer) for f in sys.meta_path):
         raise RuntimeError("fakes.flashinfer.install is already active; leave that block first")
-    absent = set(profiles.PROFILES[profile].absent_modules)
     modules = _fake_modules()
+    absent = set(profiles.PROFILES[profile].absent_modules) | set(modules[""].__fake_only_modules__)
     saved = {n: m for n, m in sys.modules.items() if n == REAL or n.startswith(REAL + ".")}
     for name in saved:
         del sys.modules[name]

@@ -44,8 +44,9 @@ _REMOVED_0_7_4 = ("comm.trtllm_moe_alltoall", "comm.trtllm_alltoall")
 PROFILES = {
     p.name: p
     for p in (
-        Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, 1, ("moe_ep",)),
-        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, 1, ("moe_ep",)),
+        Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, 1,
+                ("moe_ep", "fused_moe.api", "comm.comm_backend")),
+        Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, 1, ("moe_ep", "comm.comm_backend")),
         Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False, 1, ("moe_ep",)),
         Profile("0.7.2", 22, 6, 64, False, True, True, True, True, _TOP_K_0_6_16, True, 1, ()),
         Profile("0.7.4", 22, 4, 256, False, True, True, True, True, _TOP_K_0_7_4, True, 4, _REMOVED_0_7_4, True),

@@ -121,6 +121,7 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealT
         for scope in SCOPES:
             _compare_module(scope, profile, loader, rows, fake_only, not_imitated)
         _compare_reexports(loader, rows)
+        _compare_modules(profile, loader, rows, not_imitated)
         for scope in SCOPES:
             _compare_imported_names(scope, loader, rows)
         from fakes.flashinfer.profiles import active
@@ -282,6 +283,26 @@ def _compare_reexports(loader: RealTree, rows: dict) -> None:
             if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", "") in homes:
                 fake_names.append(name)
     rows[f"{dotted} re-exports"] = (repr(real_names), repr(sorted(fake_names)))
+
+
+def _compare_modules(profile: str, loader: RealTree, rows: dict, not_imitated: list) -> None:
+    """Every module of the fake package imports as ``flashinfer.<path>`` under ``install``
+    exactly where the release ships it (the fake's own modules never); a module the profile
+    declares absent that the release ships is listed as not imitated."""
+    from fakes.flashinfer.aliases import _fake_modules
+    from fakes.flashinfer.profiles import PROFILES
+
+    declared = PROFILES[profile].absent_modules
+    for path in sorted(p for p in _fake_modules() if p):
+        dotted = f"flashinfer.{path}"
+        real, fake = loader(dotted) is not None, _import_fake(dotted) is not None
+        if not fake and any(path == a or path.startswith(a + ".") for a in declared):
+            # absent by the profile's declaration: where the release ships it, not imitated
+            if real and path in declared and not any(n.startswith(f"{dotted}:") for n in not_imitated):
+                not_imitated.append(f"{dotted}: the release ships it; this profile does not imitate it")
+            if real or path not in declared:
+                continue
+        rows[f"{dotted} (module)"] = ("present" if real else MISSING, "present" if fake else MISSING)
 
 
 def _compare_imported_names(scope: Scope, loader: RealTree, rows: dict) -> None:
