@@ -4,8 +4,6 @@ fake (no network, neither engine imported)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -145,19 +143,22 @@ def test_consumer_scanner_every_kind_of_use(tmp_path):
     assert by[("guarded", "flashinfer.moe_ep.NVLinkOneSidedAlltoAll.checkpoint_prepare")] == "ok"
 
 
-def test_consumer_contract_cli_on_excerpts():
-    proc = subprocess.run([sys.executable, "-m", "testbed", "contract", "--consumer", f"vllm={VLLM}",
-                           "--flashinfer", str(FLASHINFER / "0.7.2.post1"), "--flashinfer", str(FLASHINFER / "0.7.4")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "vllm 0.33.0 against flashinfer 0.7.4 (fake profile 0.7.4)" in proc.stdout
-    assert "FINDING    keyword   flashinfer.moe_ep.NVLinkOneSidedAlltoAll.dispatch(max_tokens_per_rank=)" in proc.stdout
-    assert "flashinfer 0.7.2.post1 against fake profile 0.7.2: " in proc.stdout and " 0 differ" in proc.stdout
+def test_consumer_contract_cli_on_excerpts(capsys):
+    from testbed.cli import main
+
+    code = main(["contract", "--consumer", f"vllm={VLLM}", "--flashinfer", str(FLASHINFER / "0.7.2.post1"),
+                 "--flashinfer", str(FLASHINFER / "0.7.4")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "vllm 0.33.0 against flashinfer 0.7.4 (fake profile 0.7.4)" in out
+    assert "FINDING    keyword   flashinfer.moe_ep.NVLinkOneSidedAlltoAll.dispatch(max_tokens_per_rank=)" in out
+    assert "flashinfer 0.7.2.post1 against fake profile 0.7.2: " in out and " 0 differ" in out
 
 
 @pytest.mark.parametrize("spec, rule", [("vllm=latest", "expected a release number"), ("trtllm", "known consumers"),
                                         ("vllm=/no/such/dir.whl", "no such wheel")])
-def test_consumer_contract_bad_consumer_is_a_usage_error(spec, rule):
-    proc = subprocess.run([sys.executable, "-m", "testbed", "contract", "--consumer", spec],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and rule in proc.stderr, proc.stdout + proc.stderr
+def test_consumer_contract_bad_consumer_is_a_usage_error(capsys, spec, rule):
+    from testbed.cli import main
+
+    assert main(["contract", "--consumer", spec]) == 2
+    assert rule in capsys.readouterr().err
