@@ -140,6 +140,8 @@ def _contract(args) -> int:
         raise UsageError("give --flashinfer RELEASE (the fake against a release) or --consumer NAME (what an "
                          "engine uses)")
     if args.consumer:
+        if args.write_annotations:
+            raise UsageError("--write-annotations goes with --flashinfer alone (it writes each release's table)")
         return _contract_consumers(args)
     failed = 0
     for spec in args.flashinfer:

@@ -165,6 +165,10 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
             _make(ctx, profile).dispatch(ids, [x], 5)
         elif what == "rtm_differs":  # each rank its own count, as SGLang without DP attention
             _make(ctx, profile).dispatch(ids[:2 + me], [x[:2 + me]], 2 + me)
+        elif what == "rtm_differs_at_combine":  # the same at dispatch, rank 1 combines with one more
+            a2a = _make(ctx, profile)
+            recv = a2a.dispatch(ids[:2], [x[:2]], 3)
+            a2a.combine(torch.zeros(ctx.layout.ep_size, 3 + me, recv[0].size(-1), dtype=torch.bfloat16), 3 + me)
         elif what == "ids_int64":
             _make(ctx, profile).dispatch(ids.long(), [x], 4)
         elif what == "ids_wrong_top_k":

@@ -113,6 +113,12 @@ class Manager:
         comm.dispatch(runtime_max_tokens_per_rank=1)
         if hasattr(comm, "checkpoint_prepare"):
             comm.checkpoint_prepare()
+
+
+class Unrelated:
+    def run(self, group):
+        self.a2a.not_flashinfer(x=1)  # another class's self.a2a: not the MoeAlltoAll above
+        group.mapping.whatever(y=2)
 '''
 
 
@@ -141,6 +147,7 @@ def test_consumer_scanner_every_kind_of_use(tmp_path):
     # an instance through a return annotation written as a string
     assert by[("keyword", "flashinfer.moe_ep.NVLinkOneSidedAlltoAll.dispatch(runtime_max_tokens_per_rank=)")] == "ok"
     assert by[("guarded", "flashinfer.moe_ep.NVLinkOneSidedAlltoAll.checkpoint_prepare")] == "ok"
+    assert not any("not_flashinfer" in what or "whatever" in what for _, what in by)
 
 
 def test_consumer_contract_cli_on_excerpts(capsys):

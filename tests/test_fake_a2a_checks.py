@@ -19,6 +19,8 @@ CASES = [
     # stricter than the kernel, which returns garbage: every rank refuses, naming each value
     ("rtm_differs", "0.7.2", "RuntimeError", "passed different runtime_max_tokens_per_rank (rank 0: 2, rank 1: 3)"),
     ("rtm_differs", "0.6.8", "RuntimeError", "passed different runtime_max_tokens_per_rank (rank 0: 2, rank 1: 3)"),
+    ("rtm_differs_at_combine", "0.7.2", "RuntimeError", "combine: the ranks of this round passed different "
+                                                        "runtime_max_tokens_per_rank (rank 0: 3, rank 1: 4)"),
     ("ids_int64", "0.7.2", "RuntimeError", "token_selected_experts must be int32"),
     ("ids_wrong_top_k", "0.7.2", "RuntimeError", "token_selected_experts shape mismatch"),
     ("five_payloads", "0.6.8", "RuntimeError", "Too many payloads: 5 > 4"),

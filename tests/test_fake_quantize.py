@@ -134,3 +134,45 @@ def test_quantizers_are_reexported_where_the_release_has_them():
         assert flashinfer.mxfp8_quantize is stub8.mxfp8_quantize is fp8_quantization.mxfp8_quantize
         assert flashinfer.nvfp4_block_scale_interleave is flashinfer.block_scale_interleave
         assert package.SfLayout is flashinfer.SfLayout
+
+
+def test_fp4_quantize_global_scale_per_tensor_or_per_row_as_the_kernel_checks():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 32, generator=g).to(torch.bfloat16)
+    with install("0.7.2"):
+        from flashinfer import fp4_quantize
+
+        rows = fp4_quantize(x, torch.tensor([1.0, 64.0, 448.0]), is_sf_swizzled_layout=False)
+        each = [fp4_quantize(x[i:i + 1], torch.tensor([s]), is_sf_swizzled_layout=False)
+                for i, s in enumerate((1.0, 64.0, 448.0))]
+        assert torch.equal(rows[0], torch.cat([q for q, _ in each])) and torch.equal(rows[1], torch.cat([s for _, s in each]))
+        with pytest.raises(RuntimeError, match="globalScale is required when sfUseUE8M0 is false"):
+            fp4_quantize(x, None)
+        with pytest.raises(RuntimeError, match=r"globalScale should have shape \[1\] or \[num_tokens\]"):
+            fp4_quantize(x, torch.ones(2))
+        with pytest.raises(RuntimeError, match="self must be contiguous"):
+            fp4_quantize(torch.randn(3, 64).to(torch.bfloat16)[:, :32], torch.ones(1))
+        fp4_quantize(x, torch.ones(1, dtype=torch.bfloat16))  # cast to fp32 before the C++ op
+    with install("0.6.8"):
+        from flashinfer import fp4_quantize
+
+        with pytest.raises(RuntimeError, match="Inconsistency of Tensor type: globalScale.value()"):
+            fp4_quantize(x, torch.ones(1, dtype=torch.bfloat16))  # 0.6.8 does not cast
+
+
+def test_quantizers_0_7_4_batch_invariant_and_backend_messages():
+    x = torch.randn(2, 32).to(torch.bfloat16)
+    with install("0.7.4"):
+        from flashinfer import fp4_quantize, mxfp8_quantize
+
+        for fn, args in ((fp4_quantize, (x, torch.ones(1))), (mxfp8_quantize, (x,))):
+            with pytest.raises(ValueError, match="batch_invariant=True requires backend='auto'"):
+                fn(*args, backend="cuda", batch_invariant=True)
+            with pytest.raises(NotImplementedError, match="batch-invariant"):
+                fn(*args, batch_invariant=True)
+        with pytest.raises(ValueError, match=r"Must be 'auto', 'cuda' or 'cute-dsl'\.$"):
+            fp4_quantize(x, torch.ones(1), backend="x")
+        with pytest.raises(AssertionError, match="backend must be 'auto', 'cuda' or 'cute-dsl', got 'x'"):
+            mxfp8_quantize(x, backend="x")
+        with pytest.raises(RuntimeError, match="input must be contiguous"):
+            mxfp8_quantize(torch.randn(2, 64).to(torch.bfloat16)[:, :32])

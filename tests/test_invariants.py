@@ -196,3 +196,36 @@ def test_annotations_rule_out_what_the_release_does(qualname, call, bad):
         args = [call.pop(n) for n in names if n in call and n == "self"]
         found = violations(qualname, fn, tuple(args), call, _Names(module))
     assert [p for p, _, _ in found] == bad
+
+
+def test_arguments_checked_on_every_path_a_name_is_exported_by(monkeypatch):
+    """The integration's call is checked whether it reaches the quantizer through the root,
+    the stub or its home module (each is a path a consumer imports it by)."""
+    import os
+
+    from fakes.flashinfer import install
+    from testbed.scenario import audit, program
+
+    events, cleanups = [], []
+
+    class Log:
+        def write(self, **event):
+            events.append(event)
+
+    here = os.path.realpath(os.path.dirname(__file__)) + os.sep
+    monkeypatch.setattr(audit, "_code", ((here, "tests/"),))  # this file stands for the integration's code
+    x = torch.ones(2, 32, dtype=torch.bfloat16)
+    with install("0.7.2"):
+        program._recording_arguments("0.7.2", Log(), cleanups.append)
+        try:
+            import flashinfer
+            import flashinfer.fp8_quantization as stub
+            from flashinfer.quantization import fp8_quantization as home
+
+            for fn in (flashinfer.mxfp8_quantize, stub.mxfp8_quantize, home.mxfp8_quantize):
+                fn(x, is_sf_swizzled_layout="no")  # a str where the release annotates bool
+        finally:
+            for undo in reversed(cleanups):
+                undo()
+    assert [(e["param"], e["expected"]) for e in events] == [("is_sf_swizzled_layout", "bool")] * 3, events
+    assert all(e["site"].startswith("tests/test_invariants.py:") for e in events)

@@ -223,7 +223,9 @@ def test_scenario_review_holes_pass(cluster, label, change):
 
 
 def test_scenario_trtllm_weight_global_scales_are_drawn():
-    """A global scale dropped, inverted or swapped between w1 and w2 must change the output."""
+    """The scales differ between experts and between w1 and w2, so a scale dropped or swapped
+    changes the output (the mutants trtllm-w2-global-scale-of-w1 and trtllm-global-scale-dropped
+    show that it does)."""
     from testbed.scenario.reference import swiglu_weights
 
     scales = {(w.gs1, w.gs2) for w in (swiglu_weights(0, 0, 0, e, "nvfp4", 256, 128) for e in range(16))}

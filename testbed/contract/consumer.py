@@ -157,7 +157,7 @@ class _Scanner:
         self.rel, self.real, self.returns = rel, real, returns
         self.classify = real.is_module
         self.names: dict[str, Typed] = {}  # name -> type (file-wide: FlashInfer names are distinctive)
-        self.attrs: dict[str, Typed] = {}  # self.<attr> -> type
+        self.attrs: dict[tuple, Typed] = {}  # (class, attr) -> the type of self.<attr> in that class
         self.uses: list[Use] = []
         self.parents: dict[ast.AST, ast.AST] = {}
         self.nodes = [n for n in tree.body if only is None or _top_name(n) in only
@@ -185,11 +185,13 @@ class _Scanner:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _is_fi(node.value):
             return ("annotation", node.value)
         if isinstance(node, ast.Attribute):
-            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.attrs:
-                return self.attrs[node.attr]
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                key = (self._class_of(node), node.attr)
+                if key in self.attrs:
+                    return self.attrs[key]
             base = self.typeof(node.value)
             if base is None:
-                return self.attrs.get(node.attr) if node.attr in self.attrs else None
+                return None
             if base[0] == "module":
                 dotted = f"{base[1]}.{node.attr}"
                 return ("module", dotted) if self.classify(dotted) else ("object", base[1], (node.attr,))
@@ -200,7 +202,10 @@ class _Scanner:
         if isinstance(node, ast.Call):
             literal = _literal_module(node)
             if literal:
-                return ("module", literal)
+                # f("flashinfer.x", "name") reaches the name (vLLM's _lazy_import_wrapper), f("flashinfer.x") the module
+                name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                    and isinstance(node.args[1].value, str) else None
+                return ("object", literal, (name,)) if name else ("module", literal)
             func = self.typeof(node.func)
             if func is not None and func[0] == "object":
                 made = self.real.makes(func[1], func[2])  # a class, or a factory annotated with one
@@ -228,6 +233,13 @@ class _Scanner:
             return self._annotation(node.slice)
         t = self.typeof(node)
         return ("instance", t[1], t[2]) if t is not None and t[0] == "object" else None
+
+    def _class_of(self, node: ast.AST) -> Optional[str]:
+        """The class a ``self.<attr>`` belongs to: the innermost enclosing class."""
+        scope = self.parents.get(node)
+        while scope is not None and not isinstance(scope, ast.ClassDef):
+            scope = self.parents.get(scope)
+        return scope.name if scope is not None else None
 
     # -- bindings --------------------------------------------------------------------------
     def _bind(self, node: ast.AST) -> None:
@@ -257,7 +269,7 @@ class _Scanner:
                     self.names[target.id] = t
                 elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
                         and target.value.id == "self":
-                    self.attrs[target.attr] = t
+                    self.attrs[(self._class_of(target), target.attr)] = t
         elif isinstance(node, ast.arg) and node.annotation is not None:
             t = self._annotation(node.annotation)
             if t is not None:
@@ -510,7 +522,7 @@ class _RealSide:
             a = node.args
             if a.kwarg is not None:
                 return None
-            return {x.arg for x in a.posonlyargs[len(a.posonlyargs):] + a.args + a.kwonlyargs}
+            return {x.arg for x in a.args + a.kwonlyargs}  # positional-only ones take no keyword
         return None  # an assigned callable (an alias): its own signature is not read here
 
     def _fields(self, home: RealModule, cls: ast.ClassDef) -> set[str]:

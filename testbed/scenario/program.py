@@ -24,6 +24,7 @@ import torch.distributed as dist
 from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 from impl.experts import QuantizedWeights, TrtLlmExperts
 from testbed import integrations
+from testbed.contract.setup_calls import COMM_METHODS
 from testbed.scenario import audit, mutants
 from testbed.scenario.experts import Experts
 from testbed.scenario.model import Scenario
@@ -212,7 +213,7 @@ def _recording_arguments(profile: str, log: audit.EventLog, cleanup) -> None:
     (:mod:`fakes.flashinfer.annotations`); calls the fake makes itself are not checked."""
     from fakes.flashinfer.annotations import table
 
-    done: set = set()
+    done: set = set()  # (holder, attribute): every path a name is exported by gets the check
     for qualname, rules in table(profile).items():
         if not any(rules.values()):
             continue
@@ -221,9 +222,9 @@ def _recording_arguments(profile: str, log: audit.EventLog, cleanup) -> None:
             continue
         module, owner, attr, raw = found
         fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
-        if id(fn) in done or not callable(fn):
+        if (id(owner), attr) in done or not callable(fn):
             continue
-        done.add(id(fn))
+        done.add((id(owner), attr))
         checked = _checking(fn, qualname, module, log)
         wrapped = type(raw)(checked) if isinstance(raw, (staticmethod, classmethod)) else checked
         cleanup(_replace(owner, attr, wrapped) if inspect.ismodule(owner) else _patch(owner, attr, wrapped))
@@ -266,14 +267,24 @@ def _checking(fn, qualname: str, module, log: audit.EventLog):
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
+        if _Checking.depth:  # inside another checked call (a recorder's method calling its base's)
+            return fn(*args, **kwargs)
         site = audit.direct_integration_call_site()
         if site is not None:
             for param, value, rule in violations(qualname, fn, args, kwargs, _Names(module)):
                 log.write(ev="arguments", call=f"flashinfer.{qualname}", param=param, value=value,
                           expected=rule, site=site)
-        return fn(*args, **kwargs)
+        _Checking.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _Checking.depth -= 1
 
     return checked
+
+
+class _Checking:
+    depth = 0  # a rank runs one scenario on one thread
 
 
 class _Names:
@@ -345,9 +356,6 @@ def _install(ctx, sc: Scenario, log: audit.EventLog):
     return api
 
 
-_COMM_METHODS = ("Get_rank", "Get_size", "allgather", "bcast", "barrier", "Split")
-
-
 def _recording_mnnvl_setup(log: audit.EventLog) -> callable:
     """Log the communicator calls each of the fake's MNNVL set-ups makes (``setup-calls``);
     returns what stops it."""
@@ -376,7 +384,7 @@ class _CallRecorder:
 
     def __getattr__(self, name):
         value = getattr(self._comm, name)
-        if name in _COMM_METHODS:
+        if name in COMM_METHODS:
             self._calls.append(name)
         return value
 

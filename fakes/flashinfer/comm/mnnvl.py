@@ -96,6 +96,7 @@ class _AllocationRecord:
     # The fake's own channel beside the fabric memory, never part of the workspace's bytes:
     # int32 [comm_size (reader), comm_size (writer), SIDE_SLOTS], for checks the real kernels lack.
     side: torch.Tensor
+    address_range: object = None  # the reserved range it lives in
     mapped: bool = True
 
 
@@ -109,7 +110,10 @@ class _MnnvlMemory:
     allocated_map: dict[int, _AllocationRecord] = {}
     _watched_arena: Optional[ShmArena] = None
     _fabric_supported: Optional[bool] = None
-    _address_reserved = False  # new_mnnvl_memory_address ran in this scenario
+    # The address range allocations are carved from (real: new_mnnvl_memory_address reserves one
+    # of whole fabric pages when the next allocation does not fit, and drops it once it is empty).
+    _range: object = None
+    _range_left = 0
     _next_ptr = itertools.count(1 << 40, 1 << 32)
 
     def __init__(self, mapping: Mapping, size: int):
@@ -166,11 +170,14 @@ class _MnnvlMemory:
         assert len(sizes) == comm_size
         assert all(x == size for x in sizes), "Not all rank allocating same size."
         memory._before_reserving(comm)
-        if not _MnnvlMemory._address_reserved:  # new_mnnvl_memory_address: the first allocation
-            comm.Get_size()
-            _MnnvlMemory._address_reserved = True
-        arena = ShmArena.current()
         stride = -(-size // _ALLOCATION_GRANULARITY) * _ALLOCATION_GRANULARITY
+        if stride > _MnnvlMemory._range_left:  # new_mnnvl_memory_address: a new address range
+            comm.Get_size()
+            page = (_MnnvlMemory.config.fabric_page_size if _MnnvlMemory.config else None) or MnnvlConfig.fabric_page_size
+            _MnnvlMemory._range = object()
+            _MnnvlMemory._range_left = -(-stride // page) * page
+        _MnnvlMemory._range_left -= stride
+        arena = ShmArena.current()
         key = None
         if comm_rank == 0:
             key = f"mnnvl-{uuid.uuid4().hex[:16]}"
@@ -185,7 +192,8 @@ class _MnnvlMemory:
             segment, side = arena.attach(handles[0]), arena.attach(handles[0] + "-side")
         ptr = next(_MnnvlMemory._next_ptr)
         _MnnvlMemory.allocated_map[ptr] = _AllocationRecord(
-            comm, comm_size, comm_rank, segment, stride, side.view(torch.int32).view(comm_size, comm_size, SIDE_SLOTS))
+            comm, comm_size, comm_rank, segment, stride, side.view(torch.int32).view(comm_size, comm_size, SIDE_SLOTS),
+            _MnnvlMemory._range)
         if _MnnvlMemory._watched_arena is not arena:
             _MnnvlMemory._watched_arena = arena
             arena.on_close(_MnnvlMemory._forget_scenario)
@@ -238,7 +246,11 @@ class _MnnvlMemory:
 
     @staticmethod
     def close_mnnvl_memory(ptr: int) -> None:
-        _MnnvlMemory.allocated_map.pop(ptr, None)
+        record = _MnnvlMemory.allocated_map.pop(ptr, None)
+        if record is not None and not any(r.address_range is record.address_range
+                                          for r in _MnnvlMemory.allocated_map.values()):
+            if record.address_range is _MnnvlMemory._range:  # the range is empty: the next open reserves anew
+                _MnnvlMemory._range, _MnnvlMemory._range_left = None, 0
 
     @staticmethod
     def _forget_scenario() -> None:
@@ -249,7 +261,7 @@ class _MnnvlMemory:
         _MnnvlMemory.config = None
         _MnnvlMemory.initialized = False
         _MnnvlMemory._fabric_supported = None
-        _MnnvlMemory._address_reserved = False
+        _MnnvlMemory._range, _MnnvlMemory._range_left = None, 0
         for hook in _SCENARIO_END_HOOKS:
             hook()
 

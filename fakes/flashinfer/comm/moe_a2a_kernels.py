@@ -302,8 +302,10 @@ def _check_same_rtm(side, me, peers_P, expected, slot, phase) -> None:
     if side is None:
         return
     seen = side[me, peers_P, slot:slot + 2].tolist()
-    if any(flag != expected for flag, _ in seen):
-        return  # a peer of another round: its flags, not this check, decide
+    stale = [int(r) for r, (flag, _) in zip(peers_P.tolist(), seen) if flag != expected]
+    if stale:  # each peer writes its entry before its flags: after the wait this cannot happen
+        raise RuntimeError(f"{phase}: the fake's side channel has no entry for round {expected} from rank(s) {stale}, "
+                           "whose flags did arrive (a fake defect)")
     values = {int(r): v for r, (_, v) in zip(peers_P.tolist(), seen)}
     if len(set(values.values())) > 1:
         named = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from fakes.flashinfer.fused_moe.core import _E2M1
 from fakes.flashinfer.fused_moe.layouts import interleave_128x4
 
 E2M1_MAX, E4M3_MAX = 6.0, 448.0
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
@@ -38,14 +38,15 @@ def swizzle_or_linear(sf_MB: torch.Tensor, swizzled: bool) -> torch.Tensor:
     return interleave_128x4(sf_MB) if swizzled else sf_MB.reshape(-1)
 
 
-def nvfp4(x_MK: torch.Tensor, global_scale: float, swizzled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(packed uint8 [M, K/2], e4m3 scale bytes, flat)``."""
+def nvfp4(x_MK: torch.Tensor, gs_M: torch.Tensor, swizzled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed uint8 [M, K/2], e4m3 scale bytes, flat)``; ``gs_M``: each row's global scale."""
     M, K = x_MK.shape
     x_MBV = x_MK.float().reshape(M, K // 16, 16)
     amax = x_MBV.abs().amax(-1)
-    sf = (global_scale * (amax / E2M1_MAX)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    gs = gs_M.float().reshape(M, 1)
+    sf = (gs * (amax / E2M1_MAX)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     sf_f = sf.float()
-    out_scale = torch.where(sf_f != 0, global_scale / torch.where(sf_f != 0, sf_f, 1.0), 0.0)
+    out_scale = torch.where(sf_f != 0, gs / torch.where(sf_f != 0, sf_f, 1.0), 0.0)
     codes = e2m1_codes(x_MBV * out_scale[..., None]).reshape(M, K)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed.contiguous(), swizzle_or_linear(sf.view(torch.uint8), swizzled)

@@ -10,6 +10,7 @@ import os
 import torch
 
 from fakes.flashinfer import profiles, tllm_enums
+from fakes.flashinfer._check import check_contiguous, check_input_type, icheck
 from fakes.flashinfer.fused_moe.layouts import interleave_128x4, shuffle_indices
 from fakes.flashinfer.quantization import block_quant
 
@@ -61,8 +62,10 @@ _UNSET = _Unset()
 
 
 def _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-                  is_global_scale_inversed, backend, nvfp4_4over6, backends):
-    """What every release's ``fp4_quantize`` does before and in ``fp4_quantize_sm100``."""
+                  is_global_scale_inversed, backend, nvfp4_4over6, backends, converts_scale=True):
+    """What every release's ``fp4_quantize`` does before and in ``fp4_quantize_sm100``
+    (``fp4Quantize.cpp``); ``converts_scale``: the release casts the global scale to fp32
+    first (0.6.14 on; 0.6.8's C++ refuses another dtype)."""
     if sf_vec_size != 16 and sf_vec_size != 32:
         raise NotImplementedError("sf_vec_size can only be 16 or 32")
     is_mxfp4 = sf_vec_size != 16 or sf_use_ue8m0
@@ -70,7 +73,7 @@ def _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled
         raise ValueError("nvfp4_4over6 applies to NVFP4 only (sf_vec_size=16, "
                          f"sf_use_ue8m0=False); got sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}.")
     if backend not in backends:
-        raise ValueError(f"Unknown backend: {backend}. Must be {' or '.join(repr(b) for b in backends)}.")
+        raise ValueError(f"Unknown backend: {backend}. Must be {_one_of(backends)}.")
     if backend == "cute-dsl":
         raise RuntimeError("the cute-dsl fp4_quantize needs an SM100 GPU; the fake machine has none")
     if is_mxfp4:
@@ -83,15 +86,23 @@ def _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled
         raise NotImplementedError(f"the CPU fake quantizes fp16/bf16 to fp4, got {input.dtype}")
     if is_sf_swizzled_layout and is_sf_8x4_layout:
         raise NotImplementedError("the CPU fake implements the 128x4 scale swizzle, not 8x4")
-    column_major = input.dim() >= 2 and input.stride(-2) == 1 and input.size(-1) > 1
+    if global_scale is not None and converts_scale:
+        global_scale = global_scale.to(torch.float32)
+    column_major = input.stride(-2) == 1 and input.size(-1) > 1  # as the real one: 1-D input fails here
     if column_major:
         input = input.transpose(-2, -1)
     assert input.shape[-1] % sf_vec_size == 0
-    gs = 1.0 if global_scale is None else float(global_scale.to(torch.float32).reshape(-1)[0])
-    if is_global_scale_inversed:
-        gs = 1.0 / gs
+    check_contiguous(input, "self")
     lead, K = input.shape[:-1], input.shape[-1]
-    x_q, sf = block_quant.nvfp4(input.reshape(-1, K), gs, is_sf_swizzled_layout)
+    M = input.numel() // K
+    icheck(global_scale is not None, "globalScale.has_value()", "globalScale is required when sfUseUE8M0 is false")
+    check_input_type(global_scale, torch.float32, "globalScale.value()")
+    icheck(global_scale.numel() in (1, M), "globalScale.value().numel() == 1 || globalScale.value().numel() == m",
+           "globalScale should have shape [1] or [num_tokens]")
+    gs_M = global_scale.reshape(-1).expand(M) if global_scale.numel() == 1 else global_scale.reshape(-1)
+    if is_global_scale_inversed:
+        gs_M = 1.0 / gs_M
+    x_q, sf = block_quant.nvfp4(input.reshape(-1, K), gs_M, is_sf_swizzled_layout)
     x_q = x_q.reshape(*lead, K // 2)
     sf = sf.reshape(-1, -(-(K // 16) // 4) * 4) if is_sf_swizzled_layout else sf.reshape(-1, K // 16)
     if column_major:
@@ -103,7 +114,7 @@ def _fp4_quantize_0_6_8(input, global_scale=None, sf_vec_size: int = 16, sf_use_
                         is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False,
                         enable_pdl=None, backend: str = "cuda"):
     return _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-                         False, backend, None, ("cuda", "cute-dsl"))
+                         False, backend, None, ("cuda", "cute-dsl"), converts_scale=False)
 
 
 def _fp4_quantize_0_6_14(input, global_scale=None, sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
@@ -125,9 +136,19 @@ def _fp4_quantize_0_7_4(input, global_scale=None, sf_vec_size: int = 16, sf_use_
                         is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False,
                         is_global_scale_inversed: bool = False, enable_pdl=None, backend: str = "auto",
                         nvfp4_4over6=_UNSET, *, batch_invariant: bool = False):
+    if batch_invariant:
+        if backend != "auto":
+            raise ValueError(f"fp4_quantize: batch_invariant=True requires backend='auto' (got backend={backend!r})")
+        raise NotImplementedError("the CPU fake does not implement the batch-invariant fp4_quantize")
     return _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
                          is_global_scale_inversed, "cuda" if backend == "auto" else backend, nvfp4_4over6,
-                         ("cuda", "cute-dsl"))
+                         ("auto", "cuda", "cute-dsl"))
+
+
+def _one_of(names) -> str:
+    """``'a', 'b' or 'c'``, as the releases' messages list their backends."""
+    quoted = [repr(n) for n in names]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
 for _fn in (_block_scale_interleave_0_6, _block_scale_interleave_0_7):

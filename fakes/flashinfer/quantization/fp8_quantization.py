@@ -6,14 +6,16 @@ backend and the keyword-only ``batch_invariant``."""
 import torch
 
 from fakes.flashinfer import profiles
+from fakes.flashinfer._check import check_contiguous
 from fakes.flashinfer.quantization import block_quant
+from fakes.flashinfer.quantization.fp4_quantization import _one_of
 from fakes.flashinfer.tllm_enums import SfLayout
 
 
 def _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, backend, sf_swizzle_layout, backends):
     sf_vec_size = 32
     assert input.shape[-1] % sf_vec_size == 0
-    assert backend in backends, f"backend must be {' or '.join(repr(b) for b in backends)}, got '{backend}'"
+    assert backend in backends, f"backend must be {_one_of(backends)}, got '{backend}'"
     if backend == "cute-dsl":
         raise RuntimeError("CuTe-DSL backend requested but CuTe-DSL is not available. "
                            "Please install nvidia-cutlass-dsl package.")
@@ -24,6 +26,7 @@ def _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, backend, sf_swizzle
                            "alignment must be divisible by SF_VEC_SIZE = 32")
     if input.dtype not in (torch.float16, torch.bfloat16):
         raise NotImplementedError("mxfp8_quantize only supports input tensor with dtypes fp16/bf16.")
+    check_contiguous(input, "input")
     if input.dim() < 2:
         raise RuntimeError(f"Check failed: rank >= 2 ({input.dim()} vs. 2): Input should be >=2D tensor.")
     if sf_swizzle_layout == SfLayout.layout_8x4:
@@ -43,6 +46,10 @@ def _mxfp8_quantize_0_6(input, is_sf_swizzled_layout: bool = True, alignment: in
 
 def _mxfp8_quantize_0_7_4(input, is_sf_swizzled_layout: bool = True, alignment: int = 32, enable_pdl=None,
                           backend: str = "auto", sf_swizzle_layout=None, *, batch_invariant: bool = False):
+    if batch_invariant:
+        if backend != "auto":
+            raise ValueError(f"mxfp8_quantize: batch_invariant=True requires backend='auto' (got backend={backend!r})")
+        raise NotImplementedError("the CPU fake does not implement the batch-invariant mxfp8_quantize")
     return _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, "cuda" if backend == "auto" else backend,
                            sf_swizzle_layout, ("auto", "cuda", "cute-dsl"))
 
