@@ -204,14 +204,13 @@ def test_scenario_runner_removes_posix_shm_the_ranks_left():
 
 # The review's holes, as scenarios (the fuzz strategy draws each dimension too).
 HOLES = [
-    ("top_k 10, reference experts", dict(top_k=10, experts=32)),
-    ("top_k 22 on the two-sided path", dict(top_k=22, experts=32, path="two_sided", layout=ParallelLayout(4, 1, 4, 1),
-                                            passes=((0, 5, 1, 3),))),
+    ("top_k 10 with the reference experts, mxfp8 scales padded to 128",
+     dict(top_k=10, experts=32, mx_alignment=128, hidden=96, stages=((Layer("mxfp8", 8), Layer("bf16", 8)),))),
+    ("top_k 22 on the two-sided path, int64 router ids",
+     dict(top_k=22, experts=32, path="two_sided", router_ids="int64", layout=ParallelLayout(4, 1, 4, 1),
+          passes=((0, 5, 1, 3),))),
     ("top_k 10, TRT-LLM experts", dict(top_k=10, experts=32, expert_kernel="trtllm",
                                        stages=((Layer("nvfp4", 8), Layer("bf16", 8)),))),
-    ("mxfp8 scales padded to 128", dict(mx_alignment=128, hidden=96, stages=((Layer("mxfp8", 8),),))),
-    ("int64 router ids, two-sided", dict(router_ids="int64", path="two_sided", layout=ParallelLayout(4, 1, 4, 1),
-                                         passes=((2, 0, 4, 1),))),
 ]
 
 
