@@ -157,7 +157,7 @@ def _contract(args) -> int:
             from testbed.contract.annotations import release_annotations, write_table
             from fakes.flashinfer.annotations import table
 
-            print(f"wrote {write_table(report.profile, release_annotations(report, tree))}", flush=True)
+            print(f"wrote {write_table(report.profile, release_annotations(report.entries, tree))}", flush=True)
             table.cache_clear()
             report = compare(source, args.profile, RealTree(source))
         print(format_report(report, everything=args.all), flush=True)

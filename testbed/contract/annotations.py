@@ -14,18 +14,19 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from testbed.contract.compare import Report, RealTree
-from testbed.contract.consumer import _RealSide, _is_dataclass
+from testbed.contract.compare import RealTree
+from testbed.contract.consumer import _RealSide
+from testbed.contract.surface import _ast_dataclass, dataclass_fields
 
 _CALLABLE = ("def ", "method ", "classmethod ", "staticmethod ")
 
 
-def release_annotations(report: Report, tree: RealTree) -> dict[str, dict[str, str]]:
+def release_annotations(entries, tree: RealTree) -> dict[str, dict[str, str]]:
     """``{"comm.mapping.Mapping.__init__": {"world_size": "=1", ...}, ...}`` for every callable
-    ``report`` compared (keys under ``flashinfer.``, without it)."""
+    among the contract's ``entries`` (``Difference`` rows; keys under ``flashinfer.``, without it)."""
     real = _RealSide(tree)
     table: dict[str, dict[str, str]] = {}
-    for entry in report.entries:
+    for entry in entries:
         if " " in entry.key or not entry.real.startswith(_CALLABLE):
             continue
         params = _params_of(real, tree, entry.key)
@@ -46,8 +47,8 @@ def _params_of(real: _RealSide, tree: RealTree, key: str) -> Optional[dict[str, 
     target = real._resolve(module, path)
     if target is None and path[-1] == "__init__":
         owner = real._resolve(module, path[:-1])
-        if owner is not None and isinstance(owner[1], ast.ClassDef) and _is_dataclass(owner[1]):
-            return _dataclass_fields(real, *owner)
+        if owner is not None and isinstance(owner[1], ast.ClassDef) and _ast_dataclass(owner[1]) is not None:
+            return {f.target.id: _text(f.annotation, None) for f in dataclass_fields(*owner)}
         return None
     if target is None or not isinstance(target[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
@@ -63,19 +64,6 @@ def _function_params(fn: ast.FunctionDef) -> dict[str, str]:
         if arg.arg in ("self", "cls"):
             continue
         out[arg.arg] = _text(arg.annotation, default)
-    return out
-
-
-def _dataclass_fields(real: _RealSide, home, cls: ast.ClassDef) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for base in cls.bases:
-        found = home.resolve(ast.unparse(base).split(".")[-1])
-        if found is not None and isinstance(found[1], ast.ClassDef) and _is_dataclass(found[1]):
-            out.update(_dataclass_fields(real, *found))
-    for item in cls.body:
-        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
-                and "ClassVar" not in ast.unparse(item.annotation):
-            out[item.target.id] = _text(item.annotation, None)
     return out
 
 

@@ -126,19 +126,19 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealT
             _compare_imported_names(scope, loader, rows)
         from fakes.flashinfer.profiles import active
         _compare_kernel_constants(source, active(), rows)
-    _compare_annotations(source, profile, loader, rows)
+    _compare_annotations(profile, loader, rows)
     _compare_setup_calls(profile, loader, rows)
     entries = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()))
     return Report(source.version, profile, entries, tuple(sorted(fake_only)), tuple(not_imitated))
 
 
-def _compare_annotations(source: Source, profile: str, loader: "RealTree", rows: dict) -> None:
+def _compare_annotations(profile: str, loader: "RealTree", rows: dict) -> None:
     """The fake's checked-in annotation table of ``profile`` against the release's source."""
     from testbed.contract.annotations import release_annotations
     from fakes.flashinfer.annotations import table
 
-    compared = Report(source.version, profile, tuple(Difference(k, r, f) for k, (r, f) in rows.items()), (), ())
-    real, stored = release_annotations(compared, loader), table(profile)
+    real = release_annotations((Difference(k, r, f) for k, (r, f) in rows.items()), loader)
+    stored = table(profile)
     for key in sorted(set(real) | set(stored)):
         rows[f"flashinfer.{key} annotations"] = (_annotations_text(real.get(key)), _annotations_text(stored.get(key)))
 

@@ -35,11 +35,11 @@ import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 from testbed.contract.compare import RealTree
 from testbed.contract.source import PackageSource
-from testbed.contract.surface import RealModule, top_level
+from testbed.contract.surface import RealModule, _ast_dataclass, dataclass_fields, top_level
 
 
 @dataclass(frozen=True)
@@ -182,8 +182,6 @@ class _Scanner:
     def typeof(self, node: ast.AST) -> Typed:
         if isinstance(node, ast.Name):
             return self.names.get(node.id)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _is_fi(node.value):
-            return ("annotation", node.value)
         if isinstance(node, ast.Attribute):
             if isinstance(node.value, ast.Name) and node.value.id == "self":
                 key = (self._class_of(node), node.attr)
@@ -195,9 +193,10 @@ class _Scanner:
             if base[0] == "module":
                 dotted = f"{base[1]}.{node.attr}"
                 return ("module", dotted) if self.classify(dotted) else ("object", base[1], (node.attr,))
-            if base[0] in ("object", "instance"):
-                return (base[0], base[1], base[2] + (node.attr,)) if base[0] == "object" else ("member", base[1],
-                                                                                              base[2] + (node.attr,))
+            if base[0] == "object":  # a name under a module: a class's member
+                return ("object", base[1], base[2] + (node.attr,))
+            if base[0] == "instance":  # an instance's attribute or method
+                return ("member", base[1], base[2] + (node.attr,))
             return None
         if isinstance(node, ast.Call):
             literal = _literal_module(node)
@@ -260,7 +259,7 @@ class _Scanner:
             t = self.typeof(value) if value is not None else None
             if t is None and isinstance(node, ast.AnnAssign):
                 t = self._annotation(node.annotation)
-            if t is None or t[0] == "annotation":
+            if t is None:
                 return
             if t[0] == "member":
                 return  # a member's value: its type is the release's business
@@ -515,8 +514,8 @@ class _RealSide:
             init = self._member(home, node, "__init__")
             if init is not None and isinstance(init[1], ast.FunctionDef):
                 return self._params(*init)
-            if _is_dataclass(node):
-                return self._fields(home, node)
+            if _ast_dataclass(node) is not None:
+                return {f.target.id for f in dataclass_fields(home, node)}
             return set()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
@@ -524,19 +523,6 @@ class _RealSide:
                 return None
             return {x.arg for x in a.args + a.kwonlyargs}  # positional-only ones take no keyword
         return None  # an assigned callable (an alias): its own signature is not read here
-
-    def _fields(self, home: RealModule, cls: ast.ClassDef) -> set[str]:
-        names = {i.target.id for i in cls.body if isinstance(i, ast.AnnAssign) and isinstance(i.target, ast.Name)
-                 and "ClassVar" not in ast.unparse(i.annotation)}
-        for base in cls.bases:
-            found = home.resolve(ast.unparse(base).split(".")[-1])
-            if found is not None and isinstance(found[1], ast.ClassDef) and _is_dataclass(found[1]):
-                names |= self._fields(*found)
-        return names
-
-
-def _is_dataclass(node: ast.ClassDef) -> bool:
-    return any(ast.unparse(d).split("(")[0].split(".")[-1] == "dataclass" for d in node.decorator_list)
 
 
 def _source_of(module: RealModule, tree: RealTree) -> str:
@@ -743,8 +729,3 @@ def write_consumer_excerpt(source: PackageSource, consumer: Consumer, out: Path)
     (dist / "METADATA").write_text(f"Name: {consumer.dist}\nVersion: {source.version}\n"
                                    + (f"Requires-Dist: flashinfer-python=={pin}\n" if pin else ""))
     return written
-
-
-def iter_reports(source: PackageSource, consumer: Consumer, releases: list, profile_for) -> Iterator[ConsumerReport]:
-    for fi_source in releases:
-        yield check(source, consumer, RealTree(fi_source), profile_for(fi_source.version))

@@ -190,6 +190,18 @@ def _ast_dataclass(node: ast.ClassDef) -> Optional[bool]:
     return None
 
 
+def dataclass_fields(home: RealModule, cls: ast.ClassDef) -> list[ast.AnnAssign]:
+    """A dataclass's fields in ``__init__`` order: its dataclass bases' first, then its own
+    (``ClassVar`` annotations are not fields)."""
+    out: list[ast.AnnAssign] = []
+    for base in cls.bases:
+        found = home.resolve(ast.unparse(base).split(".")[-1].split("[")[0])
+        if found is not None and isinstance(found[1], ast.ClassDef) and _ast_dataclass(found[1]) is not None:
+            out += dataclass_fields(*found)
+    return out + [i for i in cls.body if isinstance(i, ast.AnnAssign) and isinstance(i.target, ast.Name)
+                  and "ClassVar" not in ast.unparse(i.annotation)]
+
+
 def _ast_class_traits(node: ast.ClassDef) -> str:
     traits = []
     bases = {ast.unparse(b).split(".")[-1] for b in node.bases}

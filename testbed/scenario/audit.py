@@ -118,10 +118,9 @@ def integration_call_site() -> str | None:
     calling (``vllm/...`` for vLLM's), or None."""
     frame = inspect.currentframe()
     while frame is not None:
-        filename = _real(frame.f_code.co_filename)
-        for prefix, shown in _code:
-            if filename.startswith(prefix):
-                return f"{shown}{filename[len(prefix):]}:{frame.f_lineno} in {frame.f_code.co_name}"
+        site = _site(frame)
+        if site is not None:
+            return site
         frame = frame.f_back
     return None
 
@@ -135,8 +134,11 @@ def direct_integration_call_site(skip: int = 1) -> str | None:
         frame = frame.f_back if frame is not None else None
     while frame is not None and _real(frame.f_code.co_filename).startswith(_TESTBED):
         frame = frame.f_back
-    if frame is None:
-        return None
+    return None if frame is None else _site(frame)
+
+
+def _site(frame) -> str | None:
+    """``frame`` as a call site when it is the integration's code, else None."""
     filename = _real(frame.f_code.co_filename)
     for prefix, shown in _code:
         if filename.startswith(prefix):

@@ -227,7 +227,7 @@ def _recording_arguments(profile: str, log: audit.EventLog, cleanup) -> None:
         done.add((id(owner), attr))
         checked = _checking(fn, qualname, module, log)
         wrapped = type(raw)(checked) if isinstance(raw, (staticmethod, classmethod)) else checked
-        cleanup(_replace(owner, attr, wrapped) if inspect.ismodule(owner) else _patch(owner, attr, wrapped))
+        cleanup(_replace(owner, attr, wrapped))
 
 
 def _fake_callable(qualname: str):
@@ -304,19 +304,12 @@ class _Names:
         return None
 
 
-def _patch(cls: type, attr: str, value) -> callable:
-    """Set ``cls.attr`` in place (instances made by anyone see it); returns what puts it back."""
-    had, old = attr in vars(cls), vars(cls).get(attr)
-    setattr(cls, attr, value)
-    return lambda: setattr(cls, attr, old) if had else delattr(cls, attr)
-
-
-def _replace(module, name: str, value) -> callable:
-    """Set ``module.name``; returns what puts it back (a module-level lookup, as the fake's
-    per-profile names are, comes back by removing the attribute)."""
-    had, old = name in vars(module), vars(module).get(name)
-    setattr(module, name, value)
-    return lambda: setattr(module, name, old) if had else delattr(module, name)
+def _replace(owner, name: str, value) -> callable:
+    """Set ``owner.name`` (a module's or, in place, a class's); returns what puts it back (a
+    name served by a lookup, as the fake's per-profile names are, comes back by removing it)."""
+    had, old = name in vars(owner), vars(owner).get(name)
+    setattr(owner, name, value)
+    return lambda: setattr(owner, name, old) if had else delattr(owner, name)
 
 
 def _install(ctx, sc: Scenario, log: audit.EventLog):
@@ -373,7 +366,7 @@ def _recording_mnnvl_setup(log: audit.EventLog) -> callable:
             _MnnvlMemory.comm = comm
             log.write(ev="mnnvl_setup", calls=calls)
 
-    return _patch(_MnnvlMemory, "open_mnnvl_memory", staticmethod(open_mnnvl_memory))
+    return _replace(_MnnvlMemory, "open_mnnvl_memory", staticmethod(open_mnnvl_memory))
 
 
 class _CallRecorder:
