@@ -18,6 +18,7 @@ import sys
 import time
 
 from testbed import __version__
+from testbed.integrations import ENGINES, INTEGRATIONS, engine
 
 CLUSTER_FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
 # A hang must surface as a hang (the watchdog's report) before the fake's own flag wait
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--vllm-source", metavar="DIR",
                      help="with --integration vllm: import vLLM's Python from this checkout on every rank "
                           "(A2A_VLLM_SOURCE), so a branch is tested as it stands")
+    run.add_argument("--sglang-source", metavar="DIR",
+                     help="with --integration sglang: import SGLang's Python from this checkout's python/ "
+                          "directory on every rank (A2A_SGLANG_SOURCE)")
     run.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     run.add_argument("--html", metavar="PATH", help="write one self-contained HTML page")
     fz = sub.add_parser("fuzz", help="Hypothesis over the scenario model; failures printed as run lines")
@@ -67,11 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     fz.add_argument("--seed", type=int, default=None, metavar="S",
                     help="random draw from this seed (default: derandomized, the same every time)")
     fz.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-scenario timeout")
-    fz.add_argument("--integration", choices=("impl", "vllm"), default="impl",
-                    help="draw scenarios of impl (default) or of the installed vLLM's classes")
+    fz.add_argument("--integration", choices=INTEGRATIONS, default="impl",
+                    help="draw scenarios of impl (default) or of the installed vLLM's or SGLang's classes")
     mu = sub.add_parser("mutants", help="run the catalogue of mutants of an integration; each must be killed")
-    mu.add_argument("--integration", choices=("impl", "vllm"), default="impl",
-                    help="whose code the mutants change: impl (default) or the installed vLLM's, hunted by its matrix")
+    mu.add_argument("--integration", choices=INTEGRATIONS, default="impl",
+                    help="whose code the mutants change: impl (default) or the installed vLLM's or SGLang's, hunted "
+                         "by its matrix")
     mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
     mu.add_argument("--list", action="store_true", help="list the mutants and exit")
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
@@ -248,14 +253,16 @@ def _run(args) -> int:
             raise UsageError(f"--mutant: {e}") from None
     if args.backend not in (None, "fake"):
         return _judge_on(args.backend, args)
-    if args.vllm_source and args.integration != "vllm":
-        raise UsageError("--vllm-source goes with --integration vllm")
-    if args.integration == "vllm":
-        _need_vllm(args.vllm_source)
-    if args.integration == "vllm" and not (scenario_given(args) or args.layout):
+    for engine in ENGINES:
+        source = getattr(args, f"{engine}_source")
+        if source and args.integration != engine:
+            raise UsageError(f"--{engine}-source goes with --integration {engine}")
+    if args.integration in ENGINES:
+        _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
+    if args.integration in ENGINES and not (scenario_given(args) or args.layout):
         from testbed.scenario.matrix import on_integration
 
-        try:  # vLLM 0.33.0 pins FlashInfer 0.7.2
+        try:  # vLLM 0.33.0 pins FlashInfer 0.7.2.post1, SGLang 0.5.23 0.7.2
             scenarios, refused = on_integration(args.integration, args.matrix_profile or "0.7.2")
         except ValueError as e:
             raise UsageError(f"--matrix-profile: {e}") from None
@@ -277,10 +284,9 @@ def _run(args) -> int:
     return _judge(_scenarios(args), args)
 
 
-def _need_vllm(source: str | None = None) -> None:
-    from testbed.integrations import vllm
-
-    why = vllm.use(source)
+def _need_engine(name: str, source: str | None = None) -> None:
+    """Make the rank pools run engine ``name``, or a usage error saying why they cannot."""
+    why = engine(name).use(source)
     if why:
         raise UsageError(why)
 
@@ -422,11 +428,11 @@ def _judge_launched(env, scenarios, args, not_run: int) -> int:
 def _fuzz(args) -> int:
     from testbed.cluster.pool import RankPool
     from testbed.scenario import report, runner
-    from testbed.scenario.fuzz import ScenarioFailed, fuzz, scenarios, vllm_scenarios
+    from testbed.scenario.fuzz import ScenarioFailed, fuzz, strategy
 
     _positive("--examples", args.examples)
-    if args.integration == "vllm":
-        _need_vllm()
+    if args.integration in ENGINES:
+        _need_engine(args.integration)
     _positive("--timeout", args.timeout)
     progress = report.Progress()
     started = time.monotonic()
@@ -440,7 +446,7 @@ def _fuzz(args) -> int:
 
         try:
             fuzz(check, examples=args.examples, seed=args.seed,
-                 strategy=vllm_scenarios() if args.integration == "vllm" else scenarios())
+                 strategy=strategy(args.integration))
         except ScenarioFailed as e:
             progress.clear()
             print(f"FAIL (shrunk) {e.verdict.scenario.short()}")
@@ -456,7 +462,7 @@ def _fuzz(args) -> int:
 def _mutants(args) -> int:
     from testbed.scenario import mutants
 
-    catalogue = mutants.VLLM_CATALOGUE if args.integration == "vllm" else mutants.CATALOGUE
+    catalogue = mutants.catalogue(args.integration)
     if args.list:
         for m in catalogue:
             print(f"{m.name:32s} {m.description}")
@@ -472,9 +478,9 @@ def _mutants(args) -> int:
     from testbed.scenario.matrix import MATRIX, on_integration
 
     scenarios = MATRIX
-    if args.integration == "vllm":
-        _need_vllm()
-        scenarios = on_integration("vllm", "0.7.2")[0]  # vLLM 0.33.0's pinned FlashInfer
+    if args.integration in ENGINES:
+        _need_engine(args.integration)
+        scenarios = on_integration(args.integration, "0.7.2")[0]  # the engines' pinned FlashInfer
     started = time.monotonic()
     progress = report.Progress()
     hunts = []

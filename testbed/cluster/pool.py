@@ -173,21 +173,26 @@ class _Worker:
 # Imported once in the fork server; every worker forks from it with them loaded (and their
 # pages shared until written), instead of importing torch anew per rank.
 PRELOAD = ("torch", "torch.distributed", "testbed.cluster.worker", "testbed.scenario.program")
-PRELOAD_VLLM_ENV = "A2A_PRELOAD_VLLM"
+PRELOAD_ENV = "A2A_PRELOAD_ENGINES"  # comma-separated: vllm, sglang
 
 
-def worker_context(preload_vllm: bool | None = None):
+def preload_engines() -> tuple[str, ...]:
+    """The engines ``A2A_PRELOAD_ENGINES`` names."""
+    return tuple(filter(None, os.environ.get(PRELOAD_ENV, "").split(",")))
+
+
+def worker_context(engines: tuple[str, ...] | None = None):
     """The multiprocessing context workers start from: a fork server that preloaded
     :data:`PRELOAD` (it forks from a single-threaded process, unlike a plain fork of this
-    one, which may run threads), and vLLM where ``preload_vllm`` (by default where
-    ``A2A_PRELOAD_VLLM`` is set). The fork server is one per process: the first pool to start
-    a worker decides."""
+    one, which may run threads), and the modules of each engine in ``engines`` (by default
+    those ``A2A_PRELOAD_ENGINES`` names) that an integration drives. The fork server is one per
+    process: the first pool to start a worker decides."""
     ctx = mp.get_context("forkserver")
-    # vLLM's import (~5 s, ~260 MiB) once per fork server instead of once per rank.
-    if preload_vllm is None:
-        preload_vllm = bool(os.environ.get(PRELOAD_VLLM_ENV))
-    vllm = ["testbed.integrations.vllm_preload"] if preload_vllm else []
-    ctx.set_forkserver_preload(list(PRELOAD) + vllm)
+    # An engine's import (vLLM ~5 s and ~260 MiB, SGLang ~3.5 s and ~535 MiB) once per fork
+    # server instead of once per rank.
+    if engines is None:
+        engines = preload_engines()
+    ctx.set_forkserver_preload(list(PRELOAD) + [f"testbed.integrations.{e}_preload" for e in engines])
     return ctx
 
 
@@ -216,16 +221,16 @@ class RankPool:
     initializer : callable, optional
         Picklable; every rank process calls it once at start (e.g. to apply a mutant of
         ``impl`` to the whole run).
-    preload_vllm : bool, optional
-        Whether the fork server imports vLLM (see :func:`worker_context`).
+    preload : tuple of str, optional
+        The engines whose modules the fork server imports (see :func:`worker_context`).
 
     Use as a context manager or call :meth:`close`; workers are also killed at interpreter
     exit and exit by themselves when this process dies.
     """
 
     def __init__(self, start_timeout_s: float = START_TIMEOUT_S,
-                 initializer: Callable[[], Any] | None = None, preload_vllm: bool | None = None) -> None:
-        self._mp = worker_context(preload_vllm)
+                 initializer: Callable[[], Any] | None = None, preload: tuple[str, ...] | None = None) -> None:
+        self._mp = worker_context(preload)
         _open_pools.add(self)
         self._start_timeout_s = start_timeout_s
         self._initializer = initializer

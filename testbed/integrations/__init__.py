@@ -2,8 +2,8 @@
 without knowing which one runs.
 
 An integration is the code that drives FlashInfer's all-to-all from an inference engine:
-``impl`` (this project's reference re-creation of the seed pull requests) or ``vllm`` (the
-installed vLLM's own classes). Each is a :class:`Integration`: it stands up its engine's state
+``impl`` (this project's reference re-creation of the seed pull requests), ``vllm`` (the
+installed vLLM's own classes) or ``sglang`` (the installed SGLang's own dispatcher). Each is a :class:`Integration`: it stands up its engine's state
 on a rank (:meth:`Integration.start`), builds each MoE layer around the testbed's experts,
 and brackets every forward pass and every layer call as its engine does. What the invariants
 need from it besides the event log is declared, not inferred from its name (:class:`Traits`).
@@ -16,7 +16,8 @@ from typing import ContextManager, Protocol
 
 import torch
 
-INTEGRATIONS = ("impl", "vllm")
+INTEGRATIONS = ("impl", "vllm", "sglang")
+ENGINES = ("vllm", "sglang")  # the integrations that are another project's code
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,17 @@ class Traits:
     layer sizing (impl's). ``barrier_after_build``: the integration itself barriers on the EP
     group after building a communication, before a layer uses it. ``code``: the integration's
     source as ``(real path prefix, shown name)`` pairs: collectives from these frames are its.
+    ``fixed_capacity``: one ``MoeAlltoAll`` per layer, all at one token capacity, sharing a
+    workspace through FlashInfer's size-keyed cache (SGLang's), instead of one grown to each
+    layer's need. ``combine_output``: the integration probes combine for ``output=`` and
+    passes it wherever the release takes it (impl's); one that never does is not wrong.
     """
 
     shared_communication: bool
     barrier_after_build: bool
     code: tuple[tuple[str, str], ...]
+    fixed_capacity: bool = False
+    combine_output: bool = True
 
 
 class Layer(Protocol):
@@ -76,4 +83,17 @@ def get(name: str) -> Integration:
         from testbed.integrations.vllm import VLLM
 
         return VLLM
+    if name == "sglang":
+        from testbed.integrations.sglang import SGLANG
+
+        return SGLANG
     raise ValueError(f"unknown integration {name!r}; one of {', '.join(INTEGRATIONS)}")
+
+
+def engine(name: str):
+    """The adapter module of engine ``name`` (its ``use``, ``unavailable``, ``prepare_environment``)."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
+    import importlib
+
+    return importlib.import_module(f"testbed.integrations.{name}")

@@ -102,7 +102,7 @@ def use(source: str | None = None) -> str | None:
     """Make this process's rank pools run vLLM (a checkout's Python where ``source`` is given)
     and import it in their fork server (so call it before the first pool starts); returns why
     it cannot (one line, naming the flag), or None."""
-    from testbed.cluster.pool import PRELOAD_VLLM_ENV
+    from testbed.cluster.pool import PRELOAD_ENV, preload_engines
 
     if source:
         if not os.path.isdir(os.path.join(source, "vllm")):
@@ -110,7 +110,7 @@ def use(source: str | None = None) -> str | None:
         os.environ[SOURCE_ENV] = os.path.abspath(source)
     why = unavailable()
     if why is None:
-        os.environ.setdefault(PRELOAD_VLLM_ENV, "1")
+        os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preload_engines() + ("vllm",)))
     return why and f"--integration vllm: {why}"
 
 

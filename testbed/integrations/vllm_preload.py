@@ -1,4 +1,4 @@
-"""What the rank pool's fork server imports when ``A2A_PRELOAD_VLLM`` is set: the vLLM modules
+"""What the rank pool's fork server imports when ``A2A_PRELOAD_ENGINES`` names vllm: the vLLM modules
 ``--integration vllm`` drives, imported once so every rank forks with them loaded (their pages
 shared). Nothing happens where vLLM is not installed."""
 

@@ -31,6 +31,7 @@ from testbed.scenario.model import (
     PROFILES,
     ROUTER_ID_DTYPES,
     ROUTINGS,
+    SGLANG_RUNNER_CHOICES,
     SLOT_ORDERS,
     SUPPORTED_TOP_K,
     TRTLLM_FORMATS,
@@ -149,6 +150,35 @@ def vllm_scenarios(draw) -> Scenario:
                              label="fuzz vllm")
     except ScenarioInputError as e:
         raise AssertionError(f"the vLLM scenario strategy drew an invalid scenario: {e}") from e
+
+
+def strategy(integration: str):
+    """The scenarios ``a2a-testbed fuzz --integration`` draws."""
+    return {"impl": scenarios, "vllm": vllm_scenarios, "sglang": sglang_scenarios}[integration]()
+
+
+@st.composite
+def sglang_scenarios(draw) -> Scenario:
+    """Scenarios ``--integration sglang`` runs: SGLang's dispatcher on MoeAlltoAll (its pin,
+    0.7.2), TP attention (every rank the same rows) or DP attention (each DP rank its own),
+    bf16 dispatch at one capacity, each of its MoE runners' sentinel and combine region."""
+    tp_only = draw(st.booleans())
+    layout = draw(st.sampled_from([lay for lay in LAYOUTS if (lay.dp == 1 if tp_only else lay.tp == 1)]))
+    ep = layout.ep_size
+    experts = draw(st.sampled_from([n for n in range(ep, 33) if n % ep == 0]))
+    top_k = draw(st.sampled_from([k for k in FAKE_PROFILES["0.7.2"].top_k_kernels if k <= experts]))
+    budget = draw(st.integers(1, MAX_BUDGET))
+    stages = tuple(tuple(Layer("bf16", budget) for _ in range(draw(st.integers(1, 3)))) for _ in range(layout.pp))
+    counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).map(tuple)
+    sentinel, output = draw(st.sampled_from(SGLANG_RUNNER_CHOICES))
+    try:
+        return Scenario.make(layout=layout, stages=stages, passes=tuple(draw(st.lists(counts, min_size=1, max_size=3))),
+                             experts=experts, top_k=top_k, hidden=draw(st.sampled_from((64, 128, 256, 512))),
+                             routing=draw(st.sampled_from(ROUTINGS)), slot_order=draw(st.sampled_from(SLOT_ORDERS)),
+                             seed=draw(st.integers(0, 2 ** 16)), router_ids=draw(st.sampled_from(ROUTER_ID_DTYPES)),
+                             invalid_expert_id=sentinel, expert_output=output, integration="sglang", label="fuzz sglang")
+    except ScenarioInputError as e:
+        raise AssertionError(f"the SGLang scenario strategy drew an invalid scenario: {e}") from e
 
 
 class ScenarioFailed(AssertionError):

@@ -6,7 +6,11 @@
   dispatch left stale must not reach them), order-insensitive.
 - ``workspace``: after each layer is built the live ``MoeAlltoAll`` covers every layer built
   so far at its own budget; sizes never shrink; builds = strict increases of the need; the
-  same on every rank of the EP group. On ``moe_ep``: one communication per distinct layer
+  same on every rank of the EP group. An integration of one fixed capacity (a ``MoeAlltoAll``
+  per layer): every build has the one capacity; every round runs on one that covers its
+  layer's budget with a workspace covering the layer at that capacity; decode and prefill
+  rounds never share a workspace (prefill runs eagerly beside decode); the same builds on
+  every rank. On ``moe_ep``: one communication per distinct layer
   budget, built with the layers (not during the forwards) for the model's top_k and experts;
   every round runs on one whose token capacity covers its layer; the same builds on every
   rank of the EP group.
@@ -21,7 +25,8 @@
   (expert parallel off, TP > 1, this rank has tokens, a kernel that can), once per forward.
 - ``expert-output``: with ``--expert-output workspace`` the experts get the combine region
   and every combine runs with ``payload_in_workspace``; otherwise neither.
-- ``probe``: combine receives ``output=`` exactly when the exposed combine takes it.
+- ``probe``: combine receives ``output=`` exactly when the exposed combine takes it (for an
+  integration that probes for it).
 - ``runtime-max-tokens``: each one-sided (and each ``moe_ep``) round dispatches and combines with the max over the
   dispatching ranks of the layer's token counts (at least 1; under sequence parallel a DP
   rank's count is split over its TP ranks), the same on every rank.
@@ -191,8 +196,50 @@ def _workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
         return
     if sc.path != "one_sided":
         return
+    check = _fixed_capacity if integrations.get(sc.integration).traits(sc).fixed_capacity else _workspace_checks
     with fake_profile(sc.profile):  # the auxiliary region's size depends on the release's kMaxTopK
-        _workspace_checks(sc, logs, v, complete)
+        check(sc, logs, v, complete)
+
+
+def _fixed_capacity(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
+    f = _Findings(v, "workspace")
+    ep = sc.ep_size
+    v.builds = [[] for _ in sc.stages]
+    seen_stage: dict[int, tuple] = {}
+    for rank, events in sorted(logs.items()):
+        layers = sc.stages[_stage(sc, rank)]
+        builds, by_index, where, kinds = [], {}, None, {}
+        for e in events:
+            if e["ev"] == "build":
+                _model_mismatch(sc, f, rank, "build", e)
+                if by_index and e["max_num_tokens"] != builds[0][0]:
+                    f.add(f"rank {rank}: build {e['index']} has max_num_tokens {e['max_num_tokens']}, build 1 "
+                          f"{builds[0][0]} (one fixed capacity for every layer)")
+                by_index[e["index"]] = e
+                builds.append((e["max_num_tokens"], e["workspace_size"]))
+            elif e["ev"] == "layer" and not by_index:
+                f.add(f"rank {rank}: layer {e['layer']} built without any MoeAlltoAll")
+            elif e["ev"] == "forward":
+                where = (e["pass_"], e["layer"])
+            elif e["ev"] == "combine" and where is not None and e["build"] in by_index:
+                (p, i), b = where, by_index[e["build"]]
+                ly = layers[i]
+                need = _size(ep, b["max_num_tokens"], dispatch_bytes(ly, sc), 2 * sc.hidden)
+                if b["max_num_tokens"] < ly.max_num_tokens or b["workspace_size"] < need:
+                    f.add(f"rank {rank} pass {p} layer {i} ({ly}): its round ran on MoeAlltoAll build {b['index']} of "
+                          f"max_num_tokens {b['max_num_tokens']} and {b['workspace_size']} bytes; the layer needs "
+                          f"max_num_tokens >= {ly.max_num_tokens} and, at that capacity, {need} bytes")
+                kinds.setdefault(b["workspace"], {}).setdefault(sc.prefill(p), (p, i, b["index"]))
+        for used in kinds.values():
+            if len(used) > 1:
+                (p, i, a), (q, j, b) = used[False], used[True]
+                f.add(f"rank {rank}: a decode round (pass {p} layer {i}, build {a}) and a prefill round (pass {q} "
+                      f"layer {j}, build {b}) ran on one workspace; prefill runs eagerly beside decode, so their "
+                      "MoeAlltoAlls need workspaces of their own (FlashInfer caches workspaces by size)")
+        _same_builds_in_stage(f, seen_stage, _stage(sc, rank), rank, builds, complete)
+        if not v.builds[_stage(sc, rank)]:
+            v.builds[_stage(sc, rank)] = builds
+    f.close()
 
 
 def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
@@ -436,7 +483,7 @@ def _expert_output(sc: Scenario, logs, v: Verdict) -> None:
 
 
 def _probe(sc: Scenario, logs, v: Verdict) -> None:
-    if sc.path != "one_sided" and sc.api != "moe_ep":
+    if sc.path != "one_sided" and sc.api != "moe_ep" or not integrations.get(sc.integration).traits(sc).combine_output:
         return
     f = _Findings(v, "probe")
     takes = sc.combine_takes_output()
@@ -479,23 +526,27 @@ def _round_ordering(sc: Scenario, logs, v: Verdict) -> None:
     f = _Findings(v, "round-ordering")
     for rank, events in sorted(logs.items()):
         ep = set(sc.layout.group_of("ep", rank))
-        last: dict[int, int] = {}  # build -> the combine offset of its previous round
+        last: dict = {}  # workspace -> the combine offset of its previous round
+        workspace: dict[int, int] = {}  # build -> its workspace (MoeAlltoAlls of one size share one)
         ordered, where = True, None
         for e in events:
-            if e["ev"] == "forward":
+            if e["ev"] == "build":
+                workspace[e["index"]] = e.get("workspace", e["index"])
+            elif e["ev"] == "forward":
                 where = f"pass {e['pass_']} layer {e['layer']}"
             elif e["ev"] == "combine":
                 ordered = False
             elif e["ev"] == "coll" and e["op"] not in A2A_OPS and ep <= set(e["group"]):
                 ordered = True
             elif e["ev"] == "dispatched":
-                before = last.get(e["build"])
+                key = workspace.get(e["build"], e["build"])
+                before = last.get(key)
                 if before is not None and not ordered and e["combine_offset"] > before:
                     f.add(f"rank {rank} {where}: this round's dispatch payloads end at byte {e['combine_offset']} of "
                           f"the workspace row, past byte {before} where the previous round's combine region starts, "
                           "with no collective of every EP rank between the rounds: a peer still reading its combine "
                           "output can be overwritten (the cross-round race, docs/findings.md FI-RACE)")
-                last[e["build"]] = e["combine_offset"]
+                last[key] = e["combine_offset"]
     f.close()
 
 

@@ -121,6 +121,8 @@ class Scenario:
     a2a_api: str = "auto"  # one of A2A_APIS (FlashInfer paths only)
     flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
     integration: str = "impl"  # one of INTEGRATIONS: whose code drives FlashInfer
+    dp_attention: bool = True  # SGLang: DP ranks publish their token counts (off: --no-dp-attention)
+    sp_prefill: bool = False  # SGLang: the odd passes are sequence-parallel prefill on their own workspace
     label: str = field(default="", compare=False)
 
     @classmethod
@@ -140,6 +142,8 @@ class Scenario:
         one-sided manager drives ``moe_ep``, its two-sided one ``comm``'s ``MnnvlMoe``."""
         if self.integration == "vllm":
             return {"one_sided": "moe_ep", "two_sided": "comm"}.get(self.path)
+        if self.integration == "sglang":
+            return "comm" if self.path == "one_sided" else None
         return api_for(self.path, self.profile, self.a2a_api)
 
     @property
@@ -175,6 +179,11 @@ class Scenario:
 
     def invalid_id(self) -> int:
         return -1 if self.invalid_expert_id == "-1" else self.experts
+
+    def prefill(self, pass_idx: int) -> bool:
+        """Whether pass ``pass_idx`` is a (sequence-parallel) prefill: the odd passes with
+        ``--sp-prefill``; the others decode."""
+        return self.sp_prefill and pass_idx % 2 == 1
 
     def tokens(self, pass_idx: int, layer: Layer, dp_rank: int) -> int:
         """Tokens DP rank ``dp_rank`` hands ``layer`` in pass ``pass_idx``."""
@@ -273,6 +282,14 @@ class Scenario:
             raise ScenarioInputError("--tokens", "give at least one forward pass")
         if self.integration == "vllm":
             self._check_vllm()
+        if self.integration == "sglang":
+            rule = sglang_rule(self)
+            if rule:
+                raise ScenarioInputError(*rule)
+        else:
+            for flag, on in (("--no-dp-attention", not self.dp_attention), ("--sp-prefill", self.sp_prefill)):
+                if on:
+                    raise ScenarioInputError(flag, "is SGLang's: it goes with --integration sglang")
         biggest = max(layer.max_num_tokens for stage in self.stages for layer in stage)
         for counts in self.passes:
             if len(counts) != lay.dp:
@@ -399,6 +416,10 @@ class Scenario:
             parts += ["--backend", self.flashinfer_backend]
         if self.integration != "impl":
             parts += ["--integration", self.integration]
+        if not self.dp_attention:
+            parts.append("--no-dp-attention")
+        if self.sp_prefill:
+            parts.append("--sp-prefill")
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -418,6 +439,8 @@ class Scenario:
         sig += f" mx-align={self.mx_alignment}" if self.mx_alignment else ""
         sig += " moe_ep" if self.api == "moe_ep" else ""
         sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
+        sig += " no-dp-attention" if not self.dp_attention else ""
+        sig += " sp-prefill" if self.sp_prefill else ""
         sig += f" [{self.integration}]" if self.integration != "impl" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
@@ -515,6 +538,58 @@ def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
     return None
 
 
+# What SGLang 0.5.23's FlashinferDispatcher runs on the CPU: MoeAlltoAll (its one-sided path)
+# with bf16 dispatch, and the (sentinel, expert output) pairs its MoE runners give
+# (testbed.integrations.sglang.RUNNERS).
+SGLANG_FORMATS = ("bf16",)
+SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_experts", "workspace"))
+_SGLANG_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
+                     ("--expert-kernel", "expert_kernel", "reference"), ("--defer-finalize", "defer_finalize", False),
+                     ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
+                     ("--routed-scaling", "routed_scaling", 1.0), ("--router-weight-on-input", "router_weight_on_input",
+                                                                   False),
+                     ("--mx-alignment", "mx_alignment", 0), ("--backend", "flashinfer_backend", "fake"))
+
+
+def sglang_rule(sc: "Scenario") -> tuple[str, str] | None:
+    """``(flag, rule)`` the scenario breaks under ``--integration sglang``, or None."""
+    lay = sc.layout
+    if sc.path != "one_sided":
+        return "--path", ("--integration sglang drives SGLang's FlashinferDispatcher, which builds FlashInfer's "
+                          "one-sided MoeAlltoAll (moe_a2a_backend flashinfer)")
+    if lay.pp > 1:
+        return "--layout", ("SGLang numbers its ranks stage-major (stage s is ranks s*W/pp .. (s+1)*W/pp - 1); the "
+                            "testbed's layouts are vLLM's, DP outside PP, so a stage's ranks differ: give pp = 1")
+    if lay.tp > 1 and lay.dp > 1:
+        return "--layout", ("SGLang's DP attention with attention TP > 1 scatters each DP rank's tokens over its "
+                            "attention-TP ranks in its layer boundary, which the adapter does not drive: give tp = 1 "
+                            "(DP attention) or dp = 1 (TP attention)")
+    if any(not any(counts) for counts in sc.passes):
+        return "--tokens", ("SGLang's scheduler runs no forward where no DP rank has a token (it emits idle batches "
+                            "only while max(global_num_tokens) > 0): give every pass a token somewhere")
+    if not sc.dp_attention and lay.dp < 2:
+        return "--no-dp-attention", "needs a layout with dp > 1 (the DP ranks whose counts go unpublished)"
+    for flag, name, default in _SGLANG_IMPL_ONLY:
+        if getattr(sc, name) != default:
+            return flag, ("is not driven under --integration sglang, which runs SGLang's own dispatcher on the fake "
+                          "(impl's combine signatures, API choice and TRT-LLM experts have no SGLang counterpart; its "
+                          "shared experts, scaling, router weight on input and sequence parallel live in SGLang's "
+                          "model and layer boundary, which the adapter does not drive yet; the GPU runner drives impl)")
+    if (sc.invalid_expert_id, sc.expert_output) not in SGLANG_RUNNER_CHOICES:
+        return "--expert-output", ("SGLang combines from the workspace with the flashinfer_cutlass runner only, whose "
+                                   "sentinel is num_experts: give --invalid-expert-id num_experts")
+    fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(SGLANG_FORMATS))
+    if fmts:
+        return "--stages", (f"the adapter drives SGLang's bf16 dispatch (flashinfer_a2a_dispatch_type bf16); its "
+                            f"quantized dispatch of {', '.join(fmts)} is not driven yet")
+    budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
+    if len(budgets) > 1:
+        return "--stages", (f"SGLang sizes every layer's MoeAlltoAll at one capacity "
+                            f"(SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK): give every layer one budget, got "
+                            f"{sorted(budgets)}")
+    return None
+
+
 def _choice(flag: str, value, choices) -> None:
     if value not in choices:
         raise ScenarioInputError(flag, f"must be one of {', '.join(choices)}; got {value!r}")
@@ -524,14 +599,15 @@ def _choice(flag: str, value, choices) -> None:
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
-                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration")
+                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "dp_attention",
+                  "sp_prefill")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
             "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
             "a2a_api": "auto",
-            "integration": "impl"}
+            "integration": "impl", "dp_attention": True, "sp_prefill": False}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
@@ -588,7 +664,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "installed release's; without scenario flags, the matrix's scenarios it can run)")
     parser.add_argument("--integration", help=f"whose code drives FlashInfer: {', '.join(INTEGRATIONS)} (impl: this "
                                               "project's reference integration; vllm: the installed vLLM's own "
-                                              "managers, prepare/finalizes and modular kernel) (default impl)")
+                                              "managers, prepare/finalizes and modular kernel; sglang: the installed SGLang's "
+                                              "FlashinferDispatcher in its FusedMoE forward) (default impl)")
+    parser.add_argument("--no-dp-attention", dest="dp_attention", action="store_const", const=False, default=None,
+                        help="SGLang without DP attention on a layout with dp > 1: each DP rank's rows reach its "
+                             "dispatcher with no DP token list (the uneven runtime max, docs/findings.md SGL-001)")
+    parser.add_argument("--sp-prefill", action="store_true", default=None,
+                        help="SGLang: a model-wide dispatcher keeps a second MoeAlltoAll for sequence-parallel "
+                             "prefill (enable_sp_prefill_a2a, as MuseSpark builds it) and the odd passes run as SP "
+                             "prefill on it, the others decode on each layer's own")
     parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
                                           "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
                                           "from 0.7.2; auto: comm where the release has it) (default auto)")

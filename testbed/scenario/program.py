@@ -48,7 +48,8 @@ def _recording_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tuple[int
         base.__init__(self, *args, **kwargs)
         self._testbed_build = next(builds)
         log.write(ev="build", index=self._testbed_build, max_num_tokens=self.max_num_tokens,
-                  workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
+                  workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts,
+                  workspace=self.workspace.data_ptr())
 
     def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *args, **kwargs):
         log.write(ev="coll", op="moe_a2a_dispatch", group=list(ep_ranks), site=audit.integration_call_site())
@@ -184,7 +185,8 @@ def _recording_public_moe_alltoall(base: type, log: audit.EventLog, ep_ranks: tu
         base.__init__(self, *args, **kwargs)
         self._testbed_build = next(builds)
         log.write(ev="build", index=self._testbed_build, max_num_tokens=self.max_num_tokens,
-                  workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts)
+                  workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts,
+                  workspace=self.workspace.data_ptr())
 
     @functools.wraps(base.dispatch)
     def dispatch(self, *args, **kwargs):

@@ -1,0 +1,418 @@
+"""SGLang behind the integration seam: the installed SGLang's own FlashInfer MoE dispatcher
+(``sglang/srt/layers/moe/token_dispatcher/flashinfer.py``), built and driven as SGLang's
+``FusedMoE`` does, on the pool's ranks and the fake (or real) FlashInfer.
+
+Per rank and scenario:
+
+- SGLang's server configuration of the scenario (``ServerArgs`` with ``moe_a2a_backend=
+  "flashinfer"``, TP and EP over the stage's ranks, DP attention where the layout has DP
+  ranks, the MoE runner backend), published with ``runtime_context.publish`` and
+  ``initialize_moe_config`` as its scheduler does;
+- SGLang's own parallel state on the pool's world (``init_distributed_environment`` keeps the
+  initialized ``torch.distributed``; ``initialize_model_parallel`` builds its TP group, the
+  dispatcher's EP group, which must be the layout's);
+- each layer's dispatcher from SGLang's ``create_moe_dispatcher`` (what ``FusedMoE.__init__``
+  calls): one ``MoeAlltoAll`` per layer at the fixed capacity
+  ``SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK`` (the scenario's one budget), its
+  workspace shared between layers through FlashInfer's size-keyed cache; with ``--sp-prefill``
+  also one model-wide dispatcher with a second ``MoeAlltoAll`` for sequence-parallel prefill,
+  its size padded apart (``enable_sp_prefill_a2a``, built and used as MuseSpark does);
+- each layer call is SGLang's ``FusedMoE.forward_impl`` (dispatch, ``run_moe_core``, combine,
+  the final reduce decision) on a stand-in module whose quant method runs the testbed's
+  experts: into the workspace's combine region where SGLang combines from it (the
+  ``flashinfer_cutlass`` runner's ``payload_in_workspace``);
+- each forward publishes SGLang's per-forward state: decode (``set_is_extend_in_batch(False)``)
+  or SP prefill (extend with ``sp_active``) and, under DP attention, the DP ranks' token counts (``set_dp_buffer_len``), which SGLang's
+  scheduler all-gathers: the testbed all-gathers them on the EP group in its place.
+
+It stops below ``FusedMoE``'s construction (weights, quant method, CUDA-graph runners).
+
+CPU glue: a placeholder ``torchvision`` (PyPI's is a CUDA build; two of SGLang's model
+configs import it at load, nothing here calls it), SGLang's group timeout set to the
+pool's, and the flashinfer names SGLang's dispatcher module binds at import re-read from
+the scenario's release (its own guarded imports, re-run: a rank runs scenarios of several
+releases). ``A2A_SGLANG_SOURCE`` puts a checkout's Python first on every rank's path.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from testbed.integrations import Traits
+from testbed.scenario.moe import forward_pass_token_counts
+from testbed.scenario.reference import ACT_DTYPE
+
+TESTED = ("0.5.23",)  # pins flashinfer-python 0.7.2
+SOURCE_ENV = "A2A_SGLANG_SOURCE"
+DISPATCHER = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
+CAPACITY_ENV = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+# The scenario's sentinel and combine region -> the MoE runner backend SGLang picks them for
+# (FlashinferDispatcher.__init__: -1 for the TRT-LLM and DeepGEMM runners, else num_experts;
+# payload_in_workspace for flashinfer_cutlass only).
+RUNNERS = {("-1", "separate"): "flashinfer_trtllm", ("num_experts", "separate"): "triton",
+           ("num_experts", "workspace"): "flashinfer_cutlass"}
+CAPABILITIES = (
+    ("sglang.srt.server_args", "ServerArgs"),
+    ("sglang.srt.runtime_context", "publish"),
+    ("sglang.srt.distributed.parallel_state", "init_distributed_environment"),
+    ("sglang.srt.distributed.parallel_state", "initialize_model_parallel"),
+    ("sglang.srt.distributed.bootstrap", "reset_parallel_initialised"),  # destroy_model_parallel imports it
+    ("sglang.srt.layers.moe.utils", "initialize_moe_config"),
+    ("sglang.srt.layers.moe.fused_moe_triton.layer", "create_moe_dispatcher"),
+    ("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE"),
+    (DISPATCHER, "FlashinferDispatcher"),
+    ("sglang.srt.layers.dp_attention", "set_dp_buffer_len"),
+)
+
+
+def prepare_environment() -> None:
+    """What must hold before SGLang is imported in a process (the fork server's too)."""
+    source = os.environ.get(SOURCE_ENV)
+    if source and source not in sys.path:
+        sys.path.insert(0, source)
+    _stand_in_torchvision()
+
+
+class _Placeholder:
+    """Any torchvision name at import time; fails loudly if it is ever used."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name}: the testbed's torchvision placeholder was called (SGLang on a CPU "
+                           "torch has no torchvision)")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+
+def _stand_in_torchvision() -> None:
+    """``sglang.srt.configs`` imports every model config; two import ``torchvision.transforms``
+    at load. transformers must go on seeing no torchvision: its availability checks are cached
+    before the placeholder exists."""
+    if "torchvision" in sys.modules or importlib.util.find_spec("transformers") is None:
+        return
+    if importlib.util.find_spec("torchvision") is not None:
+        return  # a real one (a CUDA torch's machine)
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available(), import_utils.is_torchvision_v2_available()
+    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
+                 "torchvision.transforms.v2", "torchvision.transforms.v2.functional", "torchvision.io",
+                 "torchvision.ops"):
+        module = types.ModuleType(name)
+        module.__getattr__ = lambda attr, _name=name: _module_attr(_name, attr)
+        module.__path__ = []
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        sys.modules[name] = module
+        parent, _, leaf = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], leaf, module)
+
+
+def _module_attr(module: str, attr: str):
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    return _Placeholder(f"{module}.{attr}")
+
+
+def unavailable() -> str | None:
+    """Why ``--integration sglang`` cannot run here (one line), or None: SGLang missing, or
+    one without a class the adapter drives (a capability probe, not a version compare)."""
+    prepare_environment()
+    if importlib.util.find_spec("sglang") is None:
+        return ("SGLang is not installed: `./dev setup --sglang` installs SGLang 0.5.23 without its CUDA torch "
+                f"(or set {SOURCE_ENV} to a checkout)")
+    import fakes.flashinfer
+
+    with fakes.flashinfer.install("0.7.2"):
+        for module, name in CAPABILITIES:
+            try:
+                mod = importlib.import_module(module)
+            except Exception as e:  # noqa: BLE001 - whatever breaks the import is the answer
+                return f"SGLang's {module} does not import: {type(e).__name__}: {e}"
+            if not hasattr(mod, name):
+                return f"this SGLang has no {module}.{name} (the adapter is written for SGLang {', '.join(TESTED)})"
+    return None
+
+
+@functools.cache
+def use(source: str | None = None) -> str | None:
+    """Make this process's rank pools run SGLang (a checkout's Python where ``source`` is
+    given) and import it in their fork server; returns why it cannot (one line, naming the
+    flag), or None."""
+    from testbed.cluster.pool import PRELOAD_ENV, preload_engines
+
+    if source:
+        if not os.path.isdir(os.path.join(source, "sglang")):
+            return f"--sglang-source: {source} holds no sglang/ package (give the checkout's python/ directory)"
+        os.environ[SOURCE_ENV] = os.path.abspath(source)
+    why = unavailable()
+    if why is None:
+        os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preload_engines() + ("sglang",)))
+    return why and f"--integration sglang: {why}"
+
+
+def preload() -> None:
+    """The SGLang modules the adapter drives, imported once so every rank forks with them."""
+    prepare_environment()
+    if importlib.util.find_spec("sglang") is None:
+        return
+    import fakes.flashinfer
+
+    with fakes.flashinfer.install("0.7.2"):
+        for module in dict.fromkeys(module for module, _ in CAPABILITIES):
+            importlib.import_module(module)
+
+
+@functools.cache
+def code() -> tuple[tuple[str, str], ...]:
+    """SGLang's integration code: its MoE layers and dispatchers, its distributed layer."""
+    prepare_environment()
+    root = Path(importlib.util.find_spec("sglang").origin).resolve().parent
+    return tuple((str(root / sub) + os.sep, f"sglang/{sub}/") for sub in ("srt/layers/moe", "srt/distributed"))
+
+
+class SglangIntegration:
+    name = "sglang"
+
+    def traits(self, sc) -> Traits:
+        # One MoeAlltoAll per layer at one fixed capacity; the size-keyed cache shares their
+        # workspace. SGLang never barriers after a build and never passes combine's output=.
+        return Traits(shared_communication=False, barrier_after_build=False, code=code(), fixed_capacity=True,
+                      combine_output=False)
+
+    def start(self, ctx, sc, api, log) -> "SglangSession":
+        return SglangSession(ctx, sc, api, log)
+
+
+def dp_attention(sc) -> bool:
+    """Whether SGLang runs the scenario with DP attention: the layout's DP ranks each attend
+    to their own tokens and publish their counts (``--no-dp-attention`` hands them over
+    without)."""
+    return sc.layout.dp > 1 and sc.dp_attention
+
+
+def server_arguments(sc) -> dict:
+    """SGLang's ``ServerArgs`` of the scenario: TP and EP over a stage's ranks."""
+    lay = sc.layout
+    stage = lay.tp * lay.dp
+    kw = dict(model_path="dummy", device="cpu", tp_size=stage, ep_size=stage, pp_size=lay.pp,
+              moe_a2a_backend="flashinfer", moe_runner_backend=RUNNERS[(sc.invalid_expert_id, sc.expert_output)],
+              disable_custom_all_reduce=True)  # a CUDA all-reduce; its set-up only warns on the CPU
+    if dp_attention(sc):
+        kw.update(enable_dp_attention=True, dp_size=lay.dp)
+    return kw
+
+
+def _set_env(ctx, name: str, value: str) -> None:
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    ctx.add_cleanup(lambda: os.environ.pop(name, None) if saved is None else os.environ.__setitem__(name, saved))
+
+
+def rebind_guarded_imports(module) -> dict:
+    """Re-run ``module``'s guarded ``from flashinfer... import`` block under the FlashInfer now
+    installed: the names it binds and the flag its ``except ImportError`` sets, as a fresh
+    import of the module would have them. Returns ``{name: value}`` to set on the module."""
+    tree = ast.parse(inspect.getsource(module))
+    for node in tree.body:
+        if not isinstance(node, ast.Try):
+            continue
+        imports = [n for n in node.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer")]
+        if not imports:
+            continue
+        flags = [t.id for n in node.handlers for s in n.body if isinstance(s, ast.Assign) for t in s.targets
+                 if isinstance(t, ast.Name)]
+        found = {}
+        try:
+            for n in imports:
+                source = importlib.import_module(n.module)
+                for alias in n.names:
+                    try:
+                        found[alias.asname or alias.name] = getattr(source, alias.name)
+                    except AttributeError:
+                        raise ImportError(f"cannot import name {alias.name!r} from {n.module!r}") from None
+        except ImportError:
+            return {flag: False for flag in flags}
+        return {**found, **{flag: True for flag in flags}}
+    raise RuntimeError(f"{module.__name__} has no guarded flashinfer import block (not the SGLang {TESTED[0]} layout)")
+
+
+class SglangSession:
+    def __init__(self, ctx, sc, api, log):
+        prepare_environment()
+        self.ctx, self.sc, self.log = ctx, sc, log
+        if sc.flashinfer_backend == "fake":
+            import fakes.flashinfer
+
+            named = contextlib.ExitStack()
+            ctx.add_cleanup(named.close)
+            named.enter_context(fakes.flashinfer.install(sc.profile))
+        from sglang.srt import runtime_context as rc
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.layers import dp_attention as dpa
+        from sglang.srt.layers.moe.utils import initialize_moe_config
+        from sglang.srt.server_args import ServerArgs
+
+        self.ps, self.dpa, self.rc = ps, dpa, rc
+        self.sp_dispatcher, self.passes = None, 0
+        dispatcher = importlib.import_module(DISPATCHER)
+        for name, value in rebind_guarded_imports(dispatcher).items():
+            ctx.add_cleanup(_swap(dispatcher, name, value))
+        buffers = dpa._DpGatheredBufferWrapper
+        saved = {k: v for k, v in vars(buffers).items() if k.startswith("_") and not k.startswith("__")
+                 and not callable(v)}
+        ctx.add_cleanup(lambda: [setattr(buffers, k, v) for k, v in saved.items()])
+        budget = sc.stages[0][0].max_num_tokens  # one capacity for every layer
+        _set_env(ctx, CAPACITY_ENV, str(budget))
+        lay = sc.layout
+        self.dp_attention = dp_attention(sc)
+        rc.publish(ServerArgs(**server_arguments(sc)), role="test",
+                   ranks=rc.SpawnRanks(world_rank=ctx.rank, dp_rank=ctx.coords.dp_rank if self.dp_attention else None))
+        initialize_moe_config()
+        ps._MODEL_PARALLEL_GROUP_TIMEOUT = ctx.pg_timeout  # SGLang sets it only where it starts the world
+        ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
+                                        backend="gloo")
+        ctx.add_cleanup(self._teardown)
+        ps.initialize_model_parallel(backend="gloo")
+        tp = rc.get_parallel().tp_group
+        if tuple(tp.ranks) != tuple(ctx.group_ranks["ep"]):
+            raise RuntimeError(f"SGLang's TP group {tp.ranks} (its dispatcher's EP group) is not the layout's EP "
+                               f"group {ctx.group_ranks['ep']}")
+
+    def _teardown(self) -> None:
+        """SGLang's groups go; the pool's world stays."""
+        ps = self.ps
+        ps.destroy_model_parallel()
+        if ps._WORLD is not None:
+            ps._WORLD.destroy()
+            ps._WORLD = None
+        ps._MODEL_PARALLEL_GROUP_TIMEOUT = None
+
+    def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
+        from sglang.srt.layers.moe.fused_moe_triton.layer import create_moe_dispatcher
+        from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+        from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+        sc = self.sc
+        config = MoeRunnerConfig(num_experts=sc.experts, num_local_experts=len(experts.own), hidden_size=sc.hidden,
+                                 top_k=sc.top_k, layer_id=index, params_dtype=ACT_DTYPE, num_fused_shared_experts=0,
+                                 runner_backend=MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)]))
+        dispatcher = create_moe_dispatcher(config, quant_method=None)
+        if sc.sp_prefill and self.sp_dispatcher is None:  # MuseSpark's model-wide SP dispatcher
+            from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher
+
+            self.sp_dispatcher = FlashinferDispatcher(
+                group=self.rc.get_parallel().tp_group.device_group, router_topk=sc.top_k, num_experts=sc.experts,
+                num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
+                enable_sp_prefill_a2a=True)
+        return SglangLayer(dispatcher, self.sp_dispatcher, experts, sc, self.rc.get_parallel().moe_ep_size)
+
+    @contextlib.contextmanager
+    def forward_pass(self, num_tokens: int):
+        # SGLang's scheduler all-gathers every DP rank's token count before each forward (its
+        # MLP sync); that collective also orders the forwards of every EP rank.
+        ctx, sc = self.ctx, self.sc
+        self.log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
+                       site="testbed: SGLang's scheduler token-count all-gather")
+        counts = forward_pass_token_counts(ctx.groups["ep"], ctx.coords.dp_rank, sc.layout.dp, num_tokens)
+        prefill = sc.prefill(self.passes)
+        self.passes += 1
+        # Decode takes the all-to-all; extend all-gathers, except sequence-parallel prefill.
+        self.dpa.set_is_extend_in_batch(prefill)
+        forward = self.rc.get_forward()
+        forward.set("sp_active", prefill)
+        if self.dp_attention:
+            self.dpa.set_dp_buffer_len(sum(counts), num_tokens, False, global_num_tokens=list(counts))
+        try:
+            yield
+        finally:
+            forward.set("sp_active", False)
+
+    def layer_call(self, num_tokens: int):
+        return contextlib.nullcontext()
+
+
+def _swap(owner, name: str, value):
+    had, old = name in vars(owner), vars(owner).get(name)
+    setattr(owner, name, value)
+    return lambda: setattr(owner, name, old) if had else delattr(owner, name)
+
+
+class _TestbedMethod:
+    """The quant method's ``apply`` as SGLang's FlashInfer runners do it: the experts over the
+    received rows, into the combine region when the dispatcher hands one (``moe_output``)."""
+
+    def __init__(self, experts):
+        self.experts = experts
+
+    def apply(self, layer, dispatch_output):
+        from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferCombineInput
+
+        d = dispatch_output
+        received = SimpleNamespace(a1q=d.hidden_states, a1q_scale=d.hidden_states_scale,
+                                   topk_ids=d.topk_output.topk_ids.long(), topk_weights=d.topk_output.topk_weights)
+        return FlashinferCombineInput(hidden_states=self.experts(received, output=d.moe_output))
+
+
+class SglangLayer:
+    """An MoE layer as SGLang's ``FusedMoE.forward_impl`` runs it, on a stand-in module with
+    the dispatcher SGLang built and the testbed's experts as its quant method; under SP
+    prefill, MuseSpark's dispatch and combine on the model-wide SP dispatcher."""
+
+    sequence_parallel = False
+    reduce_pending = False
+
+    def __init__(self, dispatcher, sp_dispatcher, experts, sc, moe_ep_size: int):
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+        self.sc, self.dispatcher, self.sp_dispatcher = sc, dispatcher, sp_dispatcher
+        self.method = _TestbedMethod(experts)
+        # SGLang's MoE models build FusedMoE with reduce_results=False under expert parallelism
+        # (deepseek_v2.py, qwen3_moe.py): the combine's output is complete.
+        module = SimpleNamespace(dispatcher=dispatcher, quant_method=self.method, reduce_results=False,
+                                 moe_tp_size=1, moe_ep_size=moe_ep_size, _dwdp_bound=False)
+        module._dispatch_with_pre_quant = types.MethodType(FusedMoE._dispatch_with_pre_quant, module)
+        module.run_moe_core = types.MethodType(FusedMoE.run_moe_core, module)
+        self._forward = types.MethodType(FusedMoE.forward_impl, module)
+
+    def output_is_reduced(self) -> bool:
+        return True  # FlashInfer's combine sums every expert rank's contribution
+
+    def topk_indices_dtype(self):
+        return None  # SGLang's router hands its own ids; the dispatcher converts them to int32
+
+    def __call__(self, x_TH, w_TK, ids_TK):
+        from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+        from sglang.srt.runtime_context import get_forward
+
+        topk = StandardTopKOutput(topk_weights=w_TK, topk_ids=ids_TK,
+                                  router_logits=torch.zeros(x_TH.size(0), self.sc.experts, dtype=torch.float32))
+        if not get_forward().sp_active:
+            return self._forward(x_TH, topk)
+        received = self.sp_dispatcher.dispatch(x_TH, topk)
+        return self.sp_dispatcher.combine(self.method.apply(None, received))
+
+
+SGLANG = SglangIntegration()
