@@ -55,17 +55,27 @@ if MUTANT:
     mutants.apply(MUTANT)
 
 
+def _engine_installed(name: str) -> None:
+    """Skip (with the reason) where ``--integration NAME`` cannot run; under
+    ``A2A_REQUIRE_<NAME>`` (CI) that is a failure instead: those tests must run there."""
+    from testbed.integrations import engine
+
+    why = engine(name).unavailable()
+    if why:
+        required = f"A2A_REQUIRE_{name.upper()}"
+        if os.environ.get(required):
+            pytest.fail(f"{required} is set but {why}")
+        pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def vllm_installed() -> None:
-    """Skip (with the reason) where ``--integration vllm`` cannot run; under
-    ``A2A_REQUIRE_VLLM`` (CI) that is a failure instead: those tests must run there."""
-    from testbed.integrations import vllm
+    _engine_installed("vllm")
 
-    why = vllm.unavailable()
-    if why:
-        if os.environ.get("A2A_REQUIRE_VLLM"):
-            pytest.fail(f"A2A_REQUIRE_VLLM is set but {why}")
-        pytest.skip(why)
+
+@pytest.fixture(scope="session")
+def sglang_installed() -> None:
+    _engine_installed("sglang")
 
 
 @pytest.fixture(scope="session")

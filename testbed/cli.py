@@ -253,10 +253,9 @@ def _run(args) -> int:
             raise UsageError(f"--mutant: {e}") from None
     if args.backend not in (None, "fake"):
         return _judge_on(args.backend, args)
-    for engine in ENGINES:
-        source = getattr(args, f"{engine}_source")
-        if source and args.integration != engine:
-            raise UsageError(f"--{engine}-source goes with --integration {engine}")
+    for name in ENGINES:
+        if getattr(args, f"{name}_source") and args.integration != name:
+            raise UsageError(f"--{name}-source goes with --integration {name}")
     if args.integration in ENGINES:
         _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
     if args.integration in ENGINES and not (scenario_given(args) or args.layout):

@@ -41,7 +41,7 @@ def test_mutant_applies_and_undoes_exactly(m):
 
 def test_mutant_catalogue_is_large_and_named_uniquely():
     assert len(mutants.CATALOGUE) >= 25
-    assert len(mutants.BY_NAME) == len(mutants.CATALOGUE) + len(mutants.VLLM_CATALOGUE)  # names unique across both
+    assert len(mutants.BY_NAME) == sum(map(len, (mutants.CATALOGUE, mutants.VLLM_CATALOGUE, mutants.SGLANG_CATALOGUE)))  # names unique across all
 
 
 def test_mutant_changes_behaviour_in_this_process():

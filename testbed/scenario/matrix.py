@@ -177,13 +177,13 @@ SGLANG_MATRIX: tuple[Scenario, ...] = (
 
 
 def on_integration(integration: str, profile: str) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
-    """The matrix (and the integration's own entries) driven by ``integration`` on FlashInfer
+    """The integration's own entries, then the matrix, driven by ``integration`` on FlashInfer
     ``profile``: the scenarios it can run, and those it refuses with the rule."""
     if profile not in PROFILES:
         raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {', '.join(PROFILES)}")
     runnable, refused = [], []
     own = {"vllm": VLLM_MATRIX, "sglang": SGLANG_MATRIX}.get(integration, ())
-    for sc in MATRIX + own:
+    for sc in own + MATRIX:
         moved = dataclasses.replace(sc, profile=profile, integration=integration,
                                     a2a_api="auto" if integration != "impl" else sc.a2a_api,
                                     label=f"{sc.label} [{integration} on {profile}]")

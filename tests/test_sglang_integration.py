@@ -1,0 +1,184 @@
+"""``--integration sglang``: SGLang 0.5.23's own FlashinferDispatcher through the scenario model,
+its invariants, its known findings and its mutants (the model's rules and the fixed-capacity
+workspace rule need no SGLang)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+
+import pytest
+
+from testbed.scenario import findings, invariants, mutants, runner
+from testbed.scenario.invariants import Failure, Verdict, check
+from testbed.scenario.matrix import SGLANG_MATRIX, on_integration
+from testbed.scenario.model import ScenarioInputError
+from tests.test_scenario import _parse
+
+SGLANG_TIMEOUT_S = 60.0
+BASE = "a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 5,7 --integration sglang"
+
+
+@pytest.mark.parametrize("line, flag", [
+    (f"{BASE} --stages nvfp4:16", "--stages"), (f"{BASE} --stages bf16:16,bf16:8", "--stages"),
+    (f"{BASE} --path two_sided", "--path"), (f"{BASE} --tokens 0,0", "--tokens"),
+    (f"{BASE} --expert-output workspace", "--expert-output"), (f"{BASE} --combine-signature opaque", "--combine-signature"),
+    (f"{BASE} --shared-experts", "--shared-experts"),
+    ("a2a-testbed run --layout 4,2,2,1 --stages bf16:16 --tokens 5,7 --integration sglang", "--layout"),
+    ("a2a-testbed run --layout 4,1,2,2 --stages 'bf16:16;bf16:16' --tokens 5,7 --integration sglang", "--layout"),
+    ("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 5 --integration sglang --no-dp-attention",
+     "--no-dp-attention"),
+])
+def test_sglang_integration_model_refuses_what_sglang_cannot_run(line, flag):
+    with pytest.raises(ScenarioInputError) as e:
+        _parse(line)
+    assert e.value.flag == flag
+
+
+@pytest.mark.parametrize("flag", ["--sp-prefill", "--no-dp-attention"])
+def test_sglang_integration_flags_are_sglangs(flag):
+    with pytest.raises(ScenarioInputError) as e:
+        _parse(f"a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 5,7 {flag}")
+    assert e.value.flag == flag and "--integration sglang" in str(e.value)
+
+
+def test_sglang_integration_cli_round_trip():
+    sc = _parse(f"{BASE} --no-dp-attention --sp-prefill --tokens 3,3 --invalid-expert-id num_experts "
+                "--expert-output workspace --router-ids int64")
+    assert sc.integration == "sglang" and sc.api == "comm" and not sc.dp_attention and sc.sp_prefill
+    assert [sc.prefill(p) for p in range(2)] == [False, True]
+    assert _parse(sc.to_cli()) == sc
+
+
+def test_sglang_integration_matrix_moves_every_entry_or_names_the_rule():
+    runnable, refused = on_integration("sglang", "0.7.2")
+    assert len(runnable) + len(refused) > len(SGLANG_MATRIX)
+    assert all(sc.integration == "sglang" for sc in runnable) and all(rule for _, rule in refused)
+    assert runnable[:len(SGLANG_MATRIX)] == [dataclasses.replace(sc, label=r.label)
+                                            for sc, r in zip(SGLANG_MATRIX, runnable)]
+
+
+def _fixed_logs(*builds, rounds=((0, 0, 1),), layers=1):
+    """One rank's log: ``builds`` as (max_num_tokens, bytes, workspace), then ``layers`` layers,
+    then rounds as (pass, layer, build)."""
+    events = [dict(ev="build", index=i, max_num_tokens=t, workspace_size=b, workspace=w, top_k=2, num_experts=8)
+              for i, (t, b, w) in enumerate(builds, 1)]
+    events += [dict(ev="layer", layer=i) for i in range(layers)]
+    for p, i, b in rounds:
+        events += [dict(ev="forward", pass_=p, layer=i, reduced=True, pending=False, sp=False), dict(ev="combine", build=b, rtm=5, output=False,
+                                                             in_workspace=False)]
+    return {0: events, 1: events}
+
+
+def test_sglang_integration_fixed_capacity_rule():
+    sc = _parse(f"{BASE} --tokens 3,3 --sp-prefill")
+    size = invariants._size(2, 16, 256 * 2 + 16, 512)
+    ok = _fixed_logs((16, size, 1), (16, size + 256, 2), rounds=((0, 0, 1), (1, 0, 2)))
+    assert not check(sc, ok, None, None).failed("workspace")
+    for logs, piece in ((_fixed_logs((8, size, 1)), "needs max_num_tokens >= 16"),
+                        (_fixed_logs((16, size - 1, 1)), f"{size} bytes"),
+                        (_fixed_logs((16, size, 1), (32, size, 2)), "one fixed capacity"),
+                        (_fixed_logs((16, size, 1), (16, size, 1), rounds=((0, 0, 1), (1, 0, 2))),
+                         "ran on one workspace")):
+        found = check(sc, logs, None, None).failed("workspace")
+        assert found and piece in found[0].evidence, (piece, found)
+
+
+def test_sglang_integration_combine_without_output_is_not_a_probe_failure():
+    sc = _parse(BASE)  # 0.7.2's combine takes output=; SGLang does not probe for it
+    assert not check(sc, _fixed_logs((16, 10 ** 6, 1)), None, None).failed("probe")
+    impl = dataclasses.replace(sc, integration="impl")
+    assert check(impl, _fixed_logs((16, 10 ** 6, 1)), None, None).failed("probe")
+
+
+def _verdict(sc, failures=()):
+    v = Verdict(sc)
+    v.failures.extend(failures)
+    return v
+
+
+def test_sglang_integration_known_findings_are_scenario_properties():
+    uneven = _parse(f"{BASE} --no-dp-attention")
+    assert [f.id for f in findings.known(uneven)] == ["SGL-001"]
+    equal = "a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 6,6 --integration sglang --no-dp-attention"
+    assert not findings.known(_parse(equal))  # equal rows: nothing to show
+    assert [f.id for f in findings.known(_parse(f"{BASE} --profile 0.7.4"))] == ["SGL-002"]
+    hit = _verdict(uneven, [Failure("completes", "RuntimeError: dispatch: the ranks of this round passed different "
+                                                 "runtime_max_tokens_per_rank (rank 0: 5, rank 1: 7)")])
+    assert findings.judge(hit) == "KNOWN SGL-001" and hit.passed
+    gone = _verdict(uneven)
+    assert findings.judge(gone) is None and gone.failed("known-finding")
+
+
+@pytest.mark.usefixtures("sglang_installed")
+def test_sglang_integration_guarded_imports_follow_the_release():
+    import fakes.flashinfer
+    from testbed.integrations.sglang import DISPATCHER, rebind_guarded_imports
+
+    module = importlib.import_module(DISPATCHER)
+    with fakes.flashinfer.install("0.7.2"):
+        names = rebind_guarded_imports(module)
+        from flashinfer.comm import MoeAlltoAll
+    assert names["use_flashinfer"] is True and names["MoeAlltoAll"] is MoeAlltoAll
+    with fakes.flashinfer.install("0.7.4"):
+        assert rebind_guarded_imports(module) == {"use_flashinfer": False}
+
+
+@pytest.mark.usefixtures("sglang_installed")
+def test_sglang_integration_torchvision_placeholder_fails_loudly():
+    import torchvision.transforms as transforms
+
+    with pytest.raises(RuntimeError, match="torchvision placeholder"):
+        transforms.Resize(4)
+
+
+@pytest.mark.usefixtures("sglang_installed")
+def test_sglang_integration_matrix_passes_or_is_known(no_leaks):
+    for sc in SGLANG_MATRIX:
+        v = runner.run(no_leaks, sc, timeout_s=SGLANG_TIMEOUT_S)
+        want = [f.id for f in findings.known(sc)]
+        assert v.passed, f"{sc.label}: {[(f.invariant, f.evidence[:400]) for f in v.failures]}"
+        assert v.known == want, (sc.label, v.known, want)
+        if not want:
+            assert v.worst <= 1.0 and v.layer_errors, sc.label  # compared with the dense reference
+
+
+@pytest.mark.usefixtures("sglang_installed")
+def test_sglang_integration_flashinfer_074_breaks_sglang(no_leaks):
+    v = runner.run(no_leaks, dataclasses.replace(SGLANG_MATRIX[0], profile="0.7.4"), timeout_s=SGLANG_TIMEOUT_S)
+    assert v.known == ["SGL-002"] and "ImportError" in v.known_failures[0].evidence
+
+
+def test_sglang_mutants_catalogue_targets_sglang():
+    assert len(mutants.SGLANG_CATALOGUE) >= 10
+    assert all(m.integration == "sglang" and m.target.startswith("sglang.") and m.needs_scenarios
+               for m in mutants.SGLANG_CATALOGUE)
+    assert all(kind in invariants.INVARIANTS for m in mutants.SGLANG_CATALOGUE for kind, _ in m.expect)
+
+
+@pytest.mark.usefixtures("sglang_installed")
+@pytest.mark.parametrize("m", mutants.SGLANG_CATALOGUE, ids=lambda m: m.name)
+def test_sglang_mutant_applies_and_undoes_exactly(m):
+    module_name, _, path = m.target.partition(":")
+    owner = importlib.import_module(module_name)
+    *owner_path, attr = path.split(".")
+    for part in owner_path:
+        owner = getattr(owner, part)
+    before = inspect.getattr_static(owner, attr)
+    undo = mutants.apply(m.name)
+    try:
+        assert inspect.getattr_static(owner, attr) is not before
+    finally:
+        undo()
+    assert inspect.getattr_static(owner, attr) is before
+
+
+@pytest.mark.usefixtures("sglang_installed")
+@pytest.mark.parametrize("name, invariant", [("s-no-namespace-padding", "workspace"),
+                                             ("s-runtime-max-of-smallest", "runtime-max-tokens"),
+                                             ("s-combine-not-in-workspace", "expert-output"),
+                                             ("s-reduce-after-combine", "reduce")])
+def test_sglang_mutant_killed_by_the_invariant_it_names(cluster, name, invariant):
+    h = runner.hunt(cluster, name, on_integration("sglang", "0.7.2")[0], timeout_s=SGLANG_TIMEOUT_S)
+    assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)
