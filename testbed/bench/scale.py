@@ -25,6 +25,7 @@ import time
 
 from testbed.cluster.layout import ParallelLayout
 from testbed.cluster.pool import RankPool
+from testbed.integrations import ENGINES, INTEGRATIONS, engine
 from testbed.scenario import runner
 from testbed.scenario.model import Layer, Scenario
 
@@ -38,10 +39,10 @@ def add_arguments(parser) -> None:
                         help="EP world sizes (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, metavar="N",
                         help="warm scenarios per world, after the first (default: %(default)s)")
-    parser.add_argument("--integration", choices=("impl", "vllm"), default="impl",
-                        help="whose code runs the scenario: impl (default) or the installed vLLM's classes "
-                             "(two bf16 layers: the formats vLLM quantizes on the CPU; the fork server "
-                             "imports vLLM, in preload_s)")
+    parser.add_argument("--integration", choices=INTEGRATIONS, default="impl",
+                        help="whose code runs the scenario: impl (default) or the installed vLLM's or SGLang's "
+                             "classes (two bf16 layers: what both run on the CPU; the fork server imports the "
+                             "engine, in preload_s)")
 
 
 def _nothing(ctx) -> None:
@@ -60,7 +61,7 @@ def uss_mb(pid: int) -> float:
 
 
 def scenario(world: int, seed: int = 0, integration: str = "impl") -> Scenario:
-    first = "bf16" if integration == "vllm" else "nvfp4"
+    first = "nvfp4" if integration == "impl" else "bf16"
     return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
                          stages=((Layer(first, 16), Layer("bf16", 16)),),
                          passes=(tuple(LOAD[d % len(LOAD)] for d in range(world)),), label="scale",
@@ -116,10 +117,8 @@ def run(args) -> dict:
         raise SystemExit(f"--worlds: world sizes must be >= 1, got {args.worlds!r}")
     if args.repeats < 0:
         raise SystemExit(f"--repeats: must be >= 0, got {args.repeats}")
-    if args.integration == "vllm":
-        from testbed.integrations import vllm
-
-        why = vllm.use()  # before the first fork server starts
+    if args.integration in ENGINES:
+        why = engine(args.integration).use()  # before the first fork server starts
         if why:
             raise SystemExit(why)
     started = time.perf_counter()
