@@ -182,3 +182,28 @@ def test_sglang_mutant_applies_and_undoes_exactly(m):
 def test_sglang_mutant_killed_by_the_invariant_it_names(cluster, name, invariant):
     h = runner.hunt(cluster, name, on_integration("sglang", "0.7.2")[0], timeout_s=SGLANG_TIMEOUT_S)
     assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)
+
+
+def test_sglang_integration_source_must_hold_the_package(tmp_path, monkeypatch):
+    import os
+
+    from testbed.integrations import sglang
+
+    monkeypatch.delenv(sglang.SOURCE_ENV, raising=False)
+    why = sglang.use(str(tmp_path))
+    assert why.startswith("--sglang-source") and "no sglang/ package" in why
+    assert sglang.SOURCE_ENV not in os.environ
+
+
+@pytest.mark.usefixtures("sglang_installed")
+def test_sglang_integration_fuzz_bounded_derandomized(cluster):
+    from testbed.scenario.fuzz import fuzz, sglang_scenarios
+
+    seen = []
+
+    def check(sc):
+        seen.append(sc)
+        return runner.run(cluster, sc, timeout_s=SGLANG_TIMEOUT_S)
+
+    fuzz(check, examples=5, strategy=sglang_scenarios())
+    assert seen and all(sc.integration == "sglang" for sc in seen)

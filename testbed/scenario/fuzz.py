@@ -163,13 +163,14 @@ def sglang_scenarios(draw) -> Scenario:
     0.7.2), TP attention (every rank the same rows) or DP attention (each DP rank its own),
     bf16 dispatch at one capacity, each of its MoE runners' sentinel and combine region."""
     tp_only = draw(st.booleans())
-    layout = draw(st.sampled_from([lay for lay in LAYOUTS if (lay.dp == 1 if tp_only else lay.tp == 1)]))
+    layout = draw(st.sampled_from([lay for lay in LAYOUTS if lay.pp == 1 and (lay.dp == 1 if tp_only else lay.tp == 1)]))
     ep = layout.ep_size
     experts = draw(st.sampled_from([n for n in range(ep, 33) if n % ep == 0]))
     top_k = draw(st.sampled_from([k for k in FAKE_PROFILES["0.7.2"].top_k_kernels if k <= experts]))
     budget = draw(st.integers(1, MAX_BUDGET))
     stages = tuple(tuple(Layer("bf16", budget) for _ in range(draw(st.integers(1, 3)))) for _ in range(layout.pp))
-    counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).map(tuple)
+    # SGLang runs no forward where no DP rank has a token: every pass has one somewhere.
+    counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).filter(any).map(tuple)
     sentinel, output = draw(st.sampled_from(SGLANG_RUNNER_CHOICES))
     try:
         return Scenario.make(layout=layout, stages=stages, passes=tuple(draw(st.lists(counts, min_size=1, max_size=3))),

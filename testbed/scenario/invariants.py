@@ -14,7 +14,7 @@
   budget, built with the layers (not during the forwards) for the model's top_k and experts;
   every round runs on one whose token capacity covers its layer; the same builds on every
   rank of the EP group.
-- ``collectives``: ``impl`` uses the EP group (set-up, barriers, all-to-all rounds), the TP
+- ``collectives``: the integration uses the EP group (set-up, barriers, all-to-all rounds), the TP
   group for the reduce (and under sequence parallel the all-gather), and on the
   all-gather/reduce-scatter path the DP group; the ranks of a group issue the same
   sequence; every rebuild is followed by a barrier on the EP group.
@@ -160,7 +160,7 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
         for e in events:
             group = tuple(e.get("group", ()))
             if e["ev"] == "coll" and (group, None) not in allowed and (group, e["op"]) not in allowed:
-                f.add(f"rank {rank}: {e['op']} on group {_group_text(group)} from {e['site']}; impl may use its "
+                f.add(f"rank {rank}: {e['op']} on group {_group_text(group)} from {e['site']}; the integration may use its "
                       f"EP group {_group_text(ep)}, its TP group {_group_text(tp)} for the reduce"
                       + (" and the sequence-parallel all-gather" if sc.sequence_parallel else "")
                       + (f", and its DP group {_group_text(dp)} to gather and reduce-scatter"
