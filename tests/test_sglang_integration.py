@@ -21,14 +21,18 @@ BASE = "a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 5,7 --integra
 
 
 @pytest.mark.parametrize("line, flag", [
-    (f"{BASE} --stages nvfp4:16", "--stages"), (f"{BASE} --stages bf16:16,bf16:8", "--stages"),
+    (f"{BASE} --stages mxfp8:16", "--stages"), (f"{BASE} --stages bf16:16,bf16:8", "--stages"),
+    (f"{BASE} --stages bf16:16,nvfp4:16", "--stages"),
     (f"{BASE} --path two_sided", "--path"), (f"{BASE} --tokens 0,0", "--tokens"),
     (f"{BASE} --expert-output workspace", "--expert-output"), (f"{BASE} --combine-signature opaque", "--combine-signature"),
     (f"{BASE} --shared-experts", "--shared-experts"),
+    (f"{BASE} --stages nvfp4:16 --invalid-expert-id num_experts --expert-output workspace", "--expert-output"),
     ("a2a-testbed run --layout 4,2,2,1 --stages bf16:16 --tokens 5,7 --integration sglang", "--layout"),
+    ("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 5 --integration sglang", "--layout"),
     ("a2a-testbed run --layout 4,1,2,2 --stages 'bf16:16;bf16:16' --tokens 5,7 --integration sglang", "--layout"),
-    ("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 5 --integration sglang --no-dp-attention",
-     "--no-dp-attention"),
+    ("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 4 --integration sglang --sp-prefill", "--sp-prefill"),
+    ("a2a-testbed run --layout 4,4,1,1 --stages nvfp4:16 --tokens 4 --integration sglang --sp-prefill", "--sp-prefill"),
+    ("a2a-testbed run --layout 4,4,1,1 --stages bf16:16 --tokens 6 --integration sglang --sp-prefill", "--tokens"),
 ])
 def test_sglang_integration_model_refuses_what_sglang_cannot_run(line, flag):
     with pytest.raises(ScenarioInputError) as e:
@@ -36,19 +40,39 @@ def test_sglang_integration_model_refuses_what_sglang_cannot_run(line, flag):
     assert e.value.flag == flag
 
 
-@pytest.mark.parametrize("flag", ["--sp-prefill", "--no-dp-attention"])
-def test_sglang_integration_flags_are_sglangs(flag):
+def test_sglang_integration_sp_prefill_is_sglangs():
     with pytest.raises(ScenarioInputError) as e:
-        _parse(f"a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 5,7 {flag}")
-    assert e.value.flag == flag and "--integration sglang" in str(e.value)
+        _parse("a2a-testbed run --layout 4,4,1,1 --stages bf16:16 --tokens 4 --sp-prefill")
+    assert e.value.flag == "--sp-prefill" and "--integration sglang" in str(e.value)
 
 
 def test_sglang_integration_cli_round_trip():
-    sc = _parse(f"{BASE} --no-dp-attention --sp-prefill --tokens 3,3 --invalid-expert-id num_experts "
-                "--expert-output workspace --router-ids int64")
-    assert sc.integration == "sglang" and sc.api == "comm" and not sc.dp_attention and sc.sp_prefill
-    assert [sc.prefill(p) for p in range(2)] == [False, True]
+    sc = _parse(f"{BASE} --invalid-expert-id num_experts --expert-output workspace --router-ids int64")
+    assert sc.integration == "sglang" and sc.api == "comm" and not sc.splits_tokens
     assert _parse(sc.to_cli()) == sc
+    sp = _parse("a2a-testbed run --layout 8,8,1,1 --stages bf16:16 --tokens 16 --tokens 8 --integration sglang "
+                "--sp-prefill")
+    assert sp.sp_prefill and sp.splits_tokens and _parse(sp.to_cli()) == sp
+
+
+@pytest.mark.usefixtures("sglang_installed")
+def test_sglang_integration_topology_rule_is_sglangs_own():
+    from sglang.srt.arg_groups.moe_hook import _flashinfer_a2a_topology_is_supported
+
+    from testbed.cluster.layout import ParallelLayout
+    from testbed.integrations.sglang import server_arguments
+    from testbed.scenario.model import sglang_topology_supported
+
+    for world in range(2, 9):
+        for tp in (t for t in range(1, world + 1) if world % t == 0):
+            layout = ParallelLayout(world, tp, world // tp, 1)
+            for sp in (False, True):  # the server arguments the adapter gives (server_arguments)
+                args = server_arguments(dataclasses.replace(_parse(BASE), layout=layout, sp_prefill=sp))
+                sglang = _flashinfer_a2a_topology_is_supported(
+                    architecture="MuseSparkForConditionalGeneration" if sp else None, tp_size=args["tp_size"],
+                    ep_size=args["ep_size"], attn_dp_size=args.get("dp_size", 1),
+                    attn_dp_enabled=args.get("enable_dp_attention", False), enable_layernorm_sp=sp)
+                assert sglang_topology_supported(layout, sp) == sglang, (layout, sp)
 
 
 def test_sglang_integration_matrix_moves_every_entry_or_names_the_rule():
@@ -60,8 +84,8 @@ def test_sglang_integration_matrix_moves_every_entry_or_names_the_rule():
 
 
 def _fixed_logs(*builds, rounds=((0, 0, 1),), layers=1):
-    """One rank's log: ``builds`` as (max_num_tokens, bytes, workspace), then ``layers`` layers,
-    then rounds as (pass, layer, build)."""
+    """One rank's log: ``builds`` as (max_num_tokens, bytes, workspace), all with the first
+    layer, then ``layers`` layers, then rounds as (pass, layer, build)."""
     events = [dict(ev="build", index=i, max_num_tokens=t, workspace_size=b, workspace=w, top_k=2, num_experts=8)
               for i, (t, b, w) in enumerate(builds, 1)]
     events += [dict(ev="layer", layer=i) for i in range(layers)]
@@ -72,15 +96,16 @@ def _fixed_logs(*builds, rounds=((0, 0, 1),), layers=1):
 
 
 def test_sglang_integration_fixed_capacity_rule():
-    sc = _parse(f"{BASE} --tokens 3,3 --sp-prefill")
+    sc = _parse("a2a-testbed run --layout 2,1,2,1 --stages bf16:16,bf16:16 --tokens 5,7 --integration sglang")
     size = invariants._size(2, 16, 256 * 2 + 16, 512)
-    ok = _fixed_logs((16, size, 1), (16, size + 256, 2), rounds=((0, 0, 1), (1, 0, 2)))
+    ok = _fixed_logs((16, size, 1), (16, size + 256, 2), rounds=((0, 0, 1), (0, 1, 2)), layers=2)
     assert not check(sc, ok, None, None).failed("workspace")
     for logs, piece in ((_fixed_logs((8, size, 1)), "needs max_num_tokens >= 16"),
                         (_fixed_logs((16, size - 1, 1)), f"{size} bytes"),
                         (_fixed_logs((16, size, 1), (32, size, 2)), "one fixed capacity"),
-                        (_fixed_logs((16, size, 1), (16, size, 1), rounds=((0, 0, 1), (1, 0, 2))),
-                         "ran on one workspace")):
+                        (_fixed_logs((16, size, 1), (16, size, 1)), "share a workspace"),
+                        ({0: [dict(ev="layer", layer=0)], 1: [dict(ev="layer", layer=0)]}, "without any MoeAlltoAll"),
+                        ({**_fixed_logs((16, size, 1)), 1: _fixed_logs((16, size + 1, 1))[1]}, "of the same EP group")):
         found = check(sc, logs, None, None).failed("workspace")
         assert found and piece in found[0].evidence, (piece, found)
 
@@ -99,15 +124,14 @@ def _verdict(sc, failures=()):
 
 
 def test_sglang_integration_known_findings_are_scenario_properties():
-    uneven = _parse(f"{BASE} --no-dp-attention")
-    assert [f.id for f in findings.known(uneven)] == ["SGL-001"]
-    equal = "a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 6,6 --integration sglang --no-dp-attention"
-    assert not findings.known(_parse(equal))  # equal rows: nothing to show
-    assert [f.id for f in findings.known(_parse(f"{BASE} --profile 0.7.4"))] == ["SGL-002"]
-    hit = _verdict(uneven, [Failure("completes", "RuntimeError: dispatch: the ranks of this round passed different "
-                                                 "runtime_max_tokens_per_rank (rank 0: 5, rank 1: 7)")])
-    assert findings.judge(hit) == "KNOWN SGL-001" and hit.passed
-    gone = _verdict(uneven)
+    assert not findings.known(_parse(BASE))
+    on_074 = _parse(f"{BASE} --profile 0.7.4")
+    assert [f.id for f in findings.known(on_074)] == ["SGL-002"]
+    hit = _verdict(on_074, [Failure("completes", "ImportError: Flashinfer is not installed or does not support A2A.")])
+    assert findings.judge(hit) == "KNOWN SGL-002" and hit.passed
+    other = _verdict(on_074, [Failure("output", "rank 0 ...")])
+    assert findings.judge(other) is None and other.failed("output")
+    gone = _verdict(on_074)
     assert findings.judge(gone) is None and gone.failed("known-finding")
 
 
@@ -178,7 +202,7 @@ def test_sglang_mutant_applies_and_undoes_exactly(m):
 @pytest.mark.parametrize("name, invariant", [("s-no-namespace-padding", "workspace"),
                                              ("s-runtime-max-of-smallest", "runtime-max-tokens"),
                                              ("s-combine-not-in-workspace", "expert-output"),
-                                             ("s-reduce-after-combine", "reduce")])
+                                             ("s-reduce-after-combine", "output")])
 def test_sglang_mutant_killed_by_the_invariant_it_names(cluster, name, invariant):
     h = runner.hunt(cluster, name, on_integration("sglang", "0.7.2")[0], timeout_s=SGLANG_TIMEOUT_S)
     assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)

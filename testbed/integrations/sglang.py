@@ -4,34 +4,46 @@
 
 Per rank and scenario:
 
+The two deployments SGLang 0.5.23 starts FlashInfer MoE A2A in (``arg_groups/moe_hook.py``):
+DP attention over the whole TP group (the testbed's ``W,1,W,1``), and Muse Spark's prefill
+sequence parallelism on TP4/EP4 or TP8/EP8 (``--sp-prefill``). Per rank and scenario:
+
 - SGLang's server configuration of the scenario (``ServerArgs`` with ``moe_a2a_backend=
-  "flashinfer"``, TP and EP over the stage's ranks, DP attention where the layout has DP
-  ranks, the MoE runner backend), published with ``runtime_context.publish`` and
+  "flashinfer"``, TP and EP over the stage's ranks, DP attention, the MoE runner backend, the
+  A2A dispatch format), published with ``runtime_context.publish`` and
   ``initialize_moe_config`` as its scheduler does;
 - SGLang's own parallel state on the pool's world (``init_distributed_environment`` keeps the
   initialized ``torch.distributed``; ``initialize_model_parallel`` builds its TP group, the
-  dispatcher's EP group, which must be the layout's);
-- each layer's dispatcher from SGLang's ``create_moe_dispatcher`` (what ``FusedMoE.__init__``
-  calls): one ``MoeAlltoAll`` per layer at the fixed capacity
-  ``SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK`` (the scenario's one budget), its
-  workspace shared between layers through FlashInfer's size-keyed cache; with ``--sp-prefill``
-  also one model-wide dispatcher with a second ``MoeAlltoAll`` for sequence-parallel prefill,
-  its size padded apart (``enable_sp_prefill_a2a``, built and used as MuseSpark does);
-- each layer call is SGLang's ``FusedMoE.forward_impl`` (dispatch, ``run_moe_core``, combine,
-  the final reduce decision) on a stand-in module whose quant method runs the testbed's
-  experts: into the workspace's combine region where SGLang combines from it (the
-  ``flashinfer_cutlass`` runner's ``payload_in_workspace``);
+  dispatcher's EP group, which must be the layout's; ``initialize_dp_attention``);
+- under DP attention, each layer's dispatcher from SGLang's ``create_moe_dispatcher`` (what
+  ``FusedMoE.__init__`` calls): one ``MoeAlltoAll`` per layer at the fixed capacity
+  ``SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK`` (the scenario's one budget), their
+  workspace shared through FlashInfer's size-keyed cache, the nvfp4 global scale handed over
+  as ModelOpt's NVFP4 method does; each layer call is SGLang's ``FusedMoE.forward_impl``
+  (dispatch, ``run_moe_core``, combine) on a stand-in module whose quant method runs the
+  testbed's experts (into the workspace's combine region where the ``flashinfer_cutlass``
+  runner combines from it), then SGLang's own post-experts reduce (``reduce_moe_output``);
+- under Muse Spark's SP, one model-wide dispatcher with a decode and an SP-prefill
+  ``MoeAlltoAll``, their sizes padded apart (``enable_sp_prefill_a2a``), and every layer's
+  prefill as Muse Spark runs it: ``sp_entry_scatter``, dispatch and combine on that
+  dispatcher, ``sp_exit_gather`` (its decode runs without the all-to-all);
 - each forward publishes SGLang's per-forward state: decode (``set_is_extend_in_batch(False)``)
-  or SP prefill (extend with ``sp_active``) and, under DP attention, the DP ranks' token counts (``set_dp_buffer_len``), which SGLang's
-  scheduler all-gathers: the testbed all-gathers them on the EP group in its place.
+  and the DP ranks' token counts (``set_dp_buffer_len``), which SGLang's scheduler all-gathers
+  (the testbed all-gathers them on the EP group in its place), or SP prefill (extend with
+  ``sp_active``).
 
-It stops below ``FusedMoE``'s construction (weights, quant method, CUDA-graph runners).
+It stops below ``FusedMoE``'s construction (weights, quant method, CUDA-graph runners) and
+above SGLang's server-argument resolution (a dummy model resolves nothing; the model holds
+SGLang's start-up rules, ``testbed.scenario.model.sglang_rule``, and a test compares them with
+SGLang's own).
 
 CPU glue: a placeholder ``torchvision`` (PyPI's is a CUDA build; two of SGLang's model
-configs import it at load, nothing here calls it), SGLang's group timeout set to the
-pool's, and the flashinfer names SGLang's dispatcher module binds at import re-read from
-the scenario's release (its own guarded imports, re-run: a rank runs scenarios of several
-releases). ``A2A_SGLANG_SOURCE`` puts a checkout's Python first on every rank's path.
+configs import it at load, nothing here calls it); SGLang's group timeout set to the
+pool's; the flashinfer names SGLang's dispatcher and fp4 quantize bind at import re-read from
+the scenario's release (the dispatcher's own guarded imports, re-run: a rank runs scenarios of
+several releases); and a CPU kernel for the two SGLang custom ops on the path (its nvfp4
+quantize, the TP all-gather), each op's own Python implementation, which SGLang registers for
+CUDA only. ``A2A_SGLANG_SOURCE`` puts a checkout's Python first on every rank's path.
 """
 
 from __future__ import annotations
@@ -52,7 +64,7 @@ from types import SimpleNamespace
 import torch
 
 from testbed.integrations import Traits
-from testbed.scenario.moe import forward_pass_token_counts
+from testbed.scenario.moe import forward_pass_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE
 
 TESTED = ("0.5.23",)  # pins flashinfer-python 0.7.2
@@ -62,8 +74,11 @@ CAPACITY_ENV = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 # The scenario's sentinel and combine region -> the MoE runner backend SGLang picks them for
 # (FlashinferDispatcher.__init__: -1 for the TRT-LLM and DeepGEMM runners, else num_experts;
 # payload_in_workspace for flashinfer_cutlass only).
-RUNNERS = {("-1", "separate"): "flashinfer_trtllm", ("num_experts", "separate"): "triton",
+RUNNERS = {("-1", "separate"): "flashinfer_trtllm", ("num_experts", "separate"): "flashinfer_cutedsl",
            ("num_experts", "workspace"): "flashinfer_cutlass"}
+# SGLang's custom ops on the adapter's path -> (module, name) of their Python implementation.
+CPU_OPS = {"flashinfer_fp4_quantize": ("sglang.srt.layers.quantization.fp4_utils", "_flashinfer_fp4_quantize_impl"),
+           "reg_all_gather_into_tensor": ("sglang.srt.distributed.parallel_state", "reg_all_gather_into_tensor")}
 CAPABILITIES = (
     ("sglang.srt.server_args", "ServerArgs"),
     ("sglang.srt.runtime_context", "publish"),
@@ -186,10 +201,15 @@ def preload() -> None:
 
 @functools.cache
 def code() -> tuple[tuple[str, str], ...]:
-    """SGLang's integration code: its MoE layers and dispatchers, its distributed layer."""
+    """SGLang's integration code: its MoE layers and dispatchers, Muse Spark's SP entry and
+    exit, its distributed layer (none where SGLang is not installed)."""
     prepare_environment()
-    root = Path(importlib.util.find_spec("sglang").origin).resolve().parent
-    return tuple((str(root / sub) + os.sep, f"sglang/{sub}/") for sub in ("srt/layers/moe", "srt/distributed"))
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        return ()
+    root = Path(spec.origin).resolve().parent
+    return tuple((str(root / sub), f"sglang/{sub}") for sub in
+                 ("srt/layers/moe/", "srt/layers/layernorm_sp.py", "srt/distributed/"))
 
 
 class SglangIntegration:
@@ -205,21 +225,16 @@ class SglangIntegration:
         return SglangSession(ctx, sc, api, log)
 
 
-def dp_attention(sc) -> bool:
-    """Whether SGLang runs the scenario with DP attention: the layout's DP ranks each attend
-    to their own tokens and publish their counts (``--no-dp-attention`` hands them over
-    without)."""
-    return sc.layout.dp > 1 and sc.dp_attention
-
-
 def server_arguments(sc) -> dict:
-    """SGLang's ``ServerArgs`` of the scenario: TP and EP over a stage's ranks."""
+    """SGLang's ``ServerArgs`` of the scenario: TP and EP over a stage's ranks, DP attention
+    unless it is Muse Spark's SP, the model's one dispatch format."""
     lay = sc.layout
     stage = lay.tp * lay.dp
     kw = dict(model_path="dummy", device="cpu", tp_size=stage, ep_size=stage, pp_size=lay.pp,
               moe_a2a_backend="flashinfer", moe_runner_backend=RUNNERS[(sc.invalid_expert_id, sc.expert_output)],
+              flashinfer_a2a_dispatch_type=sc.stages[0][0].fmt,
               disable_custom_all_reduce=True)  # a CUDA all-reduce; its set-up only warns on the CPU
-    if dp_attention(sc):
+    if not sc.sp_prefill:
         kw.update(enable_dp_attention=True, dp_size=lay.dp)
     return kw
 
@@ -228,6 +243,16 @@ def _set_env(ctx, name: str, value: str) -> None:
     saved = os.environ.get(name)
     os.environ[name] = value
     ctx.add_cleanup(lambda: os.environ.pop(name, None) if saved is None else os.environ.__setitem__(name, saved))
+
+
+@functools.cache
+def _cpu_kernels() -> torch.library.Library:
+    """Register each of :data:`CPU_OPS` for the CPU with its own implementation (once per
+    process; the library object keeps the registrations)."""
+    lib = torch.library.Library("sglang", "IMPL")
+    for op, (module, name) in CPU_OPS.items():
+        lib.impl(op, inspect.unwrap(getattr(importlib.import_module(module), name)), "CPU")
+    return lib
 
 
 def rebind_guarded_imports(module) -> dict:
@@ -275,10 +300,16 @@ class SglangSession:
         from sglang.srt.server_args import ServerArgs
 
         self.ps, self.dpa, self.rc = ps, dpa, rc
-        self.sp_dispatcher, self.passes = None, 0
+        self.sp_dispatcher = None
         dispatcher = importlib.import_module(DISPATCHER)
         for name, value in rebind_guarded_imports(dispatcher).items():
             ctx.add_cleanup(_swap(dispatcher, name, value))
+        import flashinfer
+        from sglang.srt.layers.quantization import fp4_utils
+
+        if hasattr(flashinfer, "fp4_quantize"):
+            ctx.add_cleanup(_swap(fp4_utils, "_flashinfer_fp4_quantize", flashinfer.fp4_quantize))
+        _cpu_kernels()
         buffers = dpa._DpGatheredBufferWrapper
         saved = {k: v for k, v in vars(buffers).items() if k.startswith("_") and not k.startswith("__")
                  and not callable(v)}
@@ -286,15 +317,17 @@ class SglangSession:
         budget = sc.stages[0][0].max_num_tokens  # one capacity for every layer
         _set_env(ctx, CAPACITY_ENV, str(budget))
         lay = sc.layout
-        self.dp_attention = dp_attention(sc)
-        rc.publish(ServerArgs(**server_arguments(sc)), role="test",
-                   ranks=rc.SpawnRanks(world_rank=ctx.rank, dp_rank=ctx.coords.dp_rank if self.dp_attention else None))
+        ctx.add_cleanup(rc.reset_context)  # last: SGLang's published configuration, flags and forward state
+        server_args = ServerArgs(**server_arguments(sc))
+        rc.publish(server_args, role="test",
+                   ranks=rc.SpawnRanks(world_rank=ctx.rank, dp_rank=None if sc.sp_prefill else ctx.coords.dp_rank))
         initialize_moe_config()
+        ctx.add_cleanup(self._teardown)
         ps._MODEL_PARALLEL_GROUP_TIMEOUT = ctx.pg_timeout  # SGLang sets it only where it starts the world
         ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
                                         backend="gloo")
-        ctx.add_cleanup(self._teardown)
         ps.initialize_model_parallel(backend="gloo")
+        dpa.initialize_dp_attention(server_args)
         tp = rc.get_parallel().tp_group
         if tuple(tp.ranks) != tuple(ctx.group_ranks["ep"]):
             raise RuntimeError(f"SGLang's TP group {tp.ranks} (its dispatcher's EP group) is not the layout's EP "
@@ -303,7 +336,8 @@ class SglangSession:
     def _teardown(self) -> None:
         """SGLang's groups go; the pool's world stays."""
         ps = self.ps
-        ps.destroy_model_parallel()
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
         if ps._WORLD is not None:
             ps._WORLD.destroy()
             ps._WORLD = None
@@ -318,36 +352,45 @@ class SglangSession:
         config = MoeRunnerConfig(num_experts=sc.experts, num_local_experts=len(experts.own), hidden_size=sc.hidden,
                                  top_k=sc.top_k, layer_id=index, params_dtype=ACT_DTYPE, num_fused_shared_experts=0,
                                  runner_backend=MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)]))
-        dispatcher = create_moe_dispatcher(config, quant_method=None)
-        if sc.sp_prefill and self.sp_dispatcher is None:  # MuseSpark's model-wide SP dispatcher
-            from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher
+        if sc.sp_prefill:
+            if self.sp_dispatcher is None:  # Muse Spark's, from its first MoE layer's config
+                from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher
 
-            self.sp_dispatcher = FlashinferDispatcher(
-                group=self.rc.get_parallel().tp_group.device_group, router_topk=sc.top_k, num_experts=sc.experts,
-                num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
-                enable_sp_prefill_a2a=True)
-        return SglangLayer(dispatcher, self.sp_dispatcher, experts, sc, self.rc.get_parallel().moe_ep_size)
+                self.sp_dispatcher = FlashinferDispatcher(
+                    group=self.rc.get_parallel().tp_group.device_group, router_topk=sc.top_k, num_experts=sc.experts,
+                    num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
+                    enable_sp_prefill_a2a=True)
+            return SpPrefillLayer(self.sp_dispatcher, experts, sc)
+        dispatcher = create_moe_dispatcher(config, quant_method=None)
+        if fmt == "nvfp4":  # what ModelOpt's NVFP4 method hands the dispatcher for an nvfp4 dispatch
+            dispatcher.set_quant_config({"input_global_scale": quant_config(fmt).a1_gscale})
+        return SglangLayer(dispatcher, experts, self.rc.get_parallel().moe_ep_size, sc)
 
     @contextlib.contextmanager
     def forward_pass(self, num_tokens: int):
-        # SGLang's scheduler all-gathers every DP rank's token count before each forward (its
-        # MLP sync); that collective also orders the forwards of every EP rank.
+        # Under DP attention SGLang's scheduler all-gathers every DP rank's token count before
+        # each forward (its MLP sync); that collective also orders every EP rank's forwards.
         ctx, sc = self.ctx, self.sc
         self.log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
                        site="testbed: SGLang's scheduler token-count all-gather")
-        counts = forward_pass_token_counts(ctx.groups["ep"], ctx.coords.dp_rank, sc.layout.dp, num_tokens)
-        prefill = sc.prefill(self.passes)
-        self.passes += 1
-        # Decode takes the all-to-all; extend all-gathers, except sequence-parallel prefill.
-        self.dpa.set_is_extend_in_batch(prefill)
         forward = self.rc.get_forward()
-        forward.set("sp_active", prefill)
-        if self.dp_attention:
-            self.dpa.set_dp_buffer_len(sum(counts), num_tokens, False, global_num_tokens=list(counts))
-        try:
-            yield
-        finally:
-            forward.set("sp_active", False)
+        if sc.sp_prefill:  # between two forwards, attention's TP collectives order every rank's
+            self.log.write(ev="coll", op="barrier", group=list(ctx.group_ranks["ep"]),
+                           site="testbed: the model between two forwards")
+            torch.distributed.barrier(group=ctx.groups["ep"])
+            self.dpa.set_is_extend_in_batch(True)
+            forward.set("sp_active", True)
+            try:
+                yield
+            finally:
+                forward.set("sp_active", False)
+            return
+        self.log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
+                       site="testbed: SGLang's scheduler token-count all-gather")
+        counts = forward_pass_token_counts(ctx.groups["ep"], ctx.coords.dp_rank, sc.layout.dp, num_tokens)
+        self.dpa.set_is_extend_in_batch(False)  # decode: the all-to-all (extend all-gathers)
+        self.dpa.set_dp_buffer_len(sum(counts), num_tokens, False, global_num_tokens=list(counts))
+        yield
 
     def layer_call(self, num_tokens: int):
         return contextlib.nullcontext()
@@ -377,42 +420,59 @@ class _TestbedMethod:
 
 class SglangLayer:
     """An MoE layer as SGLang's ``FusedMoE.forward_impl`` runs it, on a stand-in module with
-    the dispatcher SGLang built and the testbed's experts as its quant method; under SP
-    prefill, MuseSpark's dispatch and combine on the model-wide SP dispatcher."""
+    the dispatcher SGLang built and the testbed's experts as its quant method, then the MoE
+    block's post-experts reduce as SGLang decides it (``reduce_moe_output``)."""
 
     sequence_parallel = False
     reduce_pending = False
 
-    def __init__(self, dispatcher, sp_dispatcher, experts, sc, moe_ep_size: int):
+    def __init__(self, dispatcher, experts, moe_ep_size: int, sc):
         from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
-        self.sc, self.dispatcher, self.sp_dispatcher = sc, dispatcher, sp_dispatcher
-        self.method = _TestbedMethod(experts)
-        # SGLang's MoE models build FusedMoE with reduce_results=False under expert parallelism
-        # (deepseek_v2.py, qwen3_moe.py): the combine's output is complete.
-        module = SimpleNamespace(dispatcher=dispatcher, quant_method=self.method, reduce_results=False,
+        self.sc = sc
+        # FusedMoE's default: the MoE models SGLang serves with FlashInfer A2A leave the
+        # post-experts sum to the MoE block (reduce_moe_output).
+        module = SimpleNamespace(dispatcher=dispatcher, quant_method=_TestbedMethod(experts), reduce_results=False,
                                  moe_tp_size=1, moe_ep_size=moe_ep_size, _dwdp_bound=False)
         module._dispatch_with_pre_quant = types.MethodType(FusedMoE._dispatch_with_pre_quant, module)
         module.run_moe_core = types.MethodType(FusedMoE.run_moe_core, module)
         self._forward = types.MethodType(FusedMoE.forward_impl, module)
 
     def output_is_reduced(self) -> bool:
-        return True  # FlashInfer's combine sums every expert rank's contribution
+        from sglang.srt.layers.moe.utils import post_experts_output_is_complete
+
+        return post_experts_output_is_complete(is_tp_path=True)
 
     def topk_indices_dtype(self):
         return None  # SGLang's router hands its own ids; the dispatcher converts them to int32
 
     def __call__(self, x_TH, w_TK, ids_TK):
-        from sglang.srt.layers.moe.topk import StandardTopKOutput
+        from sglang.srt.layers.moe.utils import reduce_moe_output
 
-        from sglang.srt.runtime_context import get_forward
+        return reduce_moe_output(self._forward(x_TH, _topk(x_TH, w_TK, ids_TK, self.sc)))
 
-        topk = StandardTopKOutput(topk_weights=w_TK, topk_ids=ids_TK,
-                                  router_logits=torch.zeros(x_TH.size(0), self.sc.experts, dtype=torch.float32))
-        if not get_forward().sp_active:
-            return self._forward(x_TH, topk)
-        received = self.sp_dispatcher.dispatch(x_TH, topk)
-        return self.sp_dispatcher.combine(self.method.apply(None, received))
+
+class SpPrefillLayer(SglangLayer):
+    """A Muse Spark MoE layer's sequence-parallel prefill (``MuseSpark1xMoE`` under
+    ``sp_active``): this rank's slice of the rows (``sp_entry_scatter``), dispatched and
+    combined on the model-wide SP dispatcher, gathered back (``sp_exit_gather``)."""
+
+    def __init__(self, dispatcher, experts, sc):
+        self.sc, self.dispatcher, self.method = sc, dispatcher, _TestbedMethod(experts)
+
+    def __call__(self, x_TH, w_TK, ids_TK):
+        from sglang.srt.layers.layernorm_sp import sp_entry_scatter, sp_exit_gather
+
+        x_tH, w_tK, ids_tK = (sp_entry_scatter(t) for t in (x_TH, w_TK, ids_TK))  # the router runs on the slice
+        received = self.dispatcher.dispatch(x_tH, _topk(x_tH, w_tK, ids_tK, self.sc))
+        return sp_exit_gather(self.dispatcher.combine(self.method.apply(None, received)), x_TH.size(0))
+
+
+def _topk(x_TH, w_TK, ids_TK, sc):
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    return StandardTopKOutput(topk_weights=w_TK, topk_ids=ids_TK,
+                              router_logits=torch.zeros(x_TH.size(0), sc.experts, dtype=torch.float32))
 
 
 SGLANG = SglangIntegration()

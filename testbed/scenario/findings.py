@@ -36,13 +36,6 @@ def _sglang(sc: Scenario, profile: Optional[str] = None) -> bool:
     return sc.integration == "sglang" and (profile is None or sc.profile == profile)
 
 
-def _unequal_rows_without_dp_list(sc: Scenario) -> bool:
-    """SGLang without DP attention on DP ranks whose row counts differ in some pass."""
-    return _sglang(sc) and sc.profile != "0.7.4" and not sc.dp_attention and any(
-        len({sc.tokens(p, ly, d) for d in range(sc.layout.dp)}) > 1
-        for p in range(len(sc.passes)) for st in sc.stages for ly in st)
-
-
 def _payload_grows_within_a_forward(sc: Scenario) -> bool:
     """A stage where a layer dispatches more bytes per token than the layer before it."""
     def grows(a, b):
@@ -92,13 +85,6 @@ FINDINGS: tuple[Finding, ...] = (
                         "which takes int32 only: a router computing int64 ids fails every forward",
             lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4" and sc.router_ids == "int64",
             (("completes", "Inconsistency of Tensor type: expertsIds"),)),
-    Finding("SGL-001", "SGLang 0.5.23's FlashinferDispatcher takes each rank's own row count (x.shape[0]) as "
-                       "runtime_max_tokens_per_rank wherever no DP token list is published, and checks nothing "
-                       "across ranks: EP ranks handed different row counts each lay out the round with their own "
-                       "value (FlashInfer does not check either; the fake refuses it)",
-            _unequal_rows_without_dp_list,
-            (("completes", "passed different runtime_max_tokens_per_rank"),
-             ("runtime-max-tokens", "every EP rank must pass the same value"))),
     Finding("SGL-002", "SGLang 0.5.23's dispatcher imports flashinfer.comm.MoeAlltoAll, which FlashInfer 0.7.4 "
                        "removed: its guarded import sets use_flashinfer False and every FlashinferDispatcher "
                        "raises ImportError",

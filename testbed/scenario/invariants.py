@@ -8,9 +8,9 @@
   so far at its own budget; sizes never shrink; builds = strict increases of the need; the
   same on every rank of the EP group. An integration of one fixed capacity (a ``MoeAlltoAll``
   per layer): every build has the one capacity; every round runs on one that covers its
-  layer's budget with a workspace covering the layer at that capacity; decode and prefill
-  rounds never share a workspace (prefill runs eagerly beside decode); the same builds on
-  every rank. On ``moe_ep``: one communication per distinct layer
+  layer's budget with a workspace covering the layer at that capacity; the ``MoeAlltoAll``s
+  built with one layer (a decode and a prefill one) have workspaces of their own; the same
+  builds on every rank. On ``moe_ep``: one communication per distinct layer
   budget, built with the layers (not during the forwards) for the model's top_k and experts;
   every round runs on one whose token capacity covers its layer; the same builds on every
   rank of the EP group.
@@ -208,7 +208,7 @@ def _fixed_capacity(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     seen_stage: dict[int, tuple] = {}
     for rank, events in sorted(logs.items()):
         layers = sc.stages[_stage(sc, rank)]
-        builds, by_index, where, kinds = [], {}, None, {}
+        builds, by_index, pending, where = [], {}, [], None
         for e in events:
             if e["ev"] == "build":
                 _model_mismatch(sc, f, rank, "build", e)
@@ -216,9 +216,18 @@ def _fixed_capacity(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                     f.add(f"rank {rank}: build {e['index']} has max_num_tokens {e['max_num_tokens']}, build 1 "
                           f"{builds[0][0]} (one fixed capacity for every layer)")
                 by_index[e["index"]] = e
+                pending.append(e)
                 builds.append((e["max_num_tokens"], e["workspace_size"]))
-            elif e["ev"] == "layer" and not by_index:
-                f.add(f"rank {rank}: layer {e['layer']} built without any MoeAlltoAll")
+            elif e["ev"] == "layer":
+                if not by_index:
+                    f.add(f"rank {rank}: layer {e['layer']} built without any MoeAlltoAll")
+                shared = [w for w, n in Counter(b["workspace"] for b in pending).items() if n > 1]
+                if shared:
+                    f.add(f"rank {rank}: the {len(pending)} MoeAlltoAlls built with layer {e['layer']} (builds "
+                          f"{', '.join(str(b['index']) for b in pending)}) share a workspace; they are live at once "
+                          "(decode and prefill), so a round of one can overwrite the other's (FlashInfer caches "
+                          "workspaces by size)")
+                pending = []
             elif e["ev"] == "forward":
                 where = (e["pass_"], e["layer"])
             elif e["ev"] == "combine" and where is not None and e["build"] in by_index:
@@ -229,13 +238,6 @@ def _fixed_capacity(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                     f.add(f"rank {rank} pass {p} layer {i} ({ly}): its round ran on MoeAlltoAll build {b['index']} of "
                           f"max_num_tokens {b['max_num_tokens']} and {b['workspace_size']} bytes; the layer needs "
                           f"max_num_tokens >= {ly.max_num_tokens} and, at that capacity, {need} bytes")
-                kinds.setdefault(b["workspace"], {}).setdefault(sc.prefill(p), (p, i, b["index"]))
-        for used in kinds.values():
-            if len(used) > 1:
-                (p, i, a), (q, j, b) = used[False], used[True]
-                f.add(f"rank {rank}: a decode round (pass {p} layer {i}, build {a}) and a prefill round (pass {q} "
-                      f"layer {j}, build {b}) ran on one workspace; prefill runs eagerly beside decode, so their "
-                      "MoeAlltoAlls need workspaces of their own (FlashInfer caches workspaces by size)")
         _same_builds_in_stage(f, seen_stage, _stage(sc, rank), rank, builds, complete)
         if not v.builds[_stage(sc, rank)]:
             v.builds[_stage(sc, rank)] = builds
@@ -507,7 +509,7 @@ def _runtime_max_tokens(sc: Scenario, logs, v: Verdict) -> None:
         for e in events:
             if e["ev"] == "forward":
                 layer = sc.stages[stage][e["layer"]]
-                split = sc.layout.tp if sc.sequence_parallel else 1
+                split = sc.layout.tp if sc.splits_tokens else 1
                 want = max(1, max(-(-sc.tokens(e["pass_"], layer, d) // split) for d in range(sc.layout.dp)))
                 rounds = Counter()
                 where = f"rank {rank} pass {e['pass_']} layer {e['layer']}"
@@ -527,11 +529,13 @@ def _round_ordering(sc: Scenario, logs, v: Verdict) -> None:
     for rank, events in sorted(logs.items()):
         ep = set(sc.layout.group_of("ep", rank))
         last: dict = {}  # workspace -> the combine offset of its previous round
-        workspace: dict[int, int] = {}  # build -> its workspace (MoeAlltoAlls of one size share one)
+        # A MoeAlltoAll build -> its workspace (MoeAlltoAlls of one size share one); a moe_ep
+        # communication logs no build and is its own.
+        workspace: dict[int, tuple] = {}
         ordered, where = True, None
         for e in events:
             if e["ev"] == "build":
-                workspace[e["index"]] = e.get("workspace", e["index"])
+                workspace[e["index"]] = ("workspace", e["workspace"])
             elif e["ev"] == "forward":
                 where = f"pass {e['pass_']} layer {e['layer']}"
             elif e["ev"] == "combine":
@@ -539,7 +543,7 @@ def _round_ordering(sc: Scenario, logs, v: Verdict) -> None:
             elif e["ev"] == "coll" and e["op"] not in A2A_OPS and ep <= set(e["group"]):
                 ordered = True
             elif e["ev"] == "dispatched":
-                key = workspace.get(e["build"], e["build"])
+                key = workspace.get(e["build"], ("communication", e["build"]))
                 before = last.get(key)
                 if before is not None and not ordered and e["combine_offset"] > before:
                     f.add(f"rank {rank} {where}: this round's dispatch payloads end at byte {e['combine_offset']} of "

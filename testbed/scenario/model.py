@@ -121,8 +121,7 @@ class Scenario:
     a2a_api: str = "auto"  # one of A2A_APIS (FlashInfer paths only)
     flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
     integration: str = "impl"  # one of INTEGRATIONS: whose code drives FlashInfer
-    dp_attention: bool = True  # SGLang: DP ranks publish their token counts (off: --no-dp-attention)
-    sp_prefill: bool = False  # SGLang: the odd passes are sequence-parallel prefill on their own workspace
+    sp_prefill: bool = False  # SGLang (Muse Spark): every pass a prefill split over the TP ranks
     label: str = field(default="", compare=False)
 
     @classmethod
@@ -180,10 +179,11 @@ class Scenario:
     def invalid_id(self) -> int:
         return -1 if self.invalid_expert_id == "-1" else self.experts
 
-    def prefill(self, pass_idx: int) -> bool:
-        """Whether pass ``pass_idx`` is a (sequence-parallel) prefill: the odd passes with
-        ``--sp-prefill``; the others decode."""
-        return self.sp_prefill and pass_idx % 2 == 1
+    @property
+    def splits_tokens(self) -> bool:
+        """Whether each TP rank dispatches its own share of its DP rank's tokens (sequence
+        parallel, or SGLang's Muse Spark prefill) instead of all of them."""
+        return self.sequence_parallel or self.sp_prefill
 
     def tokens(self, pass_idx: int, layer: Layer, dp_rank: int) -> int:
         """Tokens DP rank ``dp_rank`` hands ``layer`` in pass ``pass_idx``."""
@@ -287,9 +287,8 @@ class Scenario:
             if rule:
                 raise ScenarioInputError(*rule)
         else:
-            for flag, on in (("--no-dp-attention", not self.dp_attention), ("--sp-prefill", self.sp_prefill)):
-                if on:
-                    raise ScenarioInputError(flag, "is SGLang's: it goes with --integration sglang")
+            if self.sp_prefill:
+                raise ScenarioInputError("--sp-prefill", "is SGLang's (Muse Spark): it goes with --integration sglang")
         biggest = max(layer.max_num_tokens for stage in self.stages for layer in stage)
         for counts in self.passes:
             if len(counts) != lay.dp:
@@ -416,8 +415,6 @@ class Scenario:
             parts += ["--backend", self.flashinfer_backend]
         if self.integration != "impl":
             parts += ["--integration", self.integration]
-        if not self.dp_attention:
-            parts.append("--no-dp-attention")
         if self.sp_prefill:
             parts.append("--sp-prefill")
         return shlex.join(parts)
@@ -439,7 +436,6 @@ class Scenario:
         sig += f" mx-align={self.mx_alignment}" if self.mx_alignment else ""
         sig += " moe_ep" if self.api == "moe_ep" else ""
         sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
-        sig += " no-dp-attention" if not self.dp_attention else ""
         sig += " sp-prefill" if self.sp_prefill else ""
         sig += f" [{self.integration}]" if self.integration != "impl" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
@@ -538,17 +534,31 @@ def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
     return None
 
 
-# What SGLang 0.5.23's FlashinferDispatcher runs on the CPU: MoeAlltoAll (its one-sided path)
-# with bf16 dispatch, and the (sentinel, expert output) pairs its MoE runners give
-# (testbed.integrations.sglang.RUNNERS).
-SGLANG_FORMATS = ("bf16",)
+# What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
+# capacity and one process-wide dispatch format, and the (sentinel, expert output) pairs of the
+# MoE runners SGLang allows with FlashInfer A2A (arg_groups/moe_hook.py), by
+# testbed.integrations.sglang.RUNNERS: flashinfer_trtllm (-1), flashinfer_cutedsl (num_experts)
+# and flashinfer_cutlass (num_experts, combining from the workspace).
+SGLANG_FORMATS = ("bf16", "nvfp4")
 SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_experts", "workspace"))
+SGLANG_SP_TP = (4, 8)  # Muse Spark's layernorm SP: TP4/EP4 or TP8/EP8
 _SGLANG_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
                      ("--expert-kernel", "expert_kernel", "reference"), ("--defer-finalize", "defer_finalize", False),
                      ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
                      ("--routed-scaling", "routed_scaling", 1.0), ("--router-weight-on-input", "router_weight_on_input",
                                                                    False),
                      ("--mx-alignment", "mx_alignment", 0), ("--backend", "flashinfer_backend", "fake"))
+
+
+def sglang_topology_supported(layout: ParallelLayout, sp_prefill: bool) -> bool:
+    """SGLang's start-up rule for FlashInfer MoE A2A (``_flashinfer_a2a_topology_is_supported``)
+    on the server arguments the adapter gives a stage of ``layout`` (TP = EP = its ranks): DP
+    attention over the whole TP group (the testbed's tp 1: each rank a DP rank), or Muse
+    Spark's prefill sequence parallelism on TP4/EP4 or TP8/EP8 without DP attention."""
+    ranks = layout.tp * layout.dp
+    if sp_prefill:
+        return ranks in SGLANG_SP_TP
+    return layout.dp == ranks
 
 
 def sglang_rule(sc: "Scenario") -> tuple[str, str] | None:
@@ -560,15 +570,15 @@ def sglang_rule(sc: "Scenario") -> tuple[str, str] | None:
     if lay.pp > 1:
         return "--layout", ("SGLang numbers its ranks stage-major (stage s is ranks s*W/pp .. (s+1)*W/pp - 1); the "
                             "testbed's layouts are vLLM's, DP outside PP, so a stage's ranks differ: give pp = 1")
-    if lay.tp > 1 and lay.dp > 1:
-        return "--layout", ("SGLang's DP attention with attention TP > 1 scatters each DP rank's tokens over its "
-                            "attention-TP ranks in its layer boundary, which the adapter does not drive: give tp = 1 "
-                            "(DP attention) or dp = 1 (TP attention)")
+    if not sglang_topology_supported(lay, sc.sp_prefill):
+        return ("--sp-prefill" if sc.sp_prefill else "--layout"), (
+            "SGLang 0.5.23 refuses FlashInfer MoE A2A at start-up unless DP attention spans the TP group "
+            "(attn_dp_size == tp_size: a layout W,1,W,1) or it is Muse Spark's TP4/EP4 or TP8/EP8 prefill sequence "
+            "parallelism without DP attention (--sp-prefill on a layout of tp 4 or 8, dp 1) (arg_groups/moe_hook.py "
+            "_flashinfer_a2a_topology_is_supported)")
     if any(not any(counts) for counts in sc.passes):
         return "--tokens", ("SGLang's scheduler runs no forward where no DP rank has a token (it emits idle batches "
                             "only while max(global_num_tokens) > 0): give every pass a token somewhere")
-    if not sc.dp_attention and lay.dp < 2:
-        return "--no-dp-attention", "needs a layout with dp > 1 (the DP ranks whose counts go unpublished)"
     for flag, name, default in _SGLANG_IMPL_ONLY:
         if getattr(sc, name) != default:
             return flag, ("is not driven under --integration sglang, which runs SGLang's own dispatcher on the fake "
@@ -578,15 +588,32 @@ def sglang_rule(sc: "Scenario") -> tuple[str, str] | None:
     if (sc.invalid_expert_id, sc.expert_output) not in SGLANG_RUNNER_CHOICES:
         return "--expert-output", ("SGLang combines from the workspace with the flashinfer_cutlass runner only, whose "
                                    "sentinel is num_experts: give --invalid-expert-id num_experts")
-    fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(SGLANG_FORMATS))
-    if fmts:
-        return "--stages", (f"the adapter drives SGLang's bf16 dispatch (flashinfer_a2a_dispatch_type bf16); its "
-                            f"quantized dispatch of {', '.join(fmts)} is not driven yet")
+    fmts = sorted({ly.fmt for st in sc.stages for ly in st})
+    if len(fmts) > 1 or fmts[0] not in SGLANG_FORMATS:
+        return "--stages", (f"SGLang's FlashInfer A2A dispatch format is process-wide (SGLANG_MOE_NVFP4_DISPATCH): "
+                            f"give every layer one of {', '.join(SGLANG_FORMATS)}, got {', '.join(fmts)}")
+    if fmts == ["nvfp4"] and sc.expert_output == "workspace":
+        return "--expert-output", ("SGLang interleaves received nvfp4 scales for the flashinfer_cutlass runner "
+                                   "(nvfp4_block_scale_interleave), a layout the testbed's experts do not read: "
+                                   "give --expert-output separate with nvfp4")
     budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
     if len(budgets) > 1:
         return "--stages", (f"SGLang sizes every layer's MoeAlltoAll at one capacity "
                             f"(SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK): give every layer one budget, got "
                             f"{sorted(budgets)}")
+    if sc.sp_prefill:
+        if lay.dp > 1:
+            return "--sp-prefill", ("Muse Spark's SP runs without DP attention: every rank of the TP group holds the "
+                                    "same rows, which the testbed's layouts give with dp = 1 (tp 4 or 8)")
+        if (sc.invalid_expert_id, sc.expert_output) != ("-1", "separate") or fmts != ["bf16"]:
+            return "--sp-prefill", ("Muse Spark's layernorm SP needs the flashinfer_trtllm runner (--invalid-expert-id "
+                                    "-1, --expert-output separate; arg_groups/layernorm_sp_hook.py), and its SP "
+                                    "dispatcher, given no quant config, dispatches bf16: give --stages bf16:B,...")
+        uneven = [counts[0] for counts in sc.passes if counts[0] % lay.tp]
+        if uneven:
+            return "--tokens", (f"Muse Spark pads a prefill to a multiple of tp ({lay.tp}) with zero rows its router "
+                                f"would route, which the testbed does not model: give multiples of {lay.tp}, got "
+                                f"{uneven}")
     return None
 
 
@@ -599,15 +626,14 @@ def _choice(flag: str, value, choices) -> None:
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
-                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "dp_attention",
-                  "sp_prefill")
+                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "sp_prefill")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
             "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
             "a2a_api": "auto",
-            "integration": "impl", "dp_attention": True, "sp_prefill": False}
+            "integration": "impl", "sp_prefill": False}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
@@ -666,13 +692,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                               "project's reference integration; vllm: the installed vLLM's own "
                                               "managers, prepare/finalizes and modular kernel; sglang: the installed SGLang's "
                                               "FlashinferDispatcher in its FusedMoE forward) (default impl)")
-    parser.add_argument("--no-dp-attention", dest="dp_attention", action="store_const", const=False, default=None,
-                        help="SGLang without DP attention on a layout with dp > 1: each DP rank's rows reach its "
-                             "dispatcher with no DP token list (the uneven runtime max, docs/findings.md SGL-001)")
     parser.add_argument("--sp-prefill", action="store_true", default=None,
-                        help="SGLang: a model-wide dispatcher keeps a second MoeAlltoAll for sequence-parallel "
-                             "prefill (enable_sp_prefill_a2a, as MuseSpark builds it) and the odd passes run as SP "
-                             "prefill on it, the others decode on each layer's own")
+                        help="SGLang, Muse Spark's layernorm SP (TP4/EP4 or TP8/EP8 without DP attention): every "
+                             "pass is a sequence-parallel prefill, each rank dispatching its slice of the rows on "
+                             "the model-wide dispatcher that keeps a decode and an SP-prefill MoeAlltoAll "
+                             "(enable_sp_prefill_a2a); its decode runs without the all-to-all")
     parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
                                           "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
                                           "from 0.7.2; auto: comm where the release has it) (default auto)")

@@ -243,7 +243,7 @@ def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int
     computes the rank's own DP tokens."""
     _, ids_TK, w_TK, _ = _layer_batch(sc, pass_idx, stage, layer_idx)
     lanes = Counter(lane_keys(ids_TK, w_TK, local_experts(sc.experts, sc.ep_size, ep_rank)))
-    copies = sc.layout.tp if sc.path in ("one_sided", "two_sided") and not sc.sequence_parallel else 1
+    copies = sc.layout.tp if sc.path in ("one_sided", "two_sided") and not sc.splits_tokens else 1
     return Counter({k: n * copies for k, n in lanes.items()})
 
 
