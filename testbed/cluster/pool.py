@@ -192,7 +192,8 @@ def worker_context(engines: tuple[str, ...] | None = None):
     # server instead of once per rank.
     if engines is None:
         engines = preload_engines()
-    ctx.set_forkserver_preload(list(PRELOAD) + [f"testbed.integrations.{e}_preload" for e in engines])
+    ctx.set_forkserver_preload(list(PRELOAD) + [f"testbed.integrations.{e}_preload" for e in engines]
+                               + ["testbed.cluster.frozen"])
     return ctx
 
 
