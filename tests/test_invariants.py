@@ -40,7 +40,7 @@ def test_invariant_collectives_sequence_mismatch_within_group():
 
 def test_invariant_rebuild_must_be_followed_by_ep_barrier():
     build = {"ev": "build", "index": 1, "max_num_tokens": 8, "workspace_size": 1 << 20, "top_k": 2,
-             "num_experts": 8}
+             "num_experts": 8, "workspace": 1}
     logs = {0: [build, {"ev": "layer", "layer": 0}], 1: [], 2: [], 3: []}
     (f,) = _check(logs).failed("collectives")
     assert "not followed by a barrier on the EP group [0,2]" in f.evidence
@@ -50,7 +50,8 @@ def test_invariant_rebuild_must_be_followed_by_ep_barrier():
 
 
 def test_invariant_workspace_reports_cover_shrink_and_builds():
-    small = {"ev": "build", "index": 1, "max_num_tokens": 4, "workspace_size": 100, "top_k": 2, "num_experts": 8}
+    small = {"ev": "build", "index": 1, "max_num_tokens": 4, "workspace_size": 100, "top_k": 2, "num_experts": 8,
+             "workspace": 1}
     logs = {0: [small, _coll("barrier", (0, 2)), {"ev": "layer", "layer": 0}], 1: [], 2: [], 3: []}
     (f,) = _check(logs).failed("workspace")
     assert "does not cover layer 0 (bf16:8)" in f.evidence
@@ -229,3 +230,21 @@ def test_arguments_checked_on_every_path_a_name_is_exported_by(monkeypatch):
                 undo()
     assert [(e["param"], e["expected"]) for e in events] == [("is_sf_swizzled_layout", "bool")] * 3, events
     assert all(e["site"].startswith("tests/test_invariants.py:") for e in events)
+
+
+def _two_builds(workspaces):
+    """Rank 0: two MoeAlltoAll builds on these workspaces, a round on each, the second larger."""
+    events = [{"ev": "build", "index": i, "max_num_tokens": 8, "workspace_size": 1 << 20, "top_k": 2,
+               "num_experts": 8, "workspace": w} for i, w in enumerate(workspaces, 1)]
+    events.append({"ev": "forward", "pass_": 0, "layer": 0, "reduced": True, "pending": False, "sp": False})
+    for build, offset in ((1, 1024), (2, 2048)):
+        events += [{"ev": "dispatch", "rtm": 1, "tokens": 1}, {"ev": "dispatched", "build": build, "combine_offset": offset},
+                   {"ev": "combine", "build": build, "output": False, "rtm": 1, "in_workspace": False}]
+    return {0: events, 1: [], 2: [], 3: []}
+
+
+def test_invariant_round_ordering_follows_the_workspace_not_the_build():
+    # Two MoeAlltoAlls of one size share FlashInfer's cached workspace (SGLang's layers): the race
+    # is between their rounds; on workspaces of their own there is none.
+    assert _check(_two_builds([7, 7])).failed("round-ordering")
+    assert not _check(_two_builds([7, 8])).failed("round-ordering")
