@@ -4,6 +4,7 @@ and one mutant end to end through the command line."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import subprocess
@@ -111,3 +112,20 @@ def test_mutant_killed_by_the_tests_it_names_and_only_by_them(cluster, monkeypat
     monkeypatch.setitem(mutants.BY_NAME, real.name, unrelated)
     hunt = runner.hunt(cluster, real.name, MATRIX, timeout_s=20)
     assert not hunt.killed and hunt.by == "survived"
+
+
+@pytest.mark.parametrize("m", mutants.VLLM_CATALOGUE + mutants.SGLANG_CATALOGUE, ids=lambda m: m.name)
+def test_engine_mutant_applies_and_undoes_exactly(m, request):
+    request.getfixturevalue(f"{m.integration}_installed")  # skips (or, required, fails) without the engine
+    module_name, _, path = m.target.partition(":")
+    owner = importlib.import_module(module_name)
+    *owner_path, attr = path.split(".")
+    for part in owner_path:
+        owner = getattr(owner, part)
+    before = inspect.getattr_static(owner, attr)
+    undo = mutants.apply(m.name)
+    try:
+        assert inspect.getattr_static(owner, attr) is not before
+    finally:
+        undo()
+    assert inspect.getattr_static(owner, attr) is before

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 
 import pytest
 
-from testbed.scenario import findings, invariants, mutants, runner
+from testbed.scenario import findings, invariants, runner
 from testbed.scenario.invariants import Failure, Verdict, check
 from testbed.scenario.matrix import SGLANG_MATRIX, on_integration
 from testbed.scenario.model import ScenarioInputError
@@ -158,76 +157,6 @@ def test_sglang_integration_torchvision_placeholder_fails_loudly():
 
 
 @pytest.mark.usefixtures("sglang_installed")
-def test_sglang_integration_matrix_passes_or_is_known(no_leaks):
-    for sc in SGLANG_MATRIX:
-        v = runner.run(no_leaks, sc, timeout_s=SGLANG_TIMEOUT_S)
-        want = [f.id for f in findings.known(sc)]
-        assert v.passed, f"{sc.label}: {[(f.invariant, f.evidence[:400]) for f in v.failures]}"
-        assert v.known == want, (sc.label, v.known, want)
-        if not want:
-            assert v.worst <= 1.0 and v.layer_errors, sc.label  # compared with the dense reference
-
-
-@pytest.mark.usefixtures("sglang_installed")
 def test_sglang_integration_flashinfer_074_breaks_sglang(no_leaks):
     v = runner.run(no_leaks, dataclasses.replace(SGLANG_MATRIX[0], profile="0.7.4"), timeout_s=SGLANG_TIMEOUT_S)
     assert v.known == ["SGL-002"] and "ImportError" in v.known_failures[0].evidence
-
-
-def test_sglang_mutants_catalogue_targets_sglang():
-    assert len(mutants.SGLANG_CATALOGUE) >= 10
-    assert all(m.integration == "sglang" and m.target.startswith("sglang.") and m.needs_scenarios
-               for m in mutants.SGLANG_CATALOGUE)
-    assert all(kind in invariants.INVARIANTS for m in mutants.SGLANG_CATALOGUE for kind, _ in m.expect)
-
-
-@pytest.mark.usefixtures("sglang_installed")
-@pytest.mark.parametrize("m", mutants.SGLANG_CATALOGUE, ids=lambda m: m.name)
-def test_sglang_mutant_applies_and_undoes_exactly(m):
-    module_name, _, path = m.target.partition(":")
-    owner = importlib.import_module(module_name)
-    *owner_path, attr = path.split(".")
-    for part in owner_path:
-        owner = getattr(owner, part)
-    before = inspect.getattr_static(owner, attr)
-    undo = mutants.apply(m.name)
-    try:
-        assert inspect.getattr_static(owner, attr) is not before
-    finally:
-        undo()
-    assert inspect.getattr_static(owner, attr) is before
-
-
-@pytest.mark.usefixtures("sglang_installed")
-@pytest.mark.parametrize("name, invariant", [("s-no-namespace-padding", "workspace"),
-                                             ("s-runtime-max-of-smallest", "runtime-max-tokens"),
-                                             ("s-combine-not-in-workspace", "expert-output"),
-                                             ("s-reduce-after-combine", "output")])
-def test_sglang_mutant_killed_by_the_invariant_it_names(cluster, name, invariant):
-    h = runner.hunt(cluster, name, on_integration("sglang", "0.7.2")[0], timeout_s=SGLANG_TIMEOUT_S)
-    assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)
-
-
-def test_sglang_integration_source_must_hold_the_package(tmp_path, monkeypatch):
-    import os
-
-    from testbed.integrations import sglang
-
-    monkeypatch.delenv(sglang.SOURCE_ENV, raising=False)
-    why = sglang.use(str(tmp_path))
-    assert why.startswith("--sglang-source") and "no sglang/ package" in why
-    assert sglang.SOURCE_ENV not in os.environ
-
-
-@pytest.mark.usefixtures("sglang_installed")
-def test_sglang_integration_fuzz_bounded_derandomized(cluster):
-    from testbed.scenario.fuzz import fuzz, sglang_scenarios
-
-    seen = []
-
-    def check(sc):
-        seen.append(sc)
-        return runner.run(cluster, sc, timeout_s=SGLANG_TIMEOUT_S)
-
-    fuzz(check, examples=5, strategy=sglang_scenarios())
-    assert seen and all(sc.integration == "sglang" for sc in seen)

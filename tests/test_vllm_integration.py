@@ -4,13 +4,10 @@ model, its invariants and its known findings (the model's rules need no vLLM).""
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
-import os
 
 import pytest
 
-from testbed.scenario import findings, invariants, mutants, runner
+from testbed.scenario import findings, runner
 from testbed.scenario.invariants import Failure, Verdict, check
 from testbed.scenario.matrix import VLLM_MATRIX, on_integration
 from testbed.scenario.model import ScenarioInputError
@@ -85,17 +82,6 @@ def test_vllm_integration_shared_communication_rule():
 
 
 @pytest.mark.usefixtures("vllm_installed")
-def test_vllm_integration_matrix_passes_or_is_known(no_leaks):
-    for sc in VLLM_MATRIX:
-        v = runner.run(no_leaks, sc, timeout_s=VLLM_TIMEOUT_S)
-        want = [f.id for f in findings.known(sc)]
-        assert v.passed, f"{sc.label}: {[(f.invariant, f.evidence[:400]) for f in v.failures]}"
-        assert v.known == want, (sc.label, v.known, want)
-        if not want:
-            assert v.worst <= 1.0 and v.layer_errors, sc.label  # compared with the dense reference
-
-
-@pytest.mark.usefixtures("vllm_installed")
 def test_vllm_integration_flashinfer_074_breaks_vllm(no_leaks):
     sc = dataclasses.replace(VLLM_MATRIX[0], profile="0.7.4")
     v = runner.run(no_leaks, sc, timeout_s=VLLM_TIMEOUT_S)
@@ -103,63 +89,7 @@ def test_vllm_integration_flashinfer_074_breaks_vllm(no_leaks):
     assert "TypeError" in v.known_failures[0].evidence
 
 
-def test_vllm_mutants_catalogue_is_large_and_targets_vllm():
-    assert len(mutants.VLLM_CATALOGUE) >= 15
-    assert all(m.integration == "vllm" and m.target.startswith("vllm.") and m.needs_scenarios
-               for m in mutants.VLLM_CATALOGUE)
-    assert all(kind in invariants.INVARIANTS for m in mutants.VLLM_CATALOGUE for kind, _ in m.expect)
-
-
-@pytest.mark.usefixtures("vllm_installed")
-@pytest.mark.parametrize("m", mutants.VLLM_CATALOGUE, ids=lambda m: m.name)
-def test_vllm_mutant_applies_and_undoes_exactly(m):
-    module_name, _, path = m.target.partition(":")
-    owner = importlib.import_module(module_name)
-    *owner_path, attr = path.split(".")
-    for part in owner_path:
-        owner = getattr(owner, part)
-    before = inspect.getattr_static(owner, attr)
-    undo = mutants.apply(m.name)
-    try:
-        assert inspect.getattr_static(owner, attr) is not before
-    finally:
-        undo()
-    assert inspect.getattr_static(owner, attr) is before
-
-
-@pytest.mark.usefixtures("vllm_installed")
-@pytest.mark.parametrize("name, invariant", [("v-one-sided-not-reduced", "reduce"),
-                                             ("v-step-is-local-count", "runtime-max-tokens"),
-                                             ("v-replace-when-covered", "workspace")])
-def test_vllm_mutant_killed_by_the_invariant_it_names(cluster, name, invariant):
-    h = runner.hunt(cluster, name, on_integration("vllm", "0.7.2")[0], timeout_s=VLLM_TIMEOUT_S)
-    assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)
-
-
 def test_vllm_integration_needs_dp_above_one():
     with pytest.raises(ScenarioInputError) as e:
         _parse("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 5 --integration vllm")
     assert e.value.flag == "--layout" and "use_all2all_kernels" in str(e.value)
-
-
-def test_vllm_integration_source_must_hold_the_package(tmp_path, monkeypatch):
-    from testbed.integrations import vllm
-
-    monkeypatch.delenv(vllm.SOURCE_ENV, raising=False)
-    why = vllm.use(str(tmp_path))
-    assert why.startswith("--vllm-source") and "no vllm/ package" in why
-    assert vllm.SOURCE_ENV not in os.environ
-
-
-@pytest.mark.usefixtures("vllm_installed")
-def test_vllm_integration_fuzz_bounded_derandomized(cluster):
-    from testbed.scenario.fuzz import fuzz, vllm_scenarios
-
-    seen = []
-
-    def check(sc):
-        seen.append(sc)
-        return runner.run(cluster, sc, timeout_s=VLLM_TIMEOUT_S)
-
-    fuzz(check, examples=5, strategy=vllm_scenarios())
-    assert seen and all(sc.integration == "vllm" for sc in seen)

@@ -64,6 +64,7 @@ from types import SimpleNamespace
 import torch
 
 from testbed.integrations import Traits
+from testbed.integrations import engine_support as support
 from testbed.scenario.moe import forward_pass_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE
 
@@ -150,53 +151,9 @@ def _module_attr(module: str, attr: str):
     return _Placeholder(f"{module}.{attr}")
 
 
-def unavailable() -> str | None:
-    """Why ``--integration sglang`` cannot run here (one line), or None: SGLang missing, or
-    one without a class the adapter drives (a capability probe, not a version compare)."""
-    prepare_environment()
-    if importlib.util.find_spec("sglang") is None:
-        return ("SGLang is not installed: `./dev setup --sglang` installs SGLang 0.5.23 without its CUDA torch "
-                f"(or set {SOURCE_ENV} to a checkout)")
-    import fakes.flashinfer
-
-    with fakes.flashinfer.install("0.7.2"):
-        for module, name in CAPABILITIES:
-            try:
-                mod = importlib.import_module(module)
-            except Exception as e:  # noqa: BLE001 - whatever breaks the import is the answer
-                return f"SGLang's {module} does not import: {type(e).__name__}: {e}"
-            if not hasattr(mod, name):
-                return f"this SGLang has no {module}.{name} (the adapter is written for SGLang {', '.join(TESTED)})"
-    return None
-
-
-@functools.cache
-def use(source: str | None = None) -> str | None:
-    """Make this process's rank pools run SGLang (a checkout's Python where ``source`` is
-    given) and import it in their fork server; returns why it cannot (one line, naming the
-    flag), or None."""
-    from testbed.cluster.pool import PRELOAD_ENV, preload_engines
-
-    if source:
-        if not os.path.isdir(os.path.join(source, "sglang")):
-            return f"--sglang-source: {source} holds no sglang/ package (give the checkout's python/ directory)"
-        os.environ[SOURCE_ENV] = os.path.abspath(source)
-    why = unavailable()
-    if why is None:
-        os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preload_engines() + ("sglang",)))
-    return why and f"--integration sglang: {why}"
-
-
-def preload() -> None:
-    """The SGLang modules the adapter drives, imported once so every rank forks with them."""
-    prepare_environment()
-    if importlib.util.find_spec("sglang") is None:
-        return
-    import fakes.flashinfer
-
-    with fakes.flashinfer.install("0.7.2"):
-        for module in dict.fromkeys(module for module, _ in CAPABILITIES):
-            importlib.import_module(module)
+ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
+                        prepare_environment)
+unavailable, use, preload = ENGINE.unavailable, ENGINE.use, ENGINE.preload
 
 
 @functools.cache

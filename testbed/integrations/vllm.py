@@ -45,6 +45,7 @@ from types import SimpleNamespace
 import torch
 
 from testbed.integrations import Traits
+from testbed.integrations import engine_support as support
 from testbed.scenario.reference import ACT_DTYPE
 
 # Tested with vLLM 0.33.0 (which pins flashinfer-python 0.7.2.post1).
@@ -76,49 +77,21 @@ def prepare_environment() -> None:
         sys.path.insert(0, source)
 
 
-def unavailable() -> str | None:
-    """Why ``--integration vllm`` cannot run here (one line), or None: vLLM missing, or a
-    vLLM without one of the classes the adapter drives (a capability probe, not a version
-    compare)."""
-    prepare_environment()
-    if importlib.util.find_spec("vllm") is None:
-        return ("vLLM is not installed: `./dev setup --vllm` installs vLLM 0.33.0 without its CUDA torch "
-                f"(or set {SOURCE_ENV} to a checkout)")
-    import fakes.flashinfer
-
-    with fakes.flashinfer.install("0.7.2"):
-        for module, name in CAPABILITIES:
-            try:
-                mod = importlib.import_module(module)
-            except Exception as e:  # noqa: BLE001 - whatever breaks the import is the answer
-                return f"vLLM's {module} does not import: {type(e).__name__}: {e}"
-            if not hasattr(mod, name):
-                return f"this vLLM has no {module}.{name} (the adapter is written for vLLM {', '.join(TESTED)})"
-    return None
-
-
-@functools.cache
-def use(source: str | None = None) -> str | None:
-    """Make this process's rank pools run vLLM (a checkout's Python where ``source`` is given)
-    and import it in their fork server (so call it before the first pool starts); returns why
-    it cannot (one line, naming the flag), or None."""
-    from testbed.cluster.pool import PRELOAD_ENV, preload_engines
-
-    if source:
-        if not os.path.isdir(os.path.join(source, "vllm")):
-            return f"--vllm-source: {source} holds no vllm/ package (give the checkout's root)"
-        os.environ[SOURCE_ENV] = os.path.abspath(source)
-    why = unavailable()
-    if why is None:
-        os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preload_engines() + ("vllm",)))
-    return why and f"--integration vllm: {why}"
+ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
+    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
+    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"))
+unavailable, use, preload = ENGINE.unavailable, ENGINE.use, ENGINE.preload
 
 
 @functools.cache
 def code() -> tuple[tuple[str, str], ...]:
-    """vLLM's integration code: its distributed layer and its fused-MoE layer."""
+    """vLLM's integration code: its distributed layer and its fused-MoE layer (none where vLLM
+    is not installed: the invariants then judge logs with no vLLM frames)."""
     prepare_environment()
-    root = Path(importlib.util.find_spec("vllm").origin).resolve().parent
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return ()
+    root = Path(spec.origin).resolve().parent
     return tuple((str(root / sub) + os.sep, f"vllm/{sub}/") for sub in
                  ("distributed", "model_executor/layers/fused_moe"))
 

@@ -1,0 +1,72 @@
+"""What every engine integration (``--integration vllm``, ``--integration sglang``) does the
+same way: its own matrix entries pass or fail exactly as their known findings say, its mutants
+are killed by the invariants they name, a checkout's Python by flag, and the fuzz strategy of
+the engine's scenarios."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from testbed.integrations import ENGINES, engine
+from testbed.scenario import findings, invariants, mutants, runner
+from testbed.scenario.matrix import SGLANG_MATRIX, VLLM_MATRIX, on_integration
+
+TIMEOUT_S = 60.0
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_source_must_hold_the_package(name, tmp_path, monkeypatch):
+    adapter = engine(name)
+    monkeypatch.delenv(adapter.SOURCE_ENV, raising=False)
+    why = adapter.use(str(tmp_path))
+    assert why.startswith(f"--{name}-source") and f"no {name}/ package" in why
+    assert adapter.SOURCE_ENV not in os.environ
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_fuzz_bounded_derandomized(name, cluster, request):
+    from testbed.scenario.fuzz import fuzz, strategy
+
+    request.getfixturevalue(f"{name}_installed")  # skips (or, required, fails) without the engine
+    seen = []
+
+    def check(sc):
+        seen.append(sc)
+        return runner.run(cluster, sc, timeout_s=TIMEOUT_S)
+
+    fuzz(check, examples=5, strategy=strategy(name))
+    assert seen and all(sc.integration == name for sc in seen)
+
+
+@pytest.mark.parametrize("name, matrix", [("vllm", VLLM_MATRIX), ("sglang", SGLANG_MATRIX)])
+def test_engine_matrix_passes_or_is_known(name, matrix, no_leaks, request):
+    request.getfixturevalue(f"{name}_installed")
+    for sc in matrix:
+        v = runner.run(no_leaks, sc, timeout_s=TIMEOUT_S)
+        want = [f.id for f in findings.known(sc)]
+        assert v.passed, f"{sc.label}: {[(f.invariant, f.evidence[:400]) for f in v.failures]}"
+        assert v.known == want, (sc.label, v.known, want)
+        if not want:
+            assert v.worst <= 1.0 and v.layer_errors, sc.label  # compared with the dense reference
+
+
+@pytest.mark.parametrize("name, least", [("vllm", 15), ("sglang", 10)])
+def test_engine_mutants_catalogue_targets_the_engine(name, least):
+    catalogue = mutants.catalogue(name)
+    assert len(catalogue) >= least
+    assert all(m.integration == name and m.target.startswith(f"{name}.") and m.needs_scenarios for m in catalogue)
+    assert all(kind in invariants.INVARIANTS for m in catalogue for kind, _ in m.expect)
+
+
+@pytest.mark.parametrize("name, mutant, invariant", [
+    ("vllm", "v-one-sided-not-reduced", "reduce"), ("vllm", "v-step-is-local-count", "runtime-max-tokens"),
+    ("vllm", "v-replace-when-covered", "workspace"), ("sglang", "s-no-namespace-padding", "workspace"),
+    ("sglang", "s-runtime-max-of-smallest", "runtime-max-tokens"),
+    ("sglang", "s-combine-not-in-workspace", "expert-output"), ("sglang", "s-reduce-after-combine", "output"),
+])
+def test_engine_mutant_killed_by_the_invariant_it_names(name, mutant, invariant, cluster, request):
+    request.getfixturevalue(f"{name}_installed")
+    h = runner.hunt(cluster, mutant, on_integration(name, "0.7.2")[0], timeout_s=TIMEOUT_S)
+    assert h.killed and h.by.startswith(invariant), (h.by, h.evidence)
