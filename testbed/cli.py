@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                           "directory on every rank (A2A_SGLANG_SOURCE)")
     run.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     run.add_argument("--html", metavar="PATH", help="write one self-contained HTML page")
+    run.add_argument("--junit-xml", metavar="PATH",
+                     help="write JUnit XML for CI: a test case per scenario (failures with their evidence and "
+                          "reproducing line, scenarios not run skipped with the rule)")
     fz = sub.add_parser("fuzz", help="Hypothesis over the scenario model; failures printed as run lines")
     fz.add_argument("--examples", type=int, default=50, metavar="N", help="scenarios to draw (default 50)")
     fz.add_argument("--seed", type=int, default=None, metavar="S",
@@ -73,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     fz.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-scenario timeout")
     fz.add_argument("--integration", choices=INTEGRATIONS, default="impl",
                     help="draw scenarios of impl (default) or of the installed vLLM's or SGLang's classes")
+    fz.add_argument("--junit-xml", metavar="PATH",
+                    help="write JUnit XML: a test case per example run (shrinking's included), failures with "
+                         "their evidence and reproducing line")
     mu = sub.add_parser("mutants", help="run the catalogue of mutants of an integration; each must be killed")
     mu.add_argument("--integration", choices=INTEGRATIONS, default="impl",
                     help="whose code the mutants change: impl (default) or the installed vLLM's or SGLang's, hunted "
@@ -81,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     mu.add_argument("--list", action="store_true", help="list the mutants and exit")
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
     mu.add_argument("--json", metavar="PATH", help="write the table as JSON")
+    mu.add_argument("--junit-xml", metavar="PATH",
+                    help="write JUnit XML: a test case per mutant, a survivor a failure with why")
     ct = sub.add_parser(
         "contract", help="compare the fake with a real FlashInfer release (CPU only, no CUDA import)",
         description=(
@@ -267,7 +275,7 @@ def _run(args) -> int:
             raise UsageError(f"--matrix-profile: {e}") from None
         for sc, rule in refused:
             print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
-        return _judge(scenarios, args, not_run=len(refused))
+        return _judge(scenarios, args, refused)
     if args.matrix_profile is not None:
         if scenario_given(args) or args.layout:
             raise UsageError("--matrix-profile runs the whole matrix: give no scenario flags or --layout with it")
@@ -279,7 +287,7 @@ def _run(args) -> int:
             raise UsageError(f"--matrix-profile: {e}") from None
         for sc, rule in refused:
             print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
-        return _judge(scenarios, args, not_run=len(refused))
+        return _judge(scenarios, args, refused)
     return _judge(_scenarios(args), args)
 
 
@@ -325,7 +333,7 @@ def _judge_on(backend: str, args) -> int:
     scenarios, refused = on_release(profile, backend, gpus)
     for sc, rule in refused:
         print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
-    return _judge(scenarios, args, not_run=len(refused))
+    return _judge(scenarios, args, refused)
 
 
 def _scenarios(args) -> list:
@@ -343,7 +351,8 @@ def _scenarios(args) -> list:
     return list(MATRIX)
 
 
-def _judge(scenarios, args, not_run: int = 0) -> int:
+def _judge(scenarios, args, refused=()) -> int:
+    """Run and judge ``scenarios``; ``refused``: the ``(scenario, rule)`` pairs not run."""
     from testbed.cluster.launched import launch_env
 
     try:
@@ -351,7 +360,7 @@ def _judge(scenarios, args, not_run: int = 0) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if env is not None:
-        return _judge_launched(env, scenarios, args, not_run)
+        return _judge_launched(env, scenarios, args, refused)
     from testbed.cluster.pool import RankPool
     from testbed.scenario import report, runner
 
@@ -370,11 +379,24 @@ def _judge(scenarios, args, not_run: int = 0) -> int:
                 print(report.known_text(v), flush=True)
             verdicts.append(v)
     seconds = time.monotonic() - started
+    _reports(args, verdicts, refused, seconds)
+    return _summary(verdicts, len(refused), seconds)
+
+
+def _reports(args, verdicts, refused, seconds: float) -> None:
+    """The files a run writes: ``--json``, ``--html``, ``--junit-xml`` (one case per scenario,
+    those not run skipped with their rule)."""
+    from testbed.scenario import junit, report
+
     if args.json:
         report.dump_json(args.json, report.as_json(verdicts, seconds))
     if args.html:
         report.write_html(args.html, verdicts)
-    return _summary(verdicts, not_run, seconds)
+    if args.junit_xml:
+        cases = [junit.verdict_case(i, v, f"run.{v.scenario.integration}") for i, v in enumerate(verdicts, 1)]
+        cases += [junit.not_run_case(len(verdicts) + i, sc, rule, f"run.{sc.integration}")
+                  for i, (sc, rule) in enumerate(refused, 1)]
+        junit.write(args.junit_xml, "run", cases, seconds)
 
 
 def _summary(verdicts, not_run: int, seconds: float, how: str = "") -> int:
@@ -386,18 +408,19 @@ def _summary(verdicts, not_run: int, seconds: float, how: str = "") -> int:
     return 1 if failed else 0
 
 
-def _judge_launched(env, scenarios, args, not_run: int) -> int:
+def _judge_launched(env, scenarios, args, refused) -> int:
     """The scenarios as one rank of a launched job (torchrun): those of the job's world size
     run here, rank 0 judges them and prints the lines :func:`_judge` prints."""
     from testbed.cluster.launched import join, leave
     from testbed.scenario import report, runner
 
     mine = [sc for sc in scenarios if sc.layout.world_size == env.world_size]
+    other = [(sc, f"{sc.layout.world_size} ranks, the launched job has {env.world_size}")
+             for sc in scenarios if sc.layout.world_size != env.world_size]
     if env.rank == 0:
-        for sc in scenarios:
-            if sc.layout.world_size != env.world_size:
-                print(f"NOT RUN  {sc.short()}: {sc.layout.world_size} ranks, the launched job has "
-                      f"{env.world_size}", flush=True)
+        for sc, rule in other:
+            print(f"NOT RUN  {sc.short()}: {rule}", flush=True)
+    refused = list(refused) + other
     if not mine:
         raise UsageError(f"no scenario has WORLD_SIZE={env.world_size} ranks (give --layout)")
     join(env, args.timeout or runner.DEFAULT_TIMEOUT_S,
@@ -417,11 +440,8 @@ def _judge_launched(env, scenarios, args, not_run: int) -> int:
     if env.rank != 0:
         return 0
     seconds = time.monotonic() - started
-    if args.json:
-        report.dump_json(args.json, report.as_json(verdicts, seconds))
-    if args.html:
-        report.write_html(args.html, verdicts)
-    return _summary(verdicts, not_run + len(scenarios) - len(mine), seconds, " (ranks from the launcher)")
+    _reports(args, verdicts, refused, seconds)
+    return _summary(verdicts, len(refused), seconds, " (ranks from the launcher)")
 
 
 def _fuzz(args) -> int:
@@ -435,13 +455,12 @@ def _fuzz(args) -> int:
     _positive("--timeout", args.timeout)
     progress = report.Progress()
     started = time.monotonic()
-    count = 0
+    verdicts = []
     with RankPool() as pool:
         def check(sc):
-            nonlocal count
-            count += 1
-            progress.show(f"[{count}] {sc.short()}")
-            return runner.run(pool, sc, timeout_s=args.timeout)
+            progress.show(f"[{len(verdicts) + 1}] {sc.short()}")
+            verdicts.append(runner.run(pool, sc, timeout_s=args.timeout))
+            return verdicts[-1]
 
         try:
             fuzz(check, examples=args.examples, seed=args.seed,
@@ -450,12 +469,23 @@ def _fuzz(args) -> int:
             progress.clear()
             print(f"FAIL (shrunk) {e.verdict.scenario.short()}")
             print(report.failure_text(e.verdict))
-            print(f"fuzz: a failing scenario after {count} runs in {time.monotonic() - started:.1f} s")
+            print(f"fuzz: a failing scenario after {len(verdicts)} runs in {time.monotonic() - started:.1f} s")
+            _fuzz_junit(args, verdicts, started)
             return 1
     progress.clear()
+    count = len(verdicts)
+    _fuzz_junit(args, verdicts, started)
     print(f"fuzz: {count} scenarios passed every invariant in {time.monotonic() - started:.1f} s "
           f"({'seed ' + str(args.seed) if args.seed is not None else 'derandomized'})")
     return 0
+
+
+def _fuzz_junit(args, verdicts, started: float) -> None:
+    from testbed.scenario import junit
+
+    if args.junit_xml:
+        junit.write(args.junit_xml, "fuzz", [junit.verdict_case(i, v, f"fuzz.{args.integration}")
+                                             for i, v in enumerate(verdicts, 1)], time.monotonic() - started)
 
 
 def _mutants(args) -> int:
@@ -492,6 +522,15 @@ def _mutants(args) -> int:
             print(f"{name:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
             hunts.append(h)
     killed = sum(h.killed for h in hunts)
+    if args.junit_xml:
+        from testbed.scenario import junit
+
+        junit.write(args.junit_xml, "mutants", [
+            junit.Case(h.mutant, f"mutants.{args.integration}", h.seconds, output=f"killed by {h.by}: {h.evidence}")
+            if h.killed else junit.Case(h.mutant, f"mutants.{args.integration}", h.seconds,
+                                        failure=f"{h.mutant} SURVIVED: {h.by}\nreproduce: a2a-testbed mutants "
+                                                f"--integration {args.integration} --only {h.mutant}")
+            for h in hunts], time.monotonic() - started)
     if args.json:
         report.dump_json(args.json, {"killed": killed, "total": len(hunts),
                                      "seconds": round(time.monotonic() - started, 3),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,32 @@ def test_cli_run_scenario_writes_json_and_html(tmp_path):
     assert "1 passed, 0 failed" in page and "<svg" in page and "workspace bytes per build" in page
 
 
-def test_cli_run_against_a_mutant_fails_with_the_evidence():
+def test_cli_run_against_a_mutant_fails_with_the_evidence(tmp_path):
     done = _cli("run", "--layout", "4,2,2,1", "--stages", "bf16:8", "--tokens", "2,3",
-                "--mutant", "double-reduce-one-sided")
+                "--mutant", "double-reduce-one-sided", "--junit-xml", str(tmp_path / "r.xml"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "[reduce]" in done.stdout and "output ~ 2 x the reference" in done.stdout
     assert "reproduce: a2a-testbed run --layout 4,2,2,1" in done.stdout
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    assert (suite.get("tests"), suite.get("failures")) == ("1", "1")
+    (failure,) = suite.iter("failure")
+    assert failure.get("message").startswith("[") and "output ~ 2 x the reference" in failure.text
+    assert "reproduce: a2a-testbed run --layout 4,2,2,1" in failure.text
+
+
+def test_cli_junit_xml_one_case_per_scenario_example_and_mutant(tmp_path):
+    run = _cli("run", "--integration", "impl", "--matrix-profile", "0.7.4", "--junit-xml", str(tmp_path / "m.xml"),
+               timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    printed = [ln for ln in run.stdout.splitlines() if ln.startswith(("PASS", "KNOWN", "FAIL", "NOT RUN"))]
+    suite = ET.parse(tmp_path / "m.xml").getroot()
+    cases = list(suite.iter("testcase"))
+    assert len(cases) == len(printed) and int(suite.get("skipped")) == sum(ln.startswith("NOT RUN") for ln in printed)
+    assert all("NOT RUN: " in s.get("message") for s in suite.iter("skipped"))
+    fz = _cli("fuzz", "--examples", "2", "--junit-xml", str(tmp_path / "f.xml"))
+    assert fz.returncode == 0, fz.stdout + fz.stderr
+    assert [c.get("classname") for c in ET.parse(tmp_path / "f.xml").getroot().iter("testcase")] == ["fuzz.impl"] * 2
+    mu = _cli("mutants", "--only", "double-reduce-one-sided", "--junit-xml", str(tmp_path / "u.xml"), timeout=240)
+    assert mu.returncode == 0, mu.stdout + mu.stderr
+    (case,) = ET.parse(tmp_path / "u.xml").getroot().iter("testcase")
+    assert case.get("name") == "double-reduce-one-sided" and "killed by reduce" in case.find("system-out").text
