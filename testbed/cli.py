@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 
@@ -391,7 +392,7 @@ def _reports(args, verdicts, refused, seconds: float) -> None:
     if args.json:
         report.dump_json(args.json, report.as_json(verdicts, seconds))
     if args.html:
-        report.write_html(args.html, verdicts)
+        report.write_html(args.html, verdicts, refused, seconds, shlex.join(["a2a-testbed", *sys.argv[1:]]))
     if args.junit_xml:
         cases = [junit.verdict_case(i, v, f"run.{v.scenario.integration}") for i, v in enumerate(verdicts, 1)]
         cases += [junit.not_run_case(len(verdicts) + i, sc, rule, f"run.{sc.integration}")

@@ -74,7 +74,7 @@ def test_cli_run_scenario_writes_json_and_html(tmp_path):
     assert sc["passed"] and sc["cli"].startswith("a2a-testbed run --layout 4,2,2,1 --path one_sided --profile 0.6.14")
     assert [len(stage) for stage in sc["builds"]] == [2]
     page = (tmp_path / "r.html").read_text()
-    assert "1 passed, 0 failed" in page and "<svg" in page and "workspace bytes per build" in page
+    assert "1 passed, 0 failed" in page and "<svg" in page and "workspace per build (KiB per rank)" in page
 
 
 def test_cli_run_against_a_mutant_fails_with_the_evidence(tmp_path):
