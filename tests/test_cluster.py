@@ -221,8 +221,12 @@ def test_cluster_worker_that_dies_while_starting_is_reported_at_once():
     assert time.monotonic() - started < 30  # not the start timeout
 
 
+# The parent takes SIGINT as Ctrl-C does (KeyboardInterrupt) even where it was started from a
+# shell's background job, whose commands inherit SIGINT ignored (Python then installs no
+# handler, and the signal the test sends does nothing: a full suite run with `&` failed so).
 PARENT_SCRIPT = """
-import os, sys
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from testbed.cluster.pool import RankPool
 from testbed.cluster.layout import ParallelLayout
 import rankprogs
