@@ -11,12 +11,15 @@ An adapter module exposes its engine's :meth:`Engine.unavailable`, :meth:`Engine
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Callable
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -78,3 +81,22 @@ class Engine:
         with fakes.flashinfer.install("0.7.2"):  # the modules an engine imports lazily stay unimported
             for module in dict.fromkeys([module for module, _ in self.capabilities] + list(self.preload_extra)):
                 importlib.import_module(module)
+
+
+def name_the_fake(ctx, sc) -> None:
+    """On the fake, the engine's ``import flashinfer`` gets the fake as the scenario's release
+    until the scenario ends."""
+    if sc.flashinfer_backend == "fake":
+        import fakes.flashinfer
+
+        named = contextlib.ExitStack()
+        ctx.add_cleanup(named.close)
+        named.enter_context(fakes.flashinfer.install(sc.profile))
+
+
+def model_between_forwards(ctx, log) -> None:
+    """The rest of the model between two forwards (attention's TP collectives) orders every
+    EP rank's previous forward before this one; a barrier of the EP group stands in for it,
+    logged as the collective it is."""
+    log.write(ev="coll", op="barrier", group=list(ctx.group_ranks["ep"]), site="testbed: the model between two forwards")
+    torch.distributed.barrier(group=ctx.groups["ep"])

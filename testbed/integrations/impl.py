@@ -14,7 +14,7 @@ from impl.forward_context import forward_context
 from impl.moe_layer import MoELayer, MoELayerConfig
 from testbed.integrations import Traits
 from testbed.scenario import audit
-from testbed.scenario.moe import forward_pass_token_counts, quant_config, rank_device
+from testbed.scenario.moe import logged_token_counts, quant_config, rank_device
 from testbed.scenario.reference import ACT_DTYPE, shared_weight
 
 
@@ -60,11 +60,7 @@ class ImplSession:
 
     @contextlib.contextmanager
     def layer_call(self, num_tokens: int):
-        # The testbed's own collective is logged too: a rank that skipped an all-to-all is then
-        # out of step with its peers at once, not at the timeout.
-        self.log.write(ev="coll", op="forward_token_counts", group=list(self.ctx.group_ranks["ep"]),
-                       site="testbed: the start of a forward")
-        counts = forward_pass_token_counts(self.ep_group, self.ctx.coords.dp_rank, self.sc.layout.dp, num_tokens)
+        counts = logged_token_counts(self.ctx, self.log, num_tokens, "testbed: the start of a forward")
         with forward_context(counts):
             yield
 

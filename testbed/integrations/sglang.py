@@ -63,9 +63,10 @@ from types import SimpleNamespace
 
 import torch
 
+from testbed import patch
 from testbed.integrations import Traits
 from testbed.integrations import engine_support as support
-from testbed.scenario.moe import forward_pass_token_counts, quant_config
+from testbed.scenario.moe import logged_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE
 
 TESTED = ("0.5.23",)  # pins flashinfer-python 0.7.2
@@ -196,12 +197,6 @@ def server_arguments(sc) -> dict:
     return kw
 
 
-def _set_env(ctx, name: str, value: str) -> None:
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    ctx.add_cleanup(lambda: os.environ.pop(name, None) if saved is None else os.environ.__setitem__(name, saved))
-
-
 @functools.cache
 def _cpu_kernels() -> torch.library.Library:
     """Register each of :data:`CPU_OPS` for the CPU with its own implementation (once per
@@ -244,12 +239,7 @@ class SglangSession:
     def __init__(self, ctx, sc, api, log):
         prepare_environment()
         self.ctx, self.sc, self.log = ctx, sc, log
-        if sc.flashinfer_backend == "fake":
-            import fakes.flashinfer
-
-            named = contextlib.ExitStack()
-            ctx.add_cleanup(named.close)
-            named.enter_context(fakes.flashinfer.install(sc.profile))
+        support.name_the_fake(ctx, sc)
         from sglang.srt import runtime_context as rc
         from sglang.srt.distributed import parallel_state as ps
         from sglang.srt.layers import dp_attention as dpa
@@ -260,19 +250,19 @@ class SglangSession:
         self.sp_dispatcher = None
         dispatcher = importlib.import_module(DISPATCHER)
         for name, value in rebind_guarded_imports(dispatcher).items():
-            ctx.add_cleanup(_swap(dispatcher, name, value))
+            ctx.add_cleanup(patch.attribute(dispatcher, name, value))
         import flashinfer
         from sglang.srt.layers.quantization import fp4_utils
 
         if hasattr(flashinfer, "fp4_quantize"):
-            ctx.add_cleanup(_swap(fp4_utils, "_flashinfer_fp4_quantize", flashinfer.fp4_quantize))
+            ctx.add_cleanup(patch.attribute(fp4_utils, "_flashinfer_fp4_quantize", flashinfer.fp4_quantize))
         _cpu_kernels()
         buffers = dpa._DpGatheredBufferWrapper
         saved = {k: v for k, v in vars(buffers).items() if k.startswith("_") and not k.startswith("__")
                  and not callable(v)}
         ctx.add_cleanup(lambda: [setattr(buffers, k, v) for k, v in saved.items()])
         budget = sc.stages[0][0].max_num_tokens  # one capacity for every layer
-        _set_env(ctx, CAPACITY_ENV, str(budget))
+        ctx.add_cleanup(patch.environment({CAPACITY_ENV: str(budget)}))
         lay = sc.layout
         ctx.add_cleanup(rc.reset_context)  # last: SGLang's published configuration, flags and forward state
         server_args = ServerArgs(**server_arguments(sc))
@@ -327,14 +317,9 @@ class SglangSession:
     def forward_pass(self, num_tokens: int):
         # Under DP attention SGLang's scheduler all-gathers every DP rank's token count before
         # each forward (its MLP sync); that collective also orders every EP rank's forwards.
-        ctx, sc = self.ctx, self.sc
-        self.log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
-                       site="testbed: SGLang's scheduler token-count all-gather")
         forward = self.rc.get_forward()
-        if sc.sp_prefill:  # between two forwards, attention's TP collectives order every rank's
-            self.log.write(ev="coll", op="barrier", group=list(ctx.group_ranks["ep"]),
-                           site="testbed: the model between two forwards")
-            torch.distributed.barrier(group=ctx.groups["ep"])
+        if self.sc.sp_prefill:
+            support.model_between_forwards(self.ctx, self.log)
             self.dpa.set_is_extend_in_batch(True)
             forward.set("sp_active", True)
             try:
@@ -342,21 +327,13 @@ class SglangSession:
             finally:
                 forward.set("sp_active", False)
             return
-        self.log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]),
-                       site="testbed: SGLang's scheduler token-count all-gather")
-        counts = forward_pass_token_counts(ctx.groups["ep"], ctx.coords.dp_rank, sc.layout.dp, num_tokens)
+        counts = logged_token_counts(self.ctx, self.log, num_tokens, "testbed: SGLang's scheduler token-count all-gather")
         self.dpa.set_is_extend_in_batch(False)  # decode: the all-to-all (extend all-gathers)
         self.dpa.set_dp_buffer_len(sum(counts), num_tokens, False, global_num_tokens=list(counts))
         yield
 
     def layer_call(self, num_tokens: int):
         return contextlib.nullcontext()
-
-
-def _swap(owner, name: str, value):
-    had, old = name in vars(owner), vars(owner).get(name)
-    setattr(owner, name, value)
-    return lambda: setattr(owner, name, old) if had else delattr(owner, name)
 
 
 class _TestbedMethod:

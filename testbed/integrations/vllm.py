@@ -44,6 +44,7 @@ from types import SimpleNamespace
 
 import torch
 
+from testbed import patch
 from testbed.integrations import Traits
 from testbed.integrations import engine_support as support
 from testbed.scenario.reference import ACT_DTYPE
@@ -130,14 +131,11 @@ class VllmSession:
         self.ctx, self.sc, self.log, self.ps = ctx, sc, log, ps
         lay = sc.layout
         _stub_accelerator(ctx)
-        if sc.flashinfer_backend == "fake":  # vLLM imports `flashinfer`: the fake, as the scenario's release
-            import fakes.flashinfer
-
-            named = contextlib.ExitStack()
-            ctx.add_cleanup(named.close)
-            named.enter_context(fakes.flashinfer.install(sc.profile))
+        support.name_the_fake(ctx, sc)
         _forget_probes()
-        _launcher_environment(ctx)
+        # vLLM's external_launcher reads the launcher's variables (its DP rank from RANK).
+        ctx.add_cleanup(patch.environment({"RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.rank),
+                                           "WORLD_SIZE": str(ctx.world_size)}))
         budget = sc.stages[0][0].max_num_tokens  # one for every layer (the model refuses others)
         parallel = ParallelConfig(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                                   data_parallel_size=lay.dp, enable_expert_parallel=True,
@@ -205,13 +203,8 @@ class VllmSession:
     def forward_pass(self, num_tokens: int):
         from vllm.forward_context import get_forward_context, set_forward_context
 
-        # The rest of the model between two forwards (attention's TP collectives, the DP
-        # metadata exchange) orders every EP rank's previous forward before this one; between
-        # the MoE layers of one forward nothing does, as in vLLM.
-        ep = self.ctx.groups["ep"]
-        self.log.write(ev="coll", op="barrier", group=list(self.ctx.group_ranks["ep"]),
-                       site="testbed: the model between two forwards")
-        torch.distributed.barrier(group=ep)
+        # Between the MoE layers of one forward nothing orders the ranks, as in vLLM.
+        support.model_between_forwards(self.ctx, self.log)
         with set_forward_context(None, self.config, num_tokens=num_tokens):
             dp = get_forward_context().dp_metadata
             with dp.sp_local_sizes(1) if dp is not None else contextlib.nullcontext():
@@ -219,22 +212,6 @@ class VllmSession:
 
     def layer_call(self, num_tokens: int):
         return contextlib.nullcontext()
-
-
-def _launcher_environment(ctx) -> None:
-    """vLLM's ``external_launcher`` reads the launcher's variables (its DP rank from RANK)."""
-    given = {"RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.rank), "WORLD_SIZE": str(ctx.world_size)}
-    saved = {name: os.environ.get(name) for name in given}
-    os.environ.update(given)
-
-    def restore() -> None:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-    ctx.add_cleanup(restore)
 
 
 def _forget_probes() -> None:

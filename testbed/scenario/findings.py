@@ -32,10 +32,6 @@ def _vllm(sc: Scenario, path: str, profile: Optional[str] = None) -> bool:
     return sc.integration == "vllm" and sc.path == path and (profile is None or sc.profile == profile)
 
 
-def _sglang(sc: Scenario, profile: Optional[str] = None) -> bool:
-    return sc.integration == "sglang" and (profile is None or sc.profile == profile)
-
-
 def _payload_grows_within_a_forward(sc: Scenario) -> bool:
     """A stage where a layer dispatches more bytes per token than the layer before it."""
     def grows(a, b):
@@ -88,7 +84,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("SGL-002", "SGLang 0.5.23's dispatcher imports flashinfer.comm.MoeAlltoAll, which FlashInfer 0.7.4 "
                        "removed: its guarded import sets use_flashinfer False and every FlashinferDispatcher "
                        "raises ImportError",
-            lambda sc: _sglang(sc, "0.7.4"),
+            lambda sc: sc.integration == "sglang" and sc.profile == "0.7.4",
             (("completes", "Flashinfer is not installed or does not support A2A"),)),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",

@@ -515,12 +515,12 @@ def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
     if sc.layout.dp < 2:
         return "--layout", ("vLLM runs its all-to-all kernels only with DP > 1 (FusedMoEParallelConfig."
                             f"use_all2all_kernels); with dp={sc.layout.dp} its layers dispatch nothing")
-    for flag, name, default in _VLLM_IMPL_ONLY:
-        if getattr(sc, name) != default:
-            return flag, ("is not driven under --integration vllm, which runs vLLM's own classes on the fake "
-                          "(impl's combine signatures, API choice, TRT-LLM experts, workspace output and sentinel "
-                          "have no vLLM counterpart; its shared experts, scaling, deferral and sequence parallel "
-                          "live in vLLM's MoERunner, which the adapter does not drive yet)")
+    flag = _first_given(sc, _VLLM_IMPL_ONLY)
+    if flag:
+        return flag, ("is not driven under --integration vllm, which runs vLLM's own classes on the fake "
+                      "(impl's combine signatures, API choice, TRT-LLM experts, workspace output and sentinel "
+                      "have no vLLM counterpart; its shared experts, scaling, deferral and sequence parallel "
+                      "live in vLLM's MoERunner, which the adapter does not drive yet)")
     fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(VLLM_FORMATS))
     if fmts:
         return "--stages", (f"vLLM 0.33.0 quantizes {', '.join(fmts)} with CUDA custom ops or Triton "
@@ -579,12 +579,12 @@ def sglang_rule(sc: "Scenario") -> tuple[str, str] | None:
     if any(not any(counts) for counts in sc.passes):
         return "--tokens", ("SGLang's scheduler runs no forward where no DP rank has a token (it emits idle batches "
                             "only while max(global_num_tokens) > 0): give every pass a token somewhere")
-    for flag, name, default in _SGLANG_IMPL_ONLY:
-        if getattr(sc, name) != default:
-            return flag, ("is not driven under --integration sglang, which runs SGLang's own dispatcher on the fake "
-                          "(impl's combine signatures, API choice and TRT-LLM experts have no SGLang counterpart; its "
-                          "shared experts, scaling, router weight on input and sequence parallel live in SGLang's "
-                          "model and layer boundary, which the adapter does not drive yet; the GPU runner drives impl)")
+    flag = _first_given(sc, _SGLANG_IMPL_ONLY)
+    if flag:
+        return flag, ("is not driven under --integration sglang, which runs SGLang's own dispatcher on the fake "
+                      "(impl's combine signatures, API choice and TRT-LLM experts have no SGLang counterpart; its "
+                      "shared experts, scaling, router weight on input and sequence parallel live in SGLang's "
+                      "model and layer boundary, which the adapter does not drive yet; the GPU runner drives impl)")
     if (sc.invalid_expert_id, sc.expert_output) not in SGLANG_RUNNER_CHOICES:
         return "--expert-output", ("SGLang combines from the workspace with the flashinfer_cutlass runner only, whose "
                                    "sentinel is num_experts: give --invalid-expert-id num_experts")
@@ -615,6 +615,11 @@ def sglang_rule(sc: "Scenario") -> tuple[str, str] | None:
                                 f"would route, which the testbed does not model: give multiples of {lay.tp}, got "
                                 f"{uneven}")
     return None
+
+
+def _first_given(sc: "Scenario", flags) -> str | None:
+    """The first of ``(flag, field, default)`` whose field the scenario sets otherwise."""
+    return next((flag for flag, name, default in flags if getattr(sc, name) != default), None)
 
 
 def _choice(flag: str, value, choices) -> None:

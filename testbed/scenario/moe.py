@@ -107,6 +107,14 @@ def case_experts(case: MoECase, ep_size: int, ep_rank: int) -> Experts:
                    functools.partial(case_weight, case))
 
 
+def logged_token_counts(ctx, log, num_tokens: int, site: str) -> list[int]:
+    """:func:`forward_pass_token_counts` on this rank's EP group, logged as a collective of it
+    at ``site`` (a rank that skipped an all-to-all is then out of step with its peers at once,
+    not at the timeout)."""
+    log.write(ev="coll", op="forward_token_counts", group=list(ctx.group_ranks["ep"]), site=site)
+    return forward_pass_token_counts(ctx.groups["ep"], ctx.coords.dp_rank, ctx.layout.dp, num_tokens)
+
+
 def forward_pass_token_counts(ep_group: dist.ProcessGroup, dp_rank: int, dp_size: int, num_tokens: int) -> list[int]:
     """Start a forward pass: every EP rank shares its token count; returns one per DP rank.
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 from impl.experts import QuantizedWeights, TrtLlmExperts
-from testbed import integrations
+from testbed import integrations, patch
 from testbed.contract.setup_calls import COMM_METHODS
 from testbed.scenario import audit, mutants
 from testbed.scenario.experts import Experts
@@ -229,7 +229,7 @@ def _recording_arguments(profile: str, log: audit.EventLog, cleanup) -> None:
         done.add((id(owner), attr))
         checked = _checking(fn, qualname, module, log)
         wrapped = type(raw)(checked) if isinstance(raw, (staticmethod, classmethod)) else checked
-        cleanup(_replace(owner, attr, wrapped))
+        cleanup(patch.attribute(owner, attr, wrapped))
 
 
 def _fake_callable(qualname: str):
@@ -306,14 +306,6 @@ class _Names:
         return None
 
 
-def _replace(owner, name: str, value) -> callable:
-    """Set ``owner.name`` (a module's or, in place, a class's); returns what puts it back (a
-    name served by a lookup, as the fake's per-profile names are, comes back by removing it)."""
-    had, old = name in vars(owner), vars(owner).get(name)
-    setattr(owner, name, value)
-    return lambda: setattr(owner, name, old) if had else delattr(owner, name)
-
-
 def _install(ctx, sc: Scenario, log: audit.EventLog):
     """The scenario's FlashInfer (the fake as its release, or this machine's real one) with the
     API the scenario runs on recorded until it ends. Only that API: 0.7.2's moe_ep builds the
@@ -330,7 +322,7 @@ def _install(ctx, sc: Scenario, log: audit.EventLog):
     ep_ranks = ctx.group_ranks["ep"]
 
     def record(module, name: str, recording) -> None:
-        ctx.add_cleanup(_replace(module, name, recording))
+        ctx.add_cleanup(patch.attribute(module, name, recording))
 
     if sc.api == "comm" and api.has("comm"):
         if sc.flashinfer_backend != "fake":
@@ -368,7 +360,7 @@ def _recording_mnnvl_setup(log: audit.EventLog) -> callable:
             _MnnvlMemory.comm = comm
             log.write(ev="mnnvl_setup", calls=calls)
 
-    return _replace(_MnnvlMemory, "open_mnnvl_memory", staticmethod(open_mnnvl_memory))
+    return patch.attribute(_MnnvlMemory, "open_mnnvl_memory", staticmethod(open_mnnvl_memory))
 
 
 class _CallRecorder:
