@@ -50,7 +50,7 @@ def backend(request) -> str:
 # patches impl in this process and in every rank process, as an edit of impl/ would.
 MUTANT = os.environ.get("A2A_MUTANT")
 if MUTANT:
-    from testbed.scenario import mutants
+    from testbed.harness import mutants
 
     mutants.apply(MUTANT)
 
@@ -58,9 +58,9 @@ if MUTANT:
 def _engine_installed(name: str) -> None:
     """Skip (with the reason) where ``--integration NAME`` cannot run; under
     ``A2A_REQUIRE_<NAME>`` (CI) that is a failure instead: those tests must run there."""
-    from testbed.integrations import engine
+    from testbed import integrations
 
-    why = engine(name).unavailable()
+    why = integrations.get(name).engine.unavailable()
     if why:
         required = f"A2A_REQUIRE_{name.upper()}"
         if os.environ.get(required):
@@ -81,14 +81,16 @@ def sglang_installed() -> None:
 @pytest.fixture(scope="session")
 def cluster():
     """A rank pool shared by every test of this pytest process (one per xdist worker)."""
-    from testbed.cluster.pool import RankPool
+    from testbed import integrations
+    from testbed.harness.runner import scenario_pool
 
     initializer = functools.partial(mutants.apply, MUTANT) if MUTANT else None
     # An engine's import (vLLM ~5 s, SGLang ~3.5 s) once in this process's fork server where it is
     # installed, not once per rank; not through the environment, which every subprocess a test
     # starts would inherit.
-    engines = tuple(e for e in ("vllm", "sglang") if importlib.util.find_spec(e) is not None)
-    with RankPool(initializer=initializer, preload=engines) as pool:
+    engines = tuple(i.engine.preload_module for i in integrations.engines()
+                    if importlib.util.find_spec(i.engine.name) is not None)
+    with scenario_pool(initializer=initializer, preload=engines) as pool:
         yield pool
 
 

@@ -11,13 +11,13 @@ import torch
 
 from testbed.cluster.layout import ParallelLayout
 from testbed.differential import FusedCase, differential, fused_differential
-from testbed.scenario.moe import MoECase
+from testbed.integrations.impl.cases import MoECase
 
 
 @pytest.mark.parametrize("top_k, tokens", [(2, lambda w: tuple(3 + r for r in range(w))),
                                            (8, lambda w: (0,) + (16,) * (w - 1))])
 def test_gpu_differential_fake_vs_real_moe_alltoall(cluster, backend, top_k, tokens):
-    from impl.backend import resolve_backend
+    from testbed.scenario.rank import resolve_backend
 
     if backend == "fake":
         pytest.skip("--backend fake: the differential compares the fake with the real FlashInfer")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario.moe import MoECase, reference_output, run_layers
+from testbed.integrations.impl.cases import MoECase, reference_output, run_layers
 
 
 def _check(case, results):
@@ -24,7 +24,7 @@ def _check(case, results):
 @pytest.mark.parametrize("kind", ["one_sided", "two_sided"])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_gpu_impl_round_trip(cluster, backend, kind, fmt, a2a_api):
-    from impl.backend import resolve_backend
+    from testbed.scenario.rank import resolve_backend
 
     api = resolve_backend(backend)
     if a2a_api != "auto" and not api.has(a2a_api, two_sided=kind == "two_sided"):
@@ -42,7 +42,7 @@ def test_gpu_impl_round_trip(cluster, backend, kind, fmt, a2a_api):
 
 def test_gpu_impl_workspace_grows_for_heterogeneous_layers(cluster, backend):
     """MoeAlltoAll's grow-only workspace (moe_ep sizes each layer's own)."""
-    from impl.backend import resolve_backend
+    from testbed.scenario.rank import resolve_backend
 
     if not resolve_backend(backend).has("comm"):
         pytest.skip("this FlashInfer has no MoeAlltoAll (0.7.4): moe_ep sizes each layer's workspace itself")

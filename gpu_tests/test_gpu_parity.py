@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.scenario import runner
-from testbed.scenario.matrix import MATRIX, on_release
+from testbed.harness import runner
+from testbed.harness.matrix import MATRIX, on_release
 
 
 @pytest.mark.parametrize("index", range(len(MATRIX)), ids=[sc.label or str(i) for i, sc in enumerate(MATRIX)])

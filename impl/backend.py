@@ -1,7 +1,8 @@
 """Which FlashInfer the integration talks to: the real package or the CPU fake.
 
-This is the only module of ``impl`` that names the fake, and only by its import path: the
-rest of ``impl`` receives a :class:`FlashInferAPI` and reads every FlashInfer symbol from it.
+``impl`` never names the fake: a caller that runs it on a stand-in hands the stand-in's package
+in (``resolve_backend("fake", root=...)``). The rest of ``impl`` receives a :class:`FlashInferAPI`
+and reads every FlashInfer symbol from it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from typing import Optional
 
 import torch
 
-BACKENDS = ("fake", "flashinfer")
-FAKE_ROOT = "fakes.flashinfer"
 # Which FlashInfer API carries an all-to-all: ``flashinfer.comm``'s MoeAlltoAll (one-sided) and
 # MnnvlMoe (two-sided), gone in 0.7.4, or ``flashinfer.moe_ep``'s NVLink backends (0.7.2 on).
 A2A_APIS = ("comm", "moe_ep")
@@ -130,16 +129,17 @@ class FlashInferAPI:
         )
 
 
-def resolve_backend(name: str, *, profile: str | None = None) -> FlashInferAPI:
-    """Return the FlashInfer API namespace named ``name``.
+def resolve_backend(name: str = "flashinfer", *, root: ModuleType | None = None) -> FlashInferAPI:
+    """Return the FlashInfer API namespace of the installed package, or of ``root``.
 
     Parameters
     ----------
     name : str
-        ``"fake"`` (the CPU fake) or ``"flashinfer"`` (the installed package, imported here).
-    profile : str, optional
-        For ``"fake"`` only: the FlashInfer release to imitate (e.g. ``"0.6.8"``, ``"0.7.2"``);
-        None keeps the fake's active profile.
+        What the namespace is called: ``"flashinfer"`` for the installed package (imported
+        here), another name for a stand-in given as ``root`` (a CPU fake, say).
+    root : module, optional
+        A package laid out as ``flashinfer`` is (its ``comm``, ``moe_ep``, ... submodules under
+        its own name); None imports the installed ``flashinfer``.
 
     Returns
     -------
@@ -148,22 +148,18 @@ def resolve_backend(name: str, *, profile: str | None = None) -> FlashInferAPI:
     Raises
     ------
     ValueError
-        Unknown ``name``, or ``profile`` given for the real package.
+        ``root`` given for ``"flashinfer"``, or a stand-in's name without its ``root``.
     FlashInferUnavailableError
         ``flashinfer`` is not installed, or is a release with neither
         ``flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll`` nor ``flashinfer.moe_ep``'s
         ``NVLinkOneSidedAlltoAll``.
     """
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    if name == "fake":
-        root = importlib.import_module(FAKE_ROOT)
-        if profile is not None:
-            root.set_profile(profile)
-        return _namespace(name, root, FAKE_ROOT)
-    if profile is not None:
-        raise ValueError(f"profile={profile!r} applies to the fake backend only; "
-                         "the real FlashInfer is whatever release is installed")
+    if name != "flashinfer":
+        if root is None:
+            raise ValueError(f"backend {name!r}: give its package as root= (only 'flashinfer' is imported here)")
+        return _namespace(name, root, root.__name__)
+    if root is not None:
+        raise ValueError("root= stands in for the real FlashInfer; backend 'flashinfer' is the installed package")
     try:
         root = importlib.import_module("flashinfer")
     except ImportError as e:

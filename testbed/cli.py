@@ -1,6 +1,6 @@
 """``a2a-testbed``: the command-line runner.
 
-- ``run``: with no scenario flags, the integration matrix (:mod:`testbed.scenario.matrix`);
+- ``run``: with no scenario flags, the integration matrix (:mod:`testbed.harness.matrix`);
   with scenario flags, that one scenario (``Scenario.to_cli()`` prints such a line); with
   ``--job selfcheck``, the cluster self-check over layouts (``--fault`` injects a cluster
   fault there and checks it was caught the expected way).
@@ -19,7 +19,7 @@ import sys
 import time
 
 from testbed import __version__
-from testbed.integrations import ENGINES, INTEGRATIONS, engine
+from testbed import integrations
 
 CLUSTER_FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
 # A hang must surface as a hang (the watchdog's report) before the fake's own flag wait
@@ -59,12 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
-    run.add_argument("--vllm-source", metavar="DIR",
-                     help="with --integration vllm: import vLLM's Python from this checkout on every rank "
-                          "(A2A_VLLM_SOURCE), so a branch is tested as it stands")
-    run.add_argument("--sglang-source", metavar="DIR",
-                     help="with --integration sglang: import SGLang's Python from this checkout's python/ "
-                          "directory on every rank (A2A_SGLANG_SOURCE)")
+    for integration in integrations.engines():
+        engine = integration.engine
+        run.add_argument(f"--{engine.name}-source", metavar="DIR",
+                         help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
+                              f"checkout's {engine.source_hint} on every rank ({engine.source_env}), so a branch is "
+                              "tested as it stands")
     run.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     run.add_argument("--html", metavar="PATH", help="write one self-contained HTML page")
     run.add_argument("--junit-xml", metavar="PATH",
@@ -75,13 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     fz.add_argument("--seed", type=int, default=None, metavar="S",
                     help="random draw from this seed (default: derandomized, the same every time)")
     fz.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-scenario timeout")
-    fz.add_argument("--integration", choices=INTEGRATIONS, default="impl",
+    fz.add_argument("--integration", choices=integrations.names(), default="impl",
                     help="draw scenarios of impl (default) or of the installed vLLM's or SGLang's classes")
     fz.add_argument("--junit-xml", metavar="PATH",
                     help="write JUnit XML: a test case per example run (shrinking's included), failures with "
                          "their evidence and reproducing line")
     mu = sub.add_parser("mutants", help="run the catalogue of mutants of an integration; each must be killed")
-    mu.add_argument("--integration", choices=INTEGRATIONS, default="impl",
+    mu.add_argument("--integration", choices=integrations.names(), default="impl",
                     help="whose code the mutants change: impl (default) or the installed vLLM's or SGLang's, hunted "
                          "by its matrix")
     mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
@@ -147,7 +147,7 @@ def _contract(args) -> int:
     from pathlib import Path
 
     from testbed.contract import SourceError, compare, format_report, open_source
-    from testbed.contract.compare import RealTree
+    from testbed.contract.tree import RealTree
     from testbed.contract.excerpt import write_excerpt
 
     if not args.flashinfer and not args.consumer:
@@ -187,7 +187,8 @@ def _contract_consumers(args) -> int:
     from pathlib import Path
 
     from testbed.contract import SourceError, compare, open_source, profile_for
-    from testbed.contract.compare import IMITATED, RealTree
+    from testbed.contract.compare import IMITATED
+    from testbed.contract.tree import RealTree
     from testbed.contract.consumer import check, format_consumer_report, parse_consumer, pinned_flashinfer, \
         write_consumer_excerpt
     from testbed.contract.excerpt import write_excerpt
@@ -203,7 +204,7 @@ def _contract_consumers(args) -> int:
     given = list(trees)
     for spec in args.consumer:
         try:
-            consumer, where = parse_consumer(spec)
+            consumer, where = parse_consumer(spec, {i.name: i.consumer() for i in integrations.engines()})
             try:
                 source = open_package(consumer.dist, where)
             except SourceError:
@@ -254,7 +255,7 @@ def _run(args) -> int:
     if args.fault:
         raise UsageError(f"--fault {args.fault} is a cluster fault: use it with --job selfcheck")
     if args.mutant:
-        from testbed.scenario import mutants
+        from testbed.harness import mutants
 
         try:
             mutants.get(args.mutant)
@@ -262,16 +263,19 @@ def _run(args) -> int:
             raise UsageError(f"--mutant: {e}") from None
     if args.backend not in (None, "fake"):
         return _judge_on(args.backend, args)
-    for name in ENGINES:
-        if getattr(args, f"{name}_source") and args.integration != name:
-            raise UsageError(f"--{name}-source goes with --integration {name}")
-    if args.integration in ENGINES:
+    args.integration = args.integration or "impl"
+    for other in integrations.engines():
+        if getattr(args, f"{other.name}_source") and args.integration != other.name:
+            raise UsageError(f"--{other.name}-source goes with --integration {other.name}")
+    engine = integrations.get(args.integration).engine
+    if engine is not None:
         _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
-    if args.integration in ENGINES and not (scenario_given(args) or args.layout):
-        from testbed.scenario.matrix import on_integration
+    if not (scenario_given(args) or args.layout) and (engine is not None or args.matrix_profile is None):
+        from testbed.harness.matrix import on_integration
 
-        try:  # vLLM 0.33.0 pins FlashInfer 0.7.2.post1, SGLang 0.5.23 0.7.2
-            scenarios, refused = on_integration(args.integration, args.matrix_profile or "0.7.2")
+        try:  # an engine's matrix on the FlashInfer it pins; impl's, each scenario on its own
+            scenarios, refused = on_integration(args.integration, args.matrix_profile
+                                                or (engine.pinned_profile if engine else None))
         except ValueError as e:
             raise UsageError(f"--matrix-profile: {e}") from None
         for sc, rule in refused:
@@ -280,10 +284,10 @@ def _run(args) -> int:
     if args.matrix_profile is not None:
         if scenario_given(args) or args.layout:
             raise UsageError("--matrix-profile runs the whole matrix: give no scenario flags or --layout with it")
-        from testbed.scenario.matrix import on_release
+        from testbed.harness.matrix import on_release
 
         try:
-            scenarios, refused = on_release(args.matrix_profile)
+            scenarios, refused = on_release(args.matrix_profile, integration=args.integration)
         except ValueError as e:
             raise UsageError(f"--matrix-profile: {e}") from None
         for sc, rule in refused:
@@ -294,7 +298,7 @@ def _run(args) -> int:
 
 def _need_engine(name: str, source: str | None = None) -> None:
     """Make the rank pools run engine ``name``, or a usage error saying why they cannot."""
-    why = engine(name).use(source)
+    why = integrations.get(name).engine.use(source)
     if why:
         raise UsageError(why)
 
@@ -302,7 +306,7 @@ def _need_engine(name: str, source: str | None = None) -> None:
 def _judge_on(backend: str, args) -> int:
     """The scenario the flags give, or the matrix, on the real FlashInfer of this machine."""
     from testbed.gpu_env import installed_profile
-    from testbed.scenario.matrix import on_release
+    from testbed.harness.matrix import on_release
     from testbed.scenario.model import scenario_given
 
     if args.matrix_profile is not None:
@@ -347,7 +351,7 @@ def _scenarios(args) -> list:
             return [from_args(args, args.layout[0] if args.layout else None)]
         except ScenarioInputError as e:
             raise UsageError(str(e)) from None
-    from testbed.scenario.matrix import MATRIX
+    from testbed.harness.matrix import MATRIX
 
     return list(MATRIX)
 
@@ -362,13 +366,12 @@ def _judge(scenarios, args, refused=()) -> int:
         raise UsageError(str(e)) from None
     if env is not None:
         return _judge_launched(env, scenarios, args, refused)
-    from testbed.cluster.pool import RankPool
-    from testbed.scenario import report, runner
+    from testbed.harness import report, runner
 
     started = time.monotonic()
     progress = report.Progress()
     verdicts = []
-    with RankPool() as pool:
+    with runner.scenario_pool() as pool:
         for i, sc in enumerate(scenarios, 1):
             progress.show(f"[{i}/{len(scenarios)}] {sc.short()}")
             v = runner.run(pool, sc, mutant=args.mutant, timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
@@ -387,7 +390,7 @@ def _judge(scenarios, args, refused=()) -> int:
 def _reports(args, verdicts, refused, seconds: float) -> None:
     """The files a run writes: ``--json``, ``--html``, ``--junit-xml`` (one case per scenario,
     those not run skipped with their rule)."""
-    from testbed.scenario import junit, report
+    from testbed.harness import junit, report
 
     if args.json:
         report.dump_json(args.json, report.as_json(verdicts, seconds))
@@ -413,7 +416,7 @@ def _judge_launched(env, scenarios, args, refused) -> int:
     """The scenarios as one rank of a launched job (torchrun): those of the job's world size
     run here, rank 0 judges them and prints the lines :func:`_judge` prints."""
     from testbed.cluster.launched import join, leave
-    from testbed.scenario import report, runner
+    from testbed.harness import report, runner
 
     mine = [sc for sc in scenarios if sc.layout.world_size == env.world_size]
     other = [(sc, f"{sc.layout.world_size} ranks, the launched job has {env.world_size}")
@@ -446,18 +449,17 @@ def _judge_launched(env, scenarios, args, refused) -> int:
 
 
 def _fuzz(args) -> int:
-    from testbed.cluster.pool import RankPool
-    from testbed.scenario import report, runner
-    from testbed.scenario.fuzz import ScenarioFailed, fuzz, strategy
+    from testbed.harness import report, runner
+    from testbed.harness.fuzz import ScenarioFailed, fuzz
 
     _positive("--examples", args.examples)
-    if args.integration in ENGINES:
+    if integrations.get(args.integration).engine is not None:
         _need_engine(args.integration)
     _positive("--timeout", args.timeout)
     progress = report.Progress()
     started = time.monotonic()
     verdicts = []
-    with RankPool() as pool:
+    with runner.scenario_pool() as pool:
         def check(sc):
             progress.show(f"[{len(verdicts) + 1}] {sc.short()}")
             verdicts.append(runner.run(pool, sc, timeout_s=args.timeout))
@@ -465,7 +467,7 @@ def _fuzz(args) -> int:
 
         try:
             fuzz(check, examples=args.examples, seed=args.seed,
-                 strategy=strategy(args.integration))
+                 strategy=integrations.get(args.integration).strategy())
         except ScenarioFailed as e:
             progress.clear()
             print(f"FAIL (shrunk) {e.verdict.scenario.short()}")
@@ -482,7 +484,7 @@ def _fuzz(args) -> int:
 
 
 def _fuzz_junit(args, verdicts, started: float) -> None:
-    from testbed.scenario import junit
+    from testbed.harness import junit
 
     if args.junit_xml:
         junit.write(args.junit_xml, "fuzz", [junit.verdict_case(i, v, f"fuzz.{args.integration}")
@@ -490,7 +492,7 @@ def _fuzz_junit(args, verdicts, started: float) -> None:
 
 
 def _mutants(args) -> int:
-    from testbed.scenario import mutants
+    from testbed.harness import mutants
 
     catalogue = mutants.catalogue(args.integration)
     if args.list:
@@ -503,19 +505,19 @@ def _mutants(args) -> int:
             raise UsageError(f"--only: unknown {args.integration} mutant {name!r} (a2a-testbed mutants "
                              f"--integration {args.integration} --list)")
     _positive("--timeout", args.timeout)
-    from testbed.cluster.pool import RankPool
-    from testbed.scenario import report, runner
-    from testbed.scenario.matrix import MATRIX, on_integration
+    from testbed.harness import report, runner
+    from testbed.harness.matrix import on_integration
 
-    scenarios = MATRIX
-    if args.integration in ENGINES:
+    engine = integrations.get(args.integration).engine
+    if engine is not None:
         _need_engine(args.integration)
-        scenarios = on_integration(args.integration, "0.7.2")[0]  # the engines' pinned FlashInfer
+    # An engine's matrix on the FlashInfer it pins; impl's, each scenario on its own.
+    scenarios = on_integration(args.integration, engine.pinned_profile if engine else None)[0]
     started = time.monotonic()
     progress = report.Progress()
     hunts = []
     print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
-    with RankPool() as pool:
+    with runner.scenario_pool() as pool:
         for i, name in enumerate(names, 1):
             progress.show(f"[{i}/{len(names)}] {name}")
             h = runner.hunt(pool, name, scenarios, timeout_s=args.timeout)
@@ -524,7 +526,7 @@ def _mutants(args) -> int:
             hunts.append(h)
     killed = sum(h.killed for h in hunts)
     if args.junit_xml:
-        from testbed.scenario import junit
+        from testbed.harness import junit
 
         junit.write(args.junit_xml, "mutants", [
             junit.Case(h.mutant, f"mutants.{args.integration}", h.seconds, output=f"killed by {h.by}: {h.evidence}")

@@ -31,19 +31,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from impl.backend import resolve_backend
+from testbed.scenario.rank import resolve_backend
 from impl.experts import QuantizedWeights, TrtLlmExperts
 from impl.moe_layer import PrepareResult
 from impl.quant import quantize_input
-from testbed.scenario.moe import (
-    MoECase,
-    fake_release,
-    one_sided_manager,
-    quant_config,
-    rank_api,
-    rank_device,
-    rank_inputs,
-)
+from testbed.integrations.impl.cases import MoECase, one_sided_manager, rank_inputs
+from testbed.scenario.rank import fake_release, quant_config, rank_api, rank_device
 from testbed.gpu_env import profile_of
 from testbed.scenario.model import PAIR_ROUTING_PROFILES
 from testbed.scenario.reference import REAL_TRTLLM_TOLERANCE, local_experts, representable, swiglu_weights

@@ -39,7 +39,8 @@ def missing_for_gpu_tests(status_path: str = "/proc/self/status") -> Optional[st
         import flashinfer  # noqa: F401
     except ImportError as exc:
         return f"flashinfer-python is not importable: {exc}"
-    from impl.backend import FlashInferUnavailableError, resolve_backend
+    from impl.backend import FlashInferUnavailableError
+    from testbed.scenario.rank import resolve_backend
 
     try:
         api = resolve_backend("flashinfer")

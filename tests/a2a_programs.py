@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from fakes.flashinfer import set_profile
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
-from testbed.scenario.fake_ep import ep_mapping_and_config
+from testbed.integrations.impl.fake_ep import ep_mapping_and_config
 from testbed.scenario.reference import local_experts
 
 

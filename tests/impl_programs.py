@@ -10,13 +10,21 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import impl
-from impl.backend import resolve_backend
+from testbed.scenario.rank import resolve_backend
 from impl.communicator import make_communicator
 from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
 from impl.one_sided import OneSidedManager, OneSidedPrepareFinalize
-from testbed.scenario.moe import ACT_DTYPE, MoECase, case_experts, case_layer, forward_layer, rank_inputs
-from testbed.scenario import mutants
+from testbed.integrations.impl.cases import (
+    ACT_DTYPE,
+    MoECase,
+    case_experts,
+    case_layer,
+    forward_layer,
+    rank_inputs,
+    run_layers,
+)
+from testbed.harness import mutants
 
 
 def _layer(mgr, case: MoECase, cls=OneSidedPrepareFinalize):
@@ -270,3 +278,9 @@ def moe_ep_layers_then_cleanup(ctx, cases: tuple[MoECase, ...], profile: str, ki
     except RuntimeError as e:
         after = str(e)
     return builds, outputs, mgr.communications, after
+
+
+def run_layers_mutated(ctx, mutant: str, *args, **kwargs):
+    """:func:`run_layers` against ``mutant`` of impl, in this rank until the scenario ends."""
+    ctx.add_cleanup(mutants.apply(mutant))
+    return run_layers(ctx, *args, **kwargs)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from testbed.contract import open_source
-from testbed.contract.compare import RealTree
-from testbed.contract.consumer import CONSUMERS, Consumer, PathFile, check, pinned_flashinfer
+from testbed.contract.tree import RealTree
+from testbed import integrations
+from testbed.contract.consumer import Consumer, PathFile, check, pinned_flashinfer
 from testbed.contract.source import open_package
 
 DATA = Path(__file__).parent / "data"
@@ -20,8 +21,9 @@ VLLM, SGLANG = DATA / "consumer_excerpts" / "vllm-0.33.0", DATA / "consumer_exce
 
 
 def _report(consumer: str, where: Path, release: str, profile: str):
-    source = open_package(CONSUMERS[consumer].dist, str(where))
-    return check(source, CONSUMERS[consumer], RealTree(open_source(str(FLASHINFER / release))), profile)
+    found = integrations.get(consumer).consumer()
+    source = open_package(found.dist, str(where))
+    return check(source, found, RealTree(open_source(str(FLASHINFER / release))), profile)
 
 
 def _rows(report, verdict: str) -> set[str]:

@@ -16,7 +16,8 @@ import pytest
 
 from fakes.flashinfer import install, profiles
 from testbed.contract import compare, open_source
-from testbed.contract.compare import SCOPES, RealTree
+from testbed.contract.compare import SCOPES
+from testbed.contract.tree import RealTree
 from testbed.contract.excerpt import excerpt_dirs, write_excerpt
 
 EXCERPTS = Path(__file__).parent / "data" / "flashinfer_excerpts"

@@ -23,7 +23,7 @@ from testbed.differential import (
     fused_side,
     reference_TH,
 )
-from testbed.scenario.moe import MoECase
+from testbed.integrations.impl.cases import MoECase
 
 
 @pytest.mark.parametrize("world, tokens, top_k, profile", [(2, (3, 0), 2, "0.7.2"), (4, (2, 5, 0, 4), 4, "0.6.8"),
@@ -68,7 +68,7 @@ def test_differential_counts_against_the_routing():
 def test_differential_reference_and_counts_from_the_routing():
     """Per-token loops, against the vectorized reference and counts."""
     case = MoECase(num_experts=8, top_k=2, hidden=16, tokens_per_dp=(3, 5), seed=5)
-    from testbed.scenario.moe import rank_inputs
+    from testbed.integrations.impl.cases import rank_inputs
 
     x_TH, ids_TK, w_TK = rank_inputs(case, 0)
     dense = torch.stack([sum(float(w_TK[t, k]) * (int(ids_TK[t, k]) + 1) * x_TH[t].float() for k in range(2))

@@ -9,25 +9,27 @@ import os
 
 import pytest
 
-from testbed.integrations import ENGINES, engine
-from testbed.scenario import findings, invariants, mutants, runner
-from testbed.scenario.matrix import SGLANG_MATRIX, VLLM_MATRIX, on_integration
+from testbed import integrations
+from testbed.harness import findings, invariants, mutants, runner
+from testbed.harness.matrix import on_integration
+
+ENGINES = tuple(i.name for i in integrations.engines())
 
 TIMEOUT_S = 60.0
 
 
 @pytest.mark.parametrize("name", ENGINES)
 def test_engine_source_must_hold_the_package(name, tmp_path, monkeypatch):
-    adapter = engine(name)
-    monkeypatch.delenv(adapter.SOURCE_ENV, raising=False)
-    why = adapter.use(str(tmp_path))
+    engine = integrations.get(name).engine
+    monkeypatch.delenv(engine.source_env, raising=False)
+    why = engine.use(str(tmp_path))
     assert why.startswith(f"--{name}-source") and f"no {name}/ package" in why
-    assert adapter.SOURCE_ENV not in os.environ
+    assert engine.source_env not in os.environ
 
 
 @pytest.mark.parametrize("name", ENGINES)
 def test_engine_fuzz_bounded_derandomized(name, cluster, request):
-    from testbed.scenario.fuzz import fuzz, strategy
+    from testbed.harness.fuzz import fuzz
 
     request.getfixturevalue(f"{name}_installed")  # skips (or, required, fails) without the engine
     seen = []
@@ -36,14 +38,14 @@ def test_engine_fuzz_bounded_derandomized(name, cluster, request):
         seen.append(sc)
         return runner.run(cluster, sc, timeout_s=TIMEOUT_S)
 
-    fuzz(check, examples=5, strategy=strategy(name))
+    fuzz(check, examples=5, strategy=integrations.get(name).strategy())
     assert seen and all(sc.integration == name for sc in seen)
 
 
-@pytest.mark.parametrize("name, matrix", [("vllm", VLLM_MATRIX), ("sglang", SGLANG_MATRIX)])
-def test_engine_matrix_passes_or_is_known(name, matrix, no_leaks, request):
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_matrix_passes_or_is_known(name, no_leaks, request):
     request.getfixturevalue(f"{name}_installed")
-    for sc in matrix:
+    for sc in integrations.get(name).matrix():
         v = runner.run(no_leaks, sc, timeout_s=TIMEOUT_S)
         want = [f.id for f in findings.known(sc)]
         assert v.passed, f"{sc.label}: {[(f.invariant, f.evidence[:400]) for f in v.failures]}"
@@ -56,7 +58,8 @@ def test_engine_matrix_passes_or_is_known(name, matrix, no_leaks, request):
 def test_engine_mutants_catalogue_targets_the_engine(name, least):
     catalogue = mutants.catalogue(name)
     assert len(catalogue) >= least
-    assert all(m.integration == name and m.target.startswith(f"{name}.") and m.needs_scenarios for m in catalogue)
+    assert all(mutants.owner_of(m.name).name == name and m.target.startswith(f"{name}.") and m.needs_scenarios
+               for m in catalogue)
     assert all(kind in invariants.INVARIANTS for m in catalogue for kind, _ in m.expect)
 
 

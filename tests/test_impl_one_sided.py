@@ -11,13 +11,14 @@ from impl_programs import (
     checkpoint_cycle,
     finalize_ops,
     heterogeneous,
+    run_layers_mutated,
     custom_combine,
     split_colors,
     wrong_layout,
 )
 from testbed.cluster.pool import RankFailedError, ScenarioTimeoutError
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario.moe import MoECase, reference_output, run_layers
+from testbed.integrations.impl.cases import MoECase, reference_output, run_layers
 
 PROFILES = ["0.6.8", "0.7.2"]
 
@@ -60,8 +61,8 @@ def test_one_sided_workspace_grows_for_heterogeneous_layers(cluster, world, prof
 def test_one_sided_first_layer_workspace_overflows_in_combine(cluster, world, profile):
     layers = _layers(world, ["nvfp4", "bf16"])
     with pytest.raises(RankFailedError) as e:
-        cluster.run(run_layers, ParallelLayout(world, dp=world), ((layers,),),
-                    {"profile": profile, "mutant": "first-layer-workspace"})
+        cluster.run(run_layers_mutated, ParallelLayout(world, dp=world), ("first-layer-workspace", (layers,)),
+                    {"profile": profile})
     assert "workspace insufficient for combine payload region" in str(e.value)
 
 
@@ -82,7 +83,7 @@ def test_one_sided_rebuild_barrier_is_ep_scoped_under_pp(cluster, profile):
 def test_one_sided_world_barrier_deadlocks_under_pp(cluster):
     layout = ParallelLayout(4, dp=2, pp=2)
     with pytest.raises(ScenarioTimeoutError) as e:
-        cluster.run(run_layers, layout, (PP_STAGES,), {"mutant": "world-barrier-rebuild", "forward": False},
+        cluster.run(run_layers_mutated, layout, ("world-barrier-rebuild", PP_STAGES), {"forward": False},
                     timeout_s=8)
     stage0 = [r for r in range(4) if layout.coords(r).pp_rank == 0]
     assert e.value.stuck == stage0, str(e.value)
@@ -123,8 +124,7 @@ def test_one_sided_combine_into_writes_output_in_place(cluster):
 def test_one_sided_unprobed_output_fails_on_old_flashinfer(cluster):
     layers = _layers(2, ["bf16"])
     with pytest.raises(RankFailedError, match="unexpected keyword argument 'output'"):
-        cluster.run(run_layers, ParallelLayout(2, dp=2), ((layers,),),
-                    {"profile": "0.6.8", "mutant": "unprobed-output"})
+        cluster.run(run_layers_mutated, ParallelLayout(2, dp=2), ("unprobed-output", (layers,)), {"profile": "0.6.8"})
 
 
 @pytest.mark.parametrize("what, match", [

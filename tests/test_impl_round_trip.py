@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from impl_programs import run_layers_mutated
 from test_impl_one_sided import assert_matches_reference
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario.moe import FORMATS, MoECase, reference_output, run_layers
+from testbed.integrations.impl.cases import FORMATS, MoECase, reference_output, run_layers
 
 # (kind, profile): the two-sided path does not depend on the one-sided signature history.
 PATHS = [("one_sided", "0.6.8"), ("one_sided", "0.7.2"), ("two_sided", "0.7.2")]
@@ -38,7 +39,7 @@ def test_reduce_contract_tp2_dp2(cluster, kind):
     case = MoECase(num_experts=8, top_k=2, hidden=256, tokens_per_dp=(4, 3), seed=5)
     layout = ParallelLayout(4, tp=2, dp=2)
     good = cluster.run(run_layers, layout, (((case,),),), {"kind": kind})
-    bad = cluster.run(run_layers, layout, (((case,),),), {"kind": kind, "mutant": f"double-reduce-{kind.replace('_', '-')}"})
+    bad = cluster.run(run_layers_mutated, layout, (f"double-reduce-{kind.replace('_', '-')}", ((case,),)), {"kind": kind})
     for g, b in zip(good, bad):
         assert_matches_reference(case, g.dp_rank, g.outputs[0])
         ref = reference_output(case, b.dp_rank)

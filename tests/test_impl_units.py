@@ -12,7 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from impl.backend import FlashInferUnavailableError, resolve_backend
+from impl.backend import FlashInferUnavailableError
+from testbed.scenario.rank import resolve_backend
 from impl.compat import supports_kw
 from impl.formats import FP8_DTYPE, DispatchLayout, QuantConfig, dispatch_layout
 from impl.forward_context import forward_context, runtime_max_tokens_per_rank

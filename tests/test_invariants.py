@@ -7,7 +7,8 @@ import torch
 
 from fakes.flashinfer.comm import moe_a2a_kernels
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario import invariants
+from testbed.harness import invariants
+from testbed.scenario.events import AlltoallBuilt, Combine, Dispatch, Dispatched, ForwardStart, from_wire
 from testbed.scenario.model import Layer, Scenario
 
 SC = Scenario.make(layout=ParallelLayout(4, 1, 2, 2), stages=((Layer("bf16", 8),), (Layer("bf16", 8),)),
@@ -19,7 +20,9 @@ def _coll(op, group, site="impl/one_sided.py:1 in f"):
 
 
 def _check(logs):
-    return invariants.check(SC, logs, None, None)
+    """The invariants on ``logs``, whose events may be given in their wire form (a log line's object)."""
+    typed = {r: [from_wire(e) if isinstance(e, dict) else e for e in events] for r, events in logs.items()}
+    return invariants.check(SC, typed, None, None)
 
 
 def test_invariant_collectives_names_wrong_group_and_call_site():
@@ -71,9 +74,9 @@ def test_invariant_expected_builds_count_strict_increases(budgets, bytes_, expec
 
 def test_invariant_reduce_and_probe():
     logs = {r: [] for r in range(4)}
-    logs[0] = [{"ev": "forward", "pass_": 0, "layer": 0, "reduced": False},
-               {"ev": "forward_end", "pass_": 0, "layer": 0},
-               {"ev": "combine", "build": 1, "output": False, "rtm": 1}]
+    logs[0] = [{"ev": "forward", "pass_index": 0, "layer": 0, "reduced": False, "pending": False, "sp": False},
+               {"ev": "forward_end", "pass_index": 0, "layer": 0},
+               {"ev": "combine", "build": 1, "output": False, "runtime_max": 1, "in_workspace": False}]
     v = _check(logs)
     (r,) = v.failed("reduce")
     assert "output_is_reduced() is False" in r.evidence
@@ -109,10 +112,10 @@ def test_slot_order_is_reproducible_and_differs_per_target():
 
 def _rounds(offsets, between=None):
     """Rank 0's rounds on build 1 with these combine offsets; ``between`` an event after each combine."""
-    events = [{"ev": "forward", "pass_": 0, "layer": 0, "reduced": True, "pending": False, "sp": False}]
+    events = [{"ev": "forward", "pass_index": 0, "layer": 0, "reduced": True, "pending": False, "sp": False}]
     for offset in offsets:
-        events += [{"ev": "dispatch", "rtm": 1, "tokens": 1}, {"ev": "dispatched", "build": 1, "combine_offset": offset},
-                   {"ev": "combine", "build": 1, "output": False, "rtm": 1, "in_workspace": False}]
+        events += [{"ev": "dispatch", "runtime_max": 1, "tokens": 1}, {"ev": "dispatched", "build": 1, "combine_offset": offset},
+                   {"ev": "combine", "build": 1, "output": False, "runtime_max": 1, "in_workspace": False}]
         if between:
             events.append(between)
     return {0: events, 1: [], 2: [], 3: []}
@@ -161,7 +164,7 @@ def test_invariant_setup_calls_names_rank_and_calls():
 def test_invariant_setup_calls_holds_the_fake_to_the_release(cluster, monkeypatch):
     """Every fake scenario logs its set-ups: a release recorded with one more step fails them."""
     from testbed.contract import setup_calls
-    from testbed.scenario import runner
+    from testbed.harness import runner
 
     sc = Scenario.make(layout=ParallelLayout(2, 1, 2, 1), stages=((Layer("bf16", 4),),), passes=((1, 2),))
     # (that it passes as recorded, every scenario of the suite shows)
@@ -188,7 +191,7 @@ def test_annotations_rule_out_what_the_release_does(qualname, call, bad):
 
     from fakes.flashinfer import install
     from fakes.flashinfer.annotations import violations
-    from testbed.scenario.program import _Names, _fake_callable
+    from testbed.harness.recorders.arguments import _Names, _fake_callable
 
     with install("0.7.2"):
         module, _, _, raw = _fake_callable(qualname)
@@ -205,19 +208,20 @@ def test_arguments_checked_on_every_path_a_name_is_exported_by(monkeypatch):
     import os
 
     from fakes.flashinfer import install
-    from testbed.scenario import audit, program
+    from testbed.harness import audit
+    from testbed.harness.recorders.arguments import recording_arguments
 
     events, cleanups = [], []
 
     class Log:
-        def write(self, **event):
+        def write(self, event):
             events.append(event)
 
     here = os.path.realpath(os.path.dirname(__file__)) + os.sep
     monkeypatch.setattr(audit, "_code", ((here, "tests/"),))  # this file stands for the integration's code
     x = torch.ones(2, 32, dtype=torch.bfloat16)
     with install("0.7.2"):
-        program._recording_arguments("0.7.2", Log(), cleanups.append)
+        recording_arguments("0.7.2", Log(), cleanups.append)
         try:
             import flashinfer
             import flashinfer.fp8_quantization as stub
@@ -228,18 +232,18 @@ def test_arguments_checked_on_every_path_a_name_is_exported_by(monkeypatch):
         finally:
             for undo in reversed(cleanups):
                 undo()
-    assert [(e["param"], e["expected"]) for e in events] == [("is_sf_swizzled_layout", "bool")] * 3, events
-    assert all(e["site"].startswith("tests/test_invariants.py:") for e in events)
+    assert [(e.param, e.expected) for e in events] == [("is_sf_swizzled_layout", "bool")] * 3, events
+    assert all(e.site.startswith("tests/test_invariants.py:") for e in events)
 
 
 def _two_builds(workspaces):
     """Rank 0: two MoeAlltoAll builds on these workspaces, a round on each, the second larger."""
-    events = [{"ev": "build", "index": i, "max_num_tokens": 8, "workspace_size": 1 << 20, "top_k": 2,
-               "num_experts": 8, "workspace": w} for i, w in enumerate(workspaces, 1)]
-    events.append({"ev": "forward", "pass_": 0, "layer": 0, "reduced": True, "pending": False, "sp": False})
+    events = [AlltoallBuilt(index=i, max_num_tokens=8, workspace_size=1 << 20, top_k=2, num_experts=8, workspace=w)
+              for i, w in enumerate(workspaces, 1)]
+    events.append(ForwardStart(pass_index=0, layer=0, reduced=True, pending=False, sp=False))
     for build, offset in ((1, 1024), (2, 2048)):
-        events += [{"ev": "dispatch", "rtm": 1, "tokens": 1}, {"ev": "dispatched", "build": build, "combine_offset": offset},
-                   {"ev": "combine", "build": build, "output": False, "rtm": 1, "in_workspace": False}]
+        events += [Dispatch(runtime_max=1, tokens=1), Dispatched(build=build, combine_offset=offset),
+                   Combine(build=build, output=False, runtime_max=1, in_workspace=False)]
     return {0: events, 1: [], 2: [], 3: []}
 
 

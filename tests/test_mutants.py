@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 import impl.one_sided
-from testbed.scenario import invariants, mutants, runner
-from testbed.scenario.matrix import MATRIX
+from testbed import integrations
+from testbed.harness import invariants, mutants, runner
+from testbed.harness.matrix import MATRIX
 
 SCRIPT = Path(sys.executable).parent / "a2a-testbed"
 
 
-@pytest.mark.parametrize("m", mutants.CATALOGUE, ids=lambda m: m.name)
+@pytest.mark.parametrize("m", mutants.catalogue("impl"), ids=lambda m: m.name)
 def test_mutant_applies_and_undoes_exactly(m):
     module_name, _, path = m.target.partition(":")
     *owner_path, attr = path.split(".")
@@ -41,8 +42,9 @@ def test_mutant_applies_and_undoes_exactly(m):
 
 
 def test_mutant_catalogue_is_large_and_named_uniquely():
-    assert len(mutants.CATALOGUE) >= 25
-    assert len(mutants.BY_NAME) == sum(map(len, (mutants.CATALOGUE, mutants.VLLM_CATALOGUE, mutants.SGLANG_CATALOGUE)))  # names unique across all
+    assert len(mutants.catalogue("impl")) >= 25
+    every = [m.name for name in integrations.names() for m in mutants.catalogue(name)]
+    assert len(every) == len(set(every))  # names unique across all integrations
 
 
 def test_mutant_changes_behaviour_in_this_process():
@@ -55,9 +57,15 @@ def test_mutant_changes_behaviour_in_this_process():
     assert impl.one_sided.combine_bytes_per_token(64) == 128
 
 
+def _substitute(monkeypatch, changed):
+    """``changed`` stands for the catalogue's mutant of its name in this process."""
+    get = mutants.get
+    monkeypatch.setattr(mutants, "get", lambda name: changed if name == changed.name else get(name))
+
+
 def test_mutant_that_no_longer_matches_is_broken_not_killed(cluster, monkeypatch):
     stale = dataclasses.replace(mutants.get("double-reduce-one-sided"), old="return Maybe")
-    monkeypatch.setitem(mutants.BY_NAME, stale.name, stale)
+    _substitute(monkeypatch, stale)
     hunt = runner.hunt(cluster, stale.name, MATRIX[:1], timeout_s=20)
     assert not hunt.killed and hunt.by.startswith("broken") and "occurs 0 times" in hunt.by
 
@@ -69,7 +77,7 @@ def test_mutant_killed_only_by_the_expected_failure(cluster, monkeypatch):
     hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
     assert hunt.killed and hunt.by == "reduce @ 1", hunt
     wrong = dataclasses.replace(real, expect=(("probe", "output="),))
-    monkeypatch.setitem(mutants.BY_NAME, real.name, wrong)
+    _substitute(monkeypatch, wrong)
     hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
     assert not hunt.killed and "only unexpected failures" in hunt.by and "reduce @ 1" in hunt.by
 
@@ -109,14 +117,14 @@ def test_mutant_killed_by_the_tests_it_names_and_only_by_them(cluster, monkeypat
     hunt = runner.hunt(cluster, real.name, MATRIX, timeout_s=20)
     assert hunt.killed and hunt.by == "tests" and "test_runtime_max_tokens_is_max_over_dp" in hunt.evidence
     unrelated = dataclasses.replace(real, tests=("tests/test_impl_units.py::test_supports_kw_positional_only_is_not_a_keyword",))
-    monkeypatch.setitem(mutants.BY_NAME, real.name, unrelated)
+    _substitute(monkeypatch, unrelated)
     hunt = runner.hunt(cluster, real.name, MATRIX, timeout_s=20)
     assert not hunt.killed and hunt.by == "survived"
 
 
-@pytest.mark.parametrize("m", mutants.VLLM_CATALOGUE + mutants.SGLANG_CATALOGUE, ids=lambda m: m.name)
+@pytest.mark.parametrize("m", mutants.catalogue("vllm") + mutants.catalogue("sglang"), ids=lambda m: m.name)
 def test_engine_mutant_applies_and_undoes_exactly(m, request):
-    request.getfixturevalue(f"{m.integration}_installed")  # skips (or, required, fails) without the engine
+    request.getfixturevalue(f"{mutants.owner_of(m.name).name}_installed")  # skips (or, required, fails) without the engine
     module_name, _, path = m.target.partition(":")
     owner = importlib.import_module(module_name)
     *owner_path, attr = path.split(".")

@@ -13,8 +13,8 @@ import pytest
 
 import rankprogs
 from testbed.cluster.pool import RankPool
-from testbed.scenario import runner
-from testbed.scenario.matrix import MATRIX, on_release
+from testbed.harness import runner
+from testbed.harness.matrix import MATRIX, on_release
 from testbed.scenario.model import ScenarioInputError
 from testbed.scenario.reference import REAL_TRTLLM_TOLERANCE, TOLERANCE, tolerance
 

@@ -15,9 +15,9 @@ import subprocess
 
 import pytest
 
-from testbed.scenario import report
-from testbed.scenario.invariants import Failure, Verdict
-from testbed.scenario.matrix import MATRIX, on_integration
+from testbed.harness import report
+from testbed.harness.invariants import Failure, Verdict
+from testbed.harness.matrix import MATRIX, on_integration
 
 WIDTH = 1280
 # The probe Chromium runs after the page loads: unfold every scenario, then measure.

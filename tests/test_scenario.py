@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given, settings
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario import runner
-from testbed.scenario.fuzz import fuzz, scenarios
-from testbed.scenario.matrix import MATRIX, on_release
+from testbed.harness import runner
+from testbed.harness.fuzz import fuzz
+from testbed.integrations.impl.fuzz import scenarios
+from testbed.harness.matrix import MATRIX, on_release
 from testbed.scenario.model import Layer, Scenario, ScenarioInputError, add_arguments, from_args
-from testbed.scenario.report import failure_text
+from testbed.harness.report import failure_text
 
 
 def _parse(line: str) -> Scenario:
@@ -173,7 +174,7 @@ def test_scenario_fuzz_bounded_derandomized(cluster):
         seen.append(sc)
         return runner.run(cluster, sc)
 
-    fuzz(check, examples=6)
+    fuzz(check, examples=6, strategy=scenarios())
     assert len(seen) == 6
 
 

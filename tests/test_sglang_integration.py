@@ -9,9 +9,11 @@ import importlib
 
 import pytest
 
-from testbed.scenario import findings, invariants, runner
-from testbed.scenario.invariants import Failure, Verdict, check
-from testbed.scenario.matrix import SGLANG_MATRIX, on_integration
+from testbed.harness import findings, invariants, runner
+from testbed.harness.invariants import Failure, Verdict, check
+from testbed.harness.matrix import on_integration
+from testbed.integrations.sglang.matrix import SGLANG_MATRIX
+from testbed.scenario.events import AlltoallBuilt, Combine, ForwardStart, LayerBuilt
 from testbed.scenario.model import ScenarioInputError
 from tests.test_scenario import _parse
 
@@ -59,8 +61,8 @@ def test_sglang_integration_topology_rule_is_sglangs_own():
     from sglang.srt.arg_groups.moe_hook import _flashinfer_a2a_topology_is_supported
 
     from testbed.cluster.layout import ParallelLayout
-    from testbed.integrations.sglang import server_arguments
-    from testbed.scenario.model import sglang_topology_supported
+    from testbed.integrations.sglang.adapter import server_arguments
+    from testbed.integrations.sglang.rules import sglang_topology_supported
 
     for world in range(2, 9):
         for tp in (t for t in range(1, world + 1) if world % t == 0):
@@ -85,12 +87,12 @@ def test_sglang_integration_matrix_moves_every_entry_or_names_the_rule():
 def _fixed_logs(*builds, rounds=((0, 0, 1),), layers=1):
     """One rank's log: ``builds`` as (max_num_tokens, bytes, workspace), all with the first
     layer, then ``layers`` layers, then rounds as (pass, layer, build)."""
-    events = [dict(ev="build", index=i, max_num_tokens=t, workspace_size=b, workspace=w, top_k=2, num_experts=8)
+    events = [AlltoallBuilt(index=i, max_num_tokens=t, workspace_size=b, workspace=w, top_k=2, num_experts=8)
               for i, (t, b, w) in enumerate(builds, 1)]
-    events += [dict(ev="layer", layer=i) for i in range(layers)]
+    events += [LayerBuilt(layer=i) for i in range(layers)]
     for p, i, b in rounds:
-        events += [dict(ev="forward", pass_=p, layer=i, reduced=True, pending=False, sp=False), dict(ev="combine", build=b, rtm=5, output=False,
-                                                             in_workspace=False)]
+        events += [ForwardStart(pass_index=p, layer=i, reduced=True, pending=False, sp=False),
+                   Combine(build=b, runtime_max=5, output=False, in_workspace=False)]
     return {0: events, 1: events}
 
 
@@ -103,7 +105,7 @@ def test_sglang_integration_fixed_capacity_rule():
                         (_fixed_logs((16, size - 1, 1)), f"{size} bytes"),
                         (_fixed_logs((16, size, 1), (32, size, 2)), "one fixed capacity"),
                         (_fixed_logs((16, size, 1), (16, size, 1)), "share a workspace"),
-                        ({0: [dict(ev="layer", layer=0)], 1: [dict(ev="layer", layer=0)]}, "without any MoeAlltoAll"),
+                        ({0: [LayerBuilt(layer=0)], 1: [LayerBuilt(layer=0)]}, "without any MoeAlltoAll"),
                         ({**_fixed_logs((16, size, 1)), 1: _fixed_logs((16, size + 1, 1))[1]}, "of the same EP group")):
         found = check(sc, logs, None, None).failed("workspace")
         assert found and piece in found[0].evidence, (piece, found)
@@ -137,7 +139,7 @@ def test_sglang_integration_known_findings_are_scenario_properties():
 @pytest.mark.usefixtures("sglang_installed")
 def test_sglang_integration_guarded_imports_follow_the_release():
     import fakes.flashinfer
-    from testbed.integrations.sglang import DISPATCHER, rebind_guarded_imports
+    from testbed.integrations.sglang.environment import DISPATCHER, rebind_guarded_imports
 
     module = importlib.import_module(DISPATCHER)
     with fakes.flashinfer.install("0.7.2"):

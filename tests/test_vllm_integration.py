@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 
-from testbed.scenario import findings, runner
-from testbed.scenario.invariants import Failure, Verdict, check
-from testbed.scenario.matrix import VLLM_MATRIX, on_integration
+from testbed.harness import findings, runner
+from testbed.harness.invariants import Failure, Verdict, check
+from testbed.harness.matrix import on_integration
+from testbed.integrations.vllm.matrix import VLLM_MATRIX
+from testbed.scenario.events import CommunicationBuilt, Dispatch, LayerBuilt
 from testbed.scenario.model import ScenarioInputError
 from tests.test_scenario import _parse
 
@@ -62,10 +64,10 @@ def _shared_logs(builds, layers=2, dispatch_build=None):
     for i in range(layers):
         if i < len(builds):
             tokens, hidden, row = builds[i]
-            events.append(dict(ev="ep_build", index=i + 1, max_num_tokens=tokens, hidden=hidden, row_bytes=row,
-                               workspace_size=1000 * (i + 1), top_k=2, num_experts=8))
-        events.append(dict(ev="layer", layer=i))
-    events.append(dict(ev="dispatch", rtm=4, tokens=4, build=dispatch_build or len(builds)))
+            events.append(CommunicationBuilt(index=i + 1, backend="nvlink_one_sided", max_num_tokens=tokens, hidden=hidden,
+                                             row_bytes=row, workspace_size=1000 * (i + 1), top_k=2, num_experts=8))
+        events.append(LayerBuilt(layer=i))
+    events.append(Dispatch(runtime_max=4, tokens=4, build=dispatch_build or len(builds)))
     return {0: events, 1: events}
 
 

@@ -43,7 +43,7 @@ def _timed(fn, iters: int, group) -> float:
 def bench_rank(ctx, hidden: int, tokens: int, top_k: int, experts: int, iters: int) -> dict:
     from fakes.flashinfer import set_profile
     from fakes.flashinfer.comm.moe_a2a_kernels import expert_to_rank
-    from testbed.scenario.fake_ep import ep_mapping_and_config
+    from testbed.integrations.impl.fake_ep import ep_mapping_and_config
 
     set_profile("0.7.2")
     from fakes.flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll

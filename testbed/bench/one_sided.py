@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from impl.backend import resolve_backend
-from testbed.scenario.moe import one_sided_manager, rank_api, rank_device
+from testbed.scenario.rank import resolve_backend
+from testbed.integrations.impl.cases import one_sided_manager
+from testbed.scenario.rank import rank_api, rank_device
 
 
 def add_backend_arguments(parser) -> None:

@@ -26,7 +26,7 @@ import time
 from testbed.cluster.layout import ParallelLayout
 from testbed.cluster.pool import RankPool
 from testbed.integrations import ENGINES, INTEGRATIONS, engine
-from testbed.scenario import runner
+from testbed.harness import runner
 from testbed.scenario.model import Layer, Scenario
 
 DEFAULT_WORLDS = "8,16,32,64"

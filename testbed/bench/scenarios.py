@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 from testbed.cluster.pool import RankPool
-from testbed.scenario import runner
-from testbed.scenario.fuzz import fuzz
-from testbed.scenario.matrix import MATRIX
+from testbed.harness import runner
+from testbed.harness.fuzz import fuzz
+from testbed.harness.matrix import MATRIX
 
 
 def add_arguments(parser) -> None:

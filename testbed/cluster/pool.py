@@ -172,30 +172,27 @@ class _Worker:
 
 # Imported once in the fork server; every worker forks from it with them loaded (and their
 # pages shared until written), instead of importing torch anew per rank.
-PRELOAD = ("torch", "torch.distributed", "testbed.cluster.worker", "testbed.scenario.program")
-PRELOAD_ENV = "A2A_PRELOAD_ENGINES"  # comma-separated: vllm, sglang
+PRELOAD = ("torch", "torch.distributed", "testbed.cluster.worker")
+PRELOAD_ENV = "A2A_PRELOAD_MODULES"  # comma-separated modules the fork server imports as well
 
 
-def preload_engines() -> tuple[str, ...]:
-    """The engines ``A2A_PRELOAD_ENGINES`` names."""
+def preloaded_modules() -> tuple[str, ...]:
+    """The modules ``A2A_PRELOAD_MODULES`` names."""
     return tuple(filter(None, os.environ.get(PRELOAD_ENV, "").split(",")))
 
 
-def worker_context(engines: tuple[str, ...] | None = None):
+def worker_context(preload: tuple[str, ...] = ()):
     """The multiprocessing context workers start from: a fork server that preloaded
-    :data:`PRELOAD` (it forks from a single-threaded process, unlike a plain fork of this
-    one, which may run threads), and the modules of each engine in ``engines`` (by default
-    those ``A2A_PRELOAD_ENGINES`` names) that an integration drives. The fork server is one per
-    process: the first pool to start a worker decides."""
+    :data:`PRELOAD`, ``preload`` and the modules ``A2A_PRELOAD_MODULES`` names (it forks from a
+    single-threaded process, unlike a plain fork of this one, which may run threads): the rank
+    program and the engine an integration drives, say. The fork server is one per process:
+    the first pool to start a worker decides."""
     ctx = mp.get_context("forkserver")
     # An engine's import (vLLM ~5 s and ~260 MiB, SGLang ~3.5 s and ~535 MiB) once per fork
     # server instead of once per rank.
-    if engines is None:
-        engines = preload_engines()
-    ctx.set_forkserver_preload(list(PRELOAD) + [f"testbed.integrations.{e}_preload" for e in engines]
+    ctx.set_forkserver_preload(list(dict.fromkeys(PRELOAD + tuple(preload) + preloaded_modules()))
                                + ["testbed.cluster.frozen"])
     return ctx
-
 
 
 STACKS_PREFIX = "a2atb-stacks-"  # + owner pid: a pool's scratch (stack dumps, store file)
@@ -212,6 +209,7 @@ def sweep_stack_dirs() -> list[str]:
             removed.append(path.name)
     return removed
 
+
 class RankPool:
     """A reusable set of rank processes.
 
@@ -223,14 +221,14 @@ class RankPool:
         Picklable; every rank process calls it once at start (e.g. to apply a mutant of
         ``impl`` to the whole run).
     preload : tuple of str, optional
-        The engines whose modules the fork server imports (see :func:`worker_context`).
+        Modules the fork server imports besides torch's (see :func:`worker_context`).
 
     Use as a context manager or call :meth:`close`; workers are also killed at interpreter
     exit and exit by themselves when this process dies.
     """
 
     def __init__(self, start_timeout_s: float = START_TIMEOUT_S,
-                 initializer: Callable[[], Any] | None = None, preload: tuple[str, ...] | None = None) -> None:
+                 initializer: Callable[[], Any] | None = None, preload: tuple[str, ...] = ()) -> None:
         self._mp = worker_context(preload)
         _open_pools.add(self)
         self._start_timeout_s = start_timeout_s

@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from testbed.contract.compare import RealTree
-from testbed.contract.consumer import _RealSide
 from testbed.contract.surface import _ast_dataclass, dataclass_fields
+from testbed.contract.tree import RealSide, RealTree
 
 _CALLABLE = ("def ", "method ", "classmethod ", "staticmethod ")
 
@@ -24,7 +23,7 @@ _CALLABLE = ("def ", "method ", "classmethod ", "staticmethod ")
 def release_annotations(entries, tree: RealTree) -> dict[str, dict[str, str]]:
     """``{"comm.mapping.Mapping.__init__": {"world_size": "=1", ...}, ...}`` for every callable
     among the contract's ``entries`` (``Difference`` rows; keys under ``flashinfer.``, without it)."""
-    real = _RealSide(tree)
+    real = RealSide(tree)
     table: dict[str, dict[str, str]] = {}
     for entry in entries:
         if " " in entry.key or not entry.real.startswith(_CALLABLE):
@@ -35,7 +34,7 @@ def release_annotations(entries, tree: RealTree) -> dict[str, dict[str, str]]:
     return dict(sorted(table.items()))
 
 
-def _params_of(real: _RealSide, tree: RealTree, key: str) -> Optional[dict[str, str]]:
+def _params_of(real: RealSide, tree: RealTree, key: str) -> Optional[dict[str, str]]:
     parts = key.split(".")
     for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module
         module = tree(".".join(parts[:cut]))

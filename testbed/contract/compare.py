@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from testbed.contract.source import Source
-from testbed.contract.surface import RealModule, describe_fake, describe_real
+from testbed.contract.surface import describe_fake, describe_real
+from testbed.contract.tree import RealTree
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def profile_for(version: str) -> str:
     return name
 
 
-def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealTree"] = None) -> Report:
+def compare(source: Source, profile: Optional[str] = None, tree: Optional[RealTree] = None) -> Report:
     """Compare ``source`` with the fake's ``profile`` (default: the one for its version);
     ``tree`` is where the release's modules are parsed (given, it keeps what was read)."""
     from fakes.flashinfer import install
@@ -132,7 +133,7 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional["RealT
     return Report(source.version, profile, entries, tuple(sorted(fake_only)), tuple(not_imitated))
 
 
-def _compare_annotations(profile: str, loader: "RealTree", rows: dict) -> None:
+def _compare_annotations(profile: str, loader: RealTree, rows: dict) -> None:
     """The fake's checked-in annotation table of ``profile`` against the release's source."""
     from testbed.contract.annotations import release_annotations
     from fakes.flashinfer.annotations import table
@@ -143,7 +144,7 @@ def _compare_annotations(profile: str, loader: "RealTree", rows: dict) -> None:
         rows[f"flashinfer.{key} annotations"] = (_annotations_text(real.get(key)), _annotations_text(stored.get(key)))
 
 
-def _compare_setup_calls(profile: str, loader: "RealTree", rows: dict) -> None:
+def _compare_setup_calls(profile: str, loader: RealTree, rows: dict) -> None:
     """The communicator calls of the release's MNNVL set-up against the testbed's record of
     them, which the fake is held to in every scenario."""
     from testbed.contract.setup_calls import SETUP_CALLS, release_setup_calls
@@ -158,31 +159,6 @@ def _annotations_text(params: Optional[dict]) -> str:
     if params is None:
         return MISSING
     return ", ".join(f"{p}: {a}" if a and not a.startswith("=") else f"{p}{a}" if a else p for p, a in params.items())
-
-
-class RealTree:
-    """The release's Python modules, parsed on first use, by dotted name."""
-
-    def __init__(self, source: Source):
-        self.source = source
-        self._cache: dict[str, Optional[RealModule]] = {}
-        self.paths: dict[str, str] = {}  # dotted name -> path under flashinfer/
-
-    def modules(self) -> list[tuple[str, RealModule]]:
-        return [(self.paths[name], m) for name, m in sorted(self._cache.items()) if m is not None]
-
-    def __call__(self, dotted: str) -> Optional[RealModule]:
-        if dotted not in self._cache:
-            rel = dotted.split(".", 1)[1].replace(".", "/") if "." in dotted else ""
-            path, package = f"{rel}.py", False
-            module = self.source.read(path) if rel else None
-            if module is None:
-                path, package = (f"{rel}/__init__.py" if rel else "__init__.py"), True
-                module = self.source.read(path)
-            self.paths[dotted] = path
-            self._cache[dotted] = None if module is None else RealModule(
-                ast.parse(module), dotted, package, self)
-        return self._cache[dotted]
 
 
 MISSING = "<absent>"

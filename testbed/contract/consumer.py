@@ -2,7 +2,7 @@
 checked against the real release and against the fake profile that imitates it.
 
 The consumer's source is read with ``ast`` (neither it nor FlashInfer is imported). Within the
-files of its FlashInfer NVLink all-to-all path (:data:`CONSUMERS`, what ``--integration``
+files of its FlashInfer NVLink all-to-all path (each engine integration's ``consumer()``, what ``--integration``
 drives), every use of a FlashInfer name is collected:
 
 - ``import``: ``from flashinfer.x import y``, ``import flashinfer.x``; inside ``try`` with an
@@ -15,7 +15,7 @@ drives), every use of a FlashInfer name is collected:
   (instances are followed through assignments, ``self`` attributes and return annotations);
 - ``keyword``: each keyword a call passes.
 
-Each use is looked up in the release's source (:class:`~testbed.contract.compare.RealTree`) and
+Each use is looked up in the release's source (:class:`~testbed.contract.tree.RealTree`) and
 in the fake under :func:`fakes.flashinfer.install`. Verdicts: ``ok`` (both have it), ``FAKE GAP``
 (the release has it, the fake does not: fix the fake), ``FAKE EXTRA`` (the fake has what the
 release lacks: the fake is more lenient, fix it), ``FINDING`` (neither has it: the consumer's bug
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from testbed.contract.compare import RealTree
 from testbed.contract.source import PackageSource
-from testbed.contract.surface import RealModule, _ast_dataclass, dataclass_fields, top_level
+from testbed.contract.surface import top_level
+from testbed.contract.tree import Found, RealSide, RealTree
 
 
 @dataclass(frozen=True)
@@ -58,26 +58,6 @@ class Consumer:
     files: tuple[PathFile, ...]
     release: Optional[str] = None  # what a bare ``--consumer NAME`` reads where none is installed
 
-
-CONSUMERS = {
-    "vllm": Consumer("vllm", "vllm", (
-        # The probes vLLM decides its FlashInfer backends by, and the lazy wrapper its one-sided
-        # prepare takes nvfp4_block_scale_interleave from.
-        PathFile("vllm/utils/flashinfer.py", ("has_flashinfer", "has_flashinfer_comm", "_get_submodule",
-                                              "_lazy_import_wrapper", "has_flashinfer_nvlink_one_sided",
-                                              "has_flashinfer_nvlink_two_sided", "nvfp4_block_scale_interleave")),
-        PathFile("vllm/distributed/device_communicators/all2all.py"),
-        PathFile("vllm/distributed/device_communicators/mnnvl_compat.py"),
-        PathFile("vllm/model_executor/layers/fused_moe/all2all_utils.py"),
-        PathFile("vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_*.py"),
-        PathFile("vllm/model_executor/layers/quantization/utils/mxfp8_utils.py"),
-    ), release="0.33.0"),
-    "sglang": Consumer("sglang", "sglang", (
-        PathFile("sglang/srt/layers/moe/token_dispatcher/flashinfer.py"),
-        PathFile("sglang/srt/layers/moe/token_dispatcher/flashinfer_utils.py"),
-        PathFile("sglang/srt/layers/quantization/fp4_utils.py"),
-    ), release="0.5.23"),
-}
 
 ROOT = "flashinfer"
 _PROBE_CALLS = ("hasattr", "getattr")
@@ -113,7 +93,7 @@ class Use:
 Typed = Optional[tuple]
 
 
-def scan(source: PackageSource, consumer: Consumer, real: "_RealSide") -> list[Use]:
+def scan(source: PackageSource, consumer: Consumer, real: "RealSide") -> list[Use]:
     """Every use in the consumer's path files; ``real`` (the pinned release) tells modules
     from names and what a call makes an instance of."""
     files = _path_files(source, consumer)
@@ -152,7 +132,7 @@ class _Scanner:
     (``def get_communication(self) -> "NVLinkOneSidedAlltoAll"``) are known by name across the
     path's files (``returns``: name -> (their file's scanner, annotation))."""
 
-    def __init__(self, rel: str, real: "_RealSide", returns: dict, tree: ast.Module,
+    def __init__(self, rel: str, real: "RealSide", returns: dict, tree: ast.Module,
                  only: Optional[tuple[str, ...]]):
         self.rel, self.real, self.returns = rel, real, returns
         self.classify = real.is_module
@@ -409,126 +389,6 @@ def _literal_module(node: ast.Call) -> Optional[str]:
 
 # --- looking uses up ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Found:
-    present: bool
-    detail: str = ""  # what it is (for the table)
-
-
-class _RealSide:
-    """The release, read as source."""
-
-    def __init__(self, tree: RealTree):
-        self.tree = tree
-
-    def is_module(self, dotted: str) -> bool:
-        return self.tree(dotted) is not None
-
-    def makes(self, dotted: str, path: tuple[str, ...]) -> Optional[tuple[str, ...]]:
-        """The path of the class a call of ``dotted.path`` returns an instance of: the class
-        itself, or the class a factory's return annotation names (None: anything else)."""
-        module = self.tree(dotted)
-        target = self._resolve(module, path) if module is not None and path else None
-        if target is None:
-            return path or None  # missing here: what is reached through it follows from that
-        home, node = target
-        if isinstance(node, ast.ClassDef):
-            return path
-        made = self._instance_type(home, node)
-        if isinstance(made, ast.ClassDef) and len(path) == 1:
-            return (made.name,)  # a module-level factory; its class is reachable from the module
-        return None
-
-    def lookup(self, use: Use) -> Found:
-        module = self.tree(use.module)
-        if module is None:
-            return Found(False, "no such module")
-        if not use.path:
-            return Found(True, "module")
-        target = self._resolve(module, use.path)
-        if target is None:
-            return Found(False)
-        home, node = target
-        if use.keyword is None:
-            return Found(True, type(node).__name__)
-        params = self._params(home, node)
-        if params is None:
-            return Found(True, "**kwargs")
-        return Found(use.keyword in params)
-
-    def _resolve(self, module: RealModule, path: tuple[str, ...]):
-        found = module.resolve(path[0])
-        if found is None:
-            sub = self.tree(f"{module.name}.{path[0]}")
-            if sub is not None:
-                return self._resolve(sub, path[1:]) if len(path) > 1 else (sub, ast.Module([], []))
-            if module.lazy and re.search(rf"['\"]{re.escape(path[0])}['\"]", _source_of(module, self.tree)):
-                return (module, ast.Pass())  # served by the module's __getattr__
-            return None
-        home, node = found
-        for attr in path[1:]:
-            node = self._instance_type(home, node)
-            if not isinstance(node, ast.ClassDef):
-                return None
-            member = self._member(home, node, attr)
-            if member is None:
-                return None
-            home, node = member
-        return home, node
-
-    def _instance_type(self, home: RealModule, node: ast.AST):
-        """A factory function's class (its return annotation), else the node."""
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
-            name = ast.unparse(node.returns).strip("'\"").split("|")[0].strip()
-            found = home.resolve(name.split("[")[-1].rstrip("]")) if name else None
-            if found is not None and isinstance(found[1], ast.ClassDef):
-                return found[1]
-        return node
-
-    def _member(self, home: RealModule, cls: ast.ClassDef, attr: str):
-        for item in cls.body:
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == attr:
-                return home, item
-            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == attr:
-                return home, item
-            if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attr for t in item.targets):
-                return home, item
-        for fn in cls.body:  # instance attributes: self.<attr> = ... in a method
-            if isinstance(fn, ast.FunctionDef):
-                for n in ast.walk(fn):
-                    if isinstance(n, (ast.Assign, ast.AnnAssign)):
-                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
-                            if isinstance(t, ast.Attribute) and t.attr == attr and getattr(t.value, "id", "") == "self":
-                                return home, n
-        for base in cls.bases:
-            found = home.resolve(ast.unparse(base).split(".")[-1].split("[")[0])
-            if found is not None and isinstance(found[1], ast.ClassDef):
-                member = self._member(found[0], found[1], attr)
-                if member is not None:
-                    return member
-        return None
-
-    def _params(self, home: RealModule, node: ast.AST) -> Optional[set[str]]:
-        """The keywords ``node`` takes when called (None: any, it has ``**kwargs``)."""
-        if isinstance(node, ast.ClassDef):
-            init = self._member(home, node, "__init__")
-            if init is not None and isinstance(init[1], ast.FunctionDef):
-                return self._params(*init)
-            if _ast_dataclass(node) is not None:
-                return {f.target.id for f in dataclass_fields(home, node)}
-            return set()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            a = node.args
-            if a.kwarg is not None:
-                return None
-            return {x.arg for x in a.args + a.kwonlyargs}  # positional-only ones take no keyword
-        return None  # an assigned callable (an alias): its own signature is not read here
-
-
-def _source_of(module: RealModule, tree: RealTree) -> str:
-    return tree.source.read_paths.get(tree.paths.get(module.name, ""), "")
-
-
 class _FakeSide:
     """The fake under ``install(profile)`` (the caller holds the block)."""
 
@@ -657,7 +517,7 @@ def check(source: PackageSource, consumer: Consumer, tree: RealTree, profile: st
     """Every use of the consumer's path looked up in the release ``tree`` and in the fake's ``profile``."""
     from fakes.flashinfer import install
 
-    real = _RealSide(tree)
+    real = RealSide(tree)
     uses = scan(source, consumer, real)
     with install(profile):
         fake = _FakeSide()
@@ -667,7 +527,7 @@ def check(source: PackageSource, consumer: Consumer, tree: RealTree, profile: st
     return ConsumerReport(consumer.name, source.version, tree.source.version, profile, rows, files)
 
 
-def _prefix_missing(use: Use, real: "_RealSide", fake: "_FakeSide") -> bool:
+def _prefix_missing(use: Use, real: "RealSide", fake: "_FakeSide") -> bool:
     """Whether a shorter reach of ``use`` (the callee of a keyword, the module of a name,
     the class of a member) is already missing on both sides: ``use`` is reported with it."""
     if use.keyword is not None:
@@ -704,13 +564,13 @@ def pinned_flashinfer(source: PackageSource) -> Optional[str]:
     return None
 
 
-def parse_consumer(spec: str) -> tuple[Consumer, Optional[str]]:
-    """``vllm`` or ``vllm=0.33.0|WHEEL|DIR`` -> (consumer, its source spec or None: the
-    installed copy, else the release the testbed drives)."""
+def parse_consumer(spec: str, consumers: dict[str, Consumer]) -> tuple[Consumer, Optional[str]]:
+    """``vllm`` or ``vllm=0.33.0|WHEEL|DIR`` -> (its consumer among ``consumers``, its source
+    spec or None: the installed copy, else the release the testbed drives)."""
     name, _, where = spec.partition("=")
-    if name not in CONSUMERS:
-        raise ValueError(f"--consumer {spec!r}: known consumers are {', '.join(sorted(CONSUMERS))}")
-    return CONSUMERS[name], where or None
+    if name not in consumers:
+        raise ValueError(f"--consumer {spec!r}: known consumers are {', '.join(sorted(consumers))}")
+    return consumers[name], where or None
 
 
 def write_consumer_excerpt(source: PackageSource, consumer: Consumer, out: Path) -> list[Path]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from testbed.contract.compare import CONSTANT_PATTERNS, RealTree
+from testbed.contract.compare import CONSTANT_PATTERNS
+from testbed.contract.tree import RealTree
 from testbed.contract.surface import RealModule, own_nodes, top_level
 
 HEADER = ("Excerpt of FlashInfer {version} ({path}), Apache-2.0, (c) the FlashInfer authors:\n"

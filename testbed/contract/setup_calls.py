@@ -16,7 +16,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from testbed.contract.compare import RealTree
+from testbed.contract.tree import RealTree
 
 COMM_METHODS = ("Get_rank", "Get_size", "allgather", "bcast", "barrier", "Split")
 _MAX_DEPTH = 8

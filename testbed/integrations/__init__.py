@@ -1,99 +1,56 @@
 """The integrations under test, behind one seam the rank program and the invariants use
-without knowing which one runs.
+without knowing which one runs (:mod:`testbed.integrations.base`).
 
-An integration is the code that drives FlashInfer's all-to-all from an inference engine:
-``impl`` (this project's reference re-creation of the seed pull requests), ``vllm`` (the
-installed vLLM's own classes) or ``sglang`` (the installed SGLang's own dispatcher). Each is a :class:`Integration`: it stands up its engine's state
-on a rank (:meth:`Integration.start`), builds each MoE layer around the testbed's experts,
-and brackets every forward pass and every layer call as its engine does. What the invariants
-need from it besides the event log is declared, not inferred from its name (:class:`Traits`).
+Each integration is one package (``testbed/integrations/<name>/``) whose face holds its
+:class:`~testbed.integrations.base.Integration` as ``INTEGRATION``. :data:`REGISTRY` lists
+them; importing this module registers each with the scenario model, which asks it for the
+rules of its scenarios. Adding an engine is a new package and one line here; a package
+outside this tree (a test's) joins with :func:`register`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ContextManager, Protocol
+import importlib
 
-import torch
+from testbed.integrations import impl, sglang, vllm
+from testbed.integrations.base import Finding, Integration, Layer, Mutant, Session, Traits
+from testbed.scenario import model
 
-INTEGRATIONS = ("impl", "vllm", "sglang")
-ENGINES = ("vllm", "sglang")  # the integrations that are another project's code
+REGISTRY = (impl, vllm, sglang)
 
-
-@dataclass(frozen=True)
-class Traits:
-    """What an integration promises that the invariants check it against.
-
-    ``shared_communication``: one ``moe_ep`` communication for every layer of the EP group,
-    replaced (never shrunk) when a layer needs more (vLLM's manager), instead of one per
-    layer sizing (impl's). ``barrier_after_build``: the integration itself barriers on the EP
-    group after building a communication, before a layer uses it. ``code``: the integration's
-    source as ``(real path prefix, shown name)`` pairs: collectives from these frames are its.
-    ``fixed_capacity``: one ``MoeAlltoAll`` per layer, all at one token capacity, sharing a
-    workspace through FlashInfer's size-keyed cache (SGLang's), instead of one grown to each
-    layer's need. ``combine_output``: the integration probes combine for ``output=`` and
-    passes it wherever the release takes it (impl's); one that never does is not wrong.
-    """
-
-    shared_communication: bool
-    barrier_after_build: bool
-    code: tuple[tuple[str, str], ...]
-    fixed_capacity: bool = False
-    combine_output: bool = True
+__all__ = ["Finding", "Integration", "Layer", "Mutant", "Session", "Traits", "engines", "get", "names",
+           "module_of", "register"]
+_modules: dict[str, str] = {}  # name -> the module whose INTEGRATION it is
 
 
-class Layer(Protocol):
-    """One MoE layer as the integration built it: ``layer(x_TH, w_TK, ids_TK) -> [T, H]``."""
-
-    sequence_parallel: bool
-    reduce_pending: bool
-
-    def output_is_reduced(self) -> bool: ...
-
-    def __call__(self, x_TH: torch.Tensor, w_TK: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor: ...
-
-
-class Session(Protocol):
-    """An integration on one rank for one scenario."""
-
-    def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts) -> Layer: ...
-
-    def forward_pass(self, num_tokens: int) -> ContextManager[None]:
-        """The engine's state around one forward pass of this rank's stage (``num_tokens``:
-        this rank's tokens in it)."""
-
-    def layer_call(self, num_tokens: int) -> ContextManager[None]:
-        """Around one layer's call inside a forward pass."""
-
-
-class Integration(Protocol):
-    name: str
-
-    def traits(self, scenario) -> Traits: ...
-
-    def start(self, ctx, scenario, api, log) -> Session: ...
+def register(module_name: str) -> Integration:
+    """Register the integration a module's ``INTEGRATION`` is (idempotent); returns it."""
+    found = importlib.import_module(module_name).INTEGRATION
+    _modules.setdefault(found.name, module_name)
+    if _modules[found.name] != module_name:
+        raise ValueError(f"integration {found.name!r} is {_modules[found.name]}'s; {module_name} names another")
+    model.register_integration(found)
+    return found
 
 
 def get(name: str) -> Integration:
-    if name == "impl":
-        from testbed.integrations.impl import IMPL
-
-        return IMPL
-    if name == "vllm":
-        from testbed.integrations.vllm import VLLM
-
-        return VLLM
-    if name == "sglang":
-        from testbed.integrations.sglang import SGLANG
-
-        return SGLANG
-    raise ValueError(f"unknown integration {name!r}; one of {', '.join(INTEGRATIONS)}")
+    return model.integration(name)
 
 
-def engine(name: str):
-    """The adapter module of engine ``name`` (its ``use``, ``unavailable``, ``prepare_environment``)."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
-    import importlib
+def names() -> tuple[str, ...]:
+    return model.integration_names()
 
-    return importlib.import_module(f"testbed.integrations.{name}")
+
+def engines() -> tuple[Integration, ...]:
+    """The integrations that are another project's code."""
+    return tuple(get(n) for n in names() if get(n).engine is not None)
+
+
+def module_of(name: str) -> str:
+    """The module a rank process imports to have integration ``name`` registered."""
+    get(name)
+    return _modules[name]
+
+
+for _package in REGISTRY:
+    register(_package.__name__)

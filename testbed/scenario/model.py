@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import shlex
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
 from impl import parallel as support
 from testbed.cluster.layout import ParallelLayout
-from testbed.integrations import INTEGRATIONS
 
 # The scenario's path -> the vLLM all2all_backend it drives ("none": expert parallel off,
 # TP-sharded experts). --path also takes the vLLM names and their aliases.
@@ -67,6 +67,40 @@ SUPPORTED_TOP_K = tuple(range(1, 33))
 TWO_SIDED_ROW_UNIT = 16
 BLOCK = {"bf16": 1, "nvfp4": 16, "mxfp8": 32, "fp8_block": 128}
 MAX_EP_RANKS = 64  # kMaxRanks of MoeAlltoAll's kernels and of MnnvlMoe; 0.7.4's one-sided moe_ep kernels' per profile
+
+
+class IntegrationRules(Protocol):
+    """What the model asks a scenario's integration (:class:`testbed.integrations.base.Integration`):
+    the FlashInfer API it runs a path on, and the rule a scenario breaks under it."""
+
+    name: str
+    summary: str
+
+    def api(self, sc: "Scenario") -> str | None: ...
+
+    def refusal(self, sc: "Scenario") -> tuple[str, str] | None: ...
+
+
+# The integrations registered (by testbed.integrations, which registers each when imported): the
+# model names none itself, and asks the scenario's for what only it knows.
+_INTEGRATIONS: dict[str, IntegrationRules] = {}
+
+
+def register_integration(rules: IntegrationRules) -> None:
+    _INTEGRATIONS[rules.name] = rules
+
+
+def integration(name: str) -> IntegrationRules:
+    """The registered integration ``name``; :class:`ScenarioInputError` (``--integration``) for another."""
+    try:
+        return _INTEGRATIONS[name]
+    except (KeyError, TypeError):
+        known = ", ".join(_INTEGRATIONS) or "none yet: importing testbed.integrations registers them"
+        raise ScenarioInputError("--integration", f"must be one of {known}; got {name!r}") from None
+
+
+def integration_names() -> tuple[str, ...]:
+    return tuple(_INTEGRATIONS)
 
 
 class ScenarioInputError(ValueError):
@@ -120,7 +154,7 @@ class Scenario:
     mx_alignment: int = 0  # mxfp8 layers pad their scale columns to cover hidden rounded up to it
     a2a_api: str = "auto"  # one of A2A_APIS (FlashInfer paths only)
     flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
-    integration: str = "impl"  # one of INTEGRATIONS: whose code drives FlashInfer
+    integration: str = "impl"  # a registered integration (testbed.integrations): whose code drives FlashInfer
     sp_prefill: bool = False  # SGLang (Muse Spark): every pass a prefill split over the TP ranks
     label: str = field(default="", compare=False)
 
@@ -137,13 +171,9 @@ class Scenario:
 
     @property
     def api(self) -> str | None:
-        """The FlashInfer API the path runs on (None off the FlashInfer paths); vLLM 0.33.0's
-        one-sided manager drives ``moe_ep``, its two-sided one ``comm``'s ``MnnvlMoe``."""
-        if self.integration == "vllm":
-            return {"one_sided": "moe_ep", "two_sided": "comm"}.get(self.path)
-        if self.integration == "sglang":
-            return "comm" if self.path == "one_sided" else None
-        return api_for(self.path, self.profile, self.a2a_api)
+        """The FlashInfer API the path runs on (None off the FlashInfer paths), as the
+        scenario's integration drives it."""
+        return integration(self.integration).api(self)
 
     @property
     def ep_size(self) -> int:
@@ -223,7 +253,7 @@ class Scenario:
                                      f"(whole mxfp8 scale blocks), got {self.mx_alignment!r}")
         _choice("--a2a-api", self.a2a_api, A2A_APIS)
         _choice("--backend", self.flashinfer_backend, BACKENDS)
-        _choice("--integration", self.integration, INTEGRATIONS)
+        integration(self.integration)
         self._check_backend()
         self._check_api()
         self._check_features()
@@ -280,15 +310,9 @@ class Scenario:
                 self._check_hidden(layer.fmt)
         if not self.passes:
             raise ScenarioInputError("--tokens", "give at least one forward pass")
-        if self.integration == "vllm":
-            self._check_vllm()
-        if self.integration == "sglang":
-            rule = sglang_rule(self)
-            if rule:
-                raise ScenarioInputError(*rule)
-        else:
-            if self.sp_prefill:
-                raise ScenarioInputError("--sp-prefill", "is SGLang's (Muse Spark): it goes with --integration sglang")
+        rule = integration(self.integration).refusal(self)
+        if rule:
+            raise ScenarioInputError(*rule)
         biggest = max(layer.max_num_tokens for stage in self.stages for layer in stage)
         for counts in self.passes:
             if len(counts) != lay.dp:
@@ -301,12 +325,6 @@ class Scenario:
                                          f"(largest {biggest})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ScenarioInputError("--seed", f"must be an integer >= 0, got {self.seed!r}")
-
-    def _check_vllm(self) -> None:
-        """What vLLM 0.33.0's own classes can run on the CPU (see :mod:`testbed.integrations.vllm`)."""
-        rule = vllm_rule(self)
-        if rule:
-            raise ScenarioInputError(*rule)
 
     def _check_backend(self) -> None:
         """What only the fake can vary: on the real FlashInfer the release fixes the combine
@@ -491,133 +509,7 @@ def row_bytes(fmt: str, hidden: int, mx_alignment: int = 0) -> dict[str, int]:
     }[fmt]
 
 
-# The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
-# all-gather/reduce-scatter fallback needs all_gatherv, which vLLM's CpuCommunicator lacks),
-# and the activation formats its quantize step (moe_kernel_quantize_input) runs on the CPU:
-# nvfp4 and the fp8 formats call CUDA custom ops or Triton (ops.scaled_fp4_quant,
-# per_token_group_quant_fp8), which vLLM's CPU build lacks.
-VLLM_PATHS = ("one_sided", "two_sided")
-VLLM_FORMATS = ("bf16", "mxfp8")
-# What only impl has: the scenario flags vLLM's classes have no counterpart for.
-_VLLM_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
-                   ("--expert-kernel", "expert_kernel", "reference"), ("--expert-output", "expert_output", "separate"),
-                   ("--invalid-expert-id", "invalid_expert_id", "-1"), ("--defer-finalize", "defer_finalize", False),
-                   ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
-                   ("--routed-scaling", "routed_scaling", 1.0), ("--backend", "flashinfer_backend", "fake"))
-
-
-def vllm_rule(sc: "Scenario") -> tuple[str, str] | None:
-    """``(flag, rule)`` the scenario breaks under ``--integration vllm``, or None."""
-    if sc.path not in VLLM_PATHS:
-        return "--path", (f"--integration vllm drives {', '.join(VLLM_PATHS)}: vLLM's all-gather/reduce-scatter "
-                          "needs all_gatherv, which its CpuCommunicator does not implement, and expert parallel "
-                          "off has no all-to-all")
-    if sc.layout.dp < 2:
-        return "--layout", ("vLLM runs its all-to-all kernels only with DP > 1 (FusedMoEParallelConfig."
-                            f"use_all2all_kernels); with dp={sc.layout.dp} its layers dispatch nothing")
-    flag = _first_given(sc, _VLLM_IMPL_ONLY)
-    if flag:
-        return flag, ("is not driven under --integration vllm, which runs vLLM's own classes on the fake "
-                      "(impl's combine signatures, API choice, TRT-LLM experts, workspace output and sentinel "
-                      "have no vLLM counterpart; its shared experts, scaling, deferral and sequence parallel "
-                      "live in vLLM's MoERunner, which the adapter does not drive yet)")
-    fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(VLLM_FORMATS))
-    if fmts:
-        return "--stages", (f"vLLM 0.33.0 quantizes {', '.join(fmts)} with CUDA custom ops or Triton "
-                            f"(moe_kernel_quantize_input), absent on the CPU; --integration vllm runs "
-                            f"{', '.join(VLLM_FORMATS)}")
-    budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
-    if len(budgets) > 1:
-        return "--stages", (f"vLLM builds every MoE layer's prepare/finalize with "
-                            f"scheduler_config.max_num_batched_tokens: give every layer one budget, got "
-                            f"{sorted(budgets)}")
-    return None
-
-
-# What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
-# capacity and one process-wide dispatch format, and the (sentinel, expert output) pairs of the
-# MoE runners SGLang allows with FlashInfer A2A (arg_groups/moe_hook.py), by
-# testbed.integrations.sglang.RUNNERS: flashinfer_trtllm (-1), flashinfer_cutedsl (num_experts)
-# and flashinfer_cutlass (num_experts, combining from the workspace).
-SGLANG_FORMATS = ("bf16", "nvfp4")
-SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_experts", "workspace"))
-SGLANG_SP_TP = (4, 8)  # Muse Spark's layernorm SP: TP4/EP4 or TP8/EP8
-_SGLANG_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
-                     ("--expert-kernel", "expert_kernel", "reference"), ("--defer-finalize", "defer_finalize", False),
-                     ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
-                     ("--routed-scaling", "routed_scaling", 1.0), ("--router-weight-on-input", "router_weight_on_input",
-                                                                   False),
-                     ("--mx-alignment", "mx_alignment", 0), ("--backend", "flashinfer_backend", "fake"))
-
-
-def sglang_topology_supported(layout: ParallelLayout, sp_prefill: bool) -> bool:
-    """SGLang's start-up rule for FlashInfer MoE A2A (``_flashinfer_a2a_topology_is_supported``)
-    on the server arguments the adapter gives a stage of ``layout`` (TP = EP = its ranks): DP
-    attention over the whole TP group (the testbed's tp 1: each rank a DP rank), or Muse
-    Spark's prefill sequence parallelism on TP4/EP4 or TP8/EP8 without DP attention."""
-    ranks = layout.tp * layout.dp
-    if sp_prefill:
-        return ranks in SGLANG_SP_TP
-    return layout.dp == ranks
-
-
-def sglang_rule(sc: "Scenario") -> tuple[str, str] | None:
-    """``(flag, rule)`` the scenario breaks under ``--integration sglang``, or None."""
-    lay = sc.layout
-    if sc.path != "one_sided":
-        return "--path", ("--integration sglang drives SGLang's FlashinferDispatcher, which builds FlashInfer's "
-                          "one-sided MoeAlltoAll (moe_a2a_backend flashinfer)")
-    if lay.pp > 1:
-        return "--layout", ("SGLang numbers its ranks stage-major (stage s is ranks s*W/pp .. (s+1)*W/pp - 1); the "
-                            "testbed's layouts are vLLM's, DP outside PP, so a stage's ranks differ: give pp = 1")
-    if not sglang_topology_supported(lay, sc.sp_prefill):
-        return ("--sp-prefill" if sc.sp_prefill else "--layout"), (
-            "SGLang 0.5.23 refuses FlashInfer MoE A2A at start-up unless DP attention spans the TP group "
-            "(attn_dp_size == tp_size: a layout W,1,W,1) or it is Muse Spark's TP4/EP4 or TP8/EP8 prefill sequence "
-            "parallelism without DP attention (--sp-prefill on a layout of tp 4 or 8, dp 1) (arg_groups/moe_hook.py "
-            "_flashinfer_a2a_topology_is_supported)")
-    if any(not any(counts) for counts in sc.passes):
-        return "--tokens", ("SGLang's scheduler runs no forward where no DP rank has a token (it emits idle batches "
-                            "only while max(global_num_tokens) > 0): give every pass a token somewhere")
-    flag = _first_given(sc, _SGLANG_IMPL_ONLY)
-    if flag:
-        return flag, ("is not driven under --integration sglang, which runs SGLang's own dispatcher on the fake "
-                      "(impl's combine signatures, API choice and TRT-LLM experts have no SGLang counterpart; its "
-                      "shared experts, scaling, router weight on input and sequence parallel live in SGLang's "
-                      "model and layer boundary, which the adapter does not drive yet; the GPU runner drives impl)")
-    if (sc.invalid_expert_id, sc.expert_output) not in SGLANG_RUNNER_CHOICES:
-        return "--expert-output", ("SGLang combines from the workspace with the flashinfer_cutlass runner only, whose "
-                                   "sentinel is num_experts: give --invalid-expert-id num_experts")
-    fmts = sorted({ly.fmt for st in sc.stages for ly in st})
-    if len(fmts) > 1 or fmts[0] not in SGLANG_FORMATS:
-        return "--stages", (f"SGLang's FlashInfer A2A dispatch format is process-wide (SGLANG_MOE_NVFP4_DISPATCH): "
-                            f"give every layer one of {', '.join(SGLANG_FORMATS)}, got {', '.join(fmts)}")
-    if fmts == ["nvfp4"] and sc.expert_output == "workspace":
-        return "--expert-output", ("SGLang interleaves received nvfp4 scales for the flashinfer_cutlass runner "
-                                   "(nvfp4_block_scale_interleave), a layout the testbed's experts do not read: "
-                                   "give --expert-output separate with nvfp4")
-    budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
-    if len(budgets) > 1:
-        return "--stages", (f"SGLang sizes every layer's MoeAlltoAll at one capacity "
-                            f"(SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK): give every layer one budget, got "
-                            f"{sorted(budgets)}")
-    if sc.sp_prefill:
-        if lay.dp > 1:
-            return "--sp-prefill", ("Muse Spark's SP runs without DP attention: every rank of the TP group holds the "
-                                    "same rows, which the testbed's layouts give with dp = 1 (tp 4 or 8)")
-        if (sc.invalid_expert_id, sc.expert_output) != ("-1", "separate") or fmts != ["bf16"]:
-            return "--sp-prefill", ("Muse Spark's layernorm SP needs the flashinfer_trtllm runner (--invalid-expert-id "
-                                    "-1, --expert-output separate; arg_groups/layernorm_sp_hook.py), and its SP "
-                                    "dispatcher, given no quant config, dispatches bf16: give --stages bf16:B,...")
-        uneven = [counts[0] for counts in sc.passes if counts[0] % lay.tp]
-        if uneven:
-            return "--tokens", (f"Muse Spark pads a prefill to a multiple of tp ({lay.tp}) with zero rows its router "
-                                f"would route, which the testbed does not model: give multiples of {lay.tp}, got "
-                                f"{uneven}")
-    return None
-
-
-def _first_given(sc: "Scenario", flags) -> str | None:
+def first_given(sc: "Scenario", flags) -> str | None:
     """The first of ``(flag, field, default)`` whose field the scenario sets otherwise."""
     return next((flag for flag, name, default in flags if getattr(sc, name) != default), None)
 
@@ -693,10 +585,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="who runs FlashInfer: fake (the CPU fake, default) or flashinfer (the installed package "
                              "on this machine's GPUs, a rank per GPU, CUDA tensors over NCCL; the profile is the "
                              "installed release's; without scenario flags, the matrix's scenarios it can run)")
-    parser.add_argument("--integration", help=f"whose code drives FlashInfer: {', '.join(INTEGRATIONS)} (impl: this "
-                                              "project's reference integration; vllm: the installed vLLM's own "
-                                              "managers, prepare/finalizes and modular kernel; sglang: the installed SGLang's "
-                                              "FlashinferDispatcher in its FusedMoE forward) (default impl)")
+    parser.add_argument("--integration", help="whose code drives FlashInfer: " + "; ".join(
+        f"{name}: {integration(name).summary}" for name in integration_names()) + " (default impl)")
     parser.add_argument("--sp-prefill", action="store_true", default=None,
                         help="SGLang, Muse Spark's layernorm SP (TP4/EP4 or TP8/EP8 without DP attention): every "
                              "pass is a sequence-parallel prefill, each rank dispatching its slice of the rows on "
@@ -752,3 +642,10 @@ def parse_tokens(text: str) -> tuple[int, ...]:
         return tuple(int(n) for n in text.split(","))
     except ValueError:
         raise ScenarioInputError("--tokens", f"comma-separated integers per DP rank, got {text!r}") from None
+
+
+def from_text(layout: str, stages: str, tokens: str, **kw) -> Scenario:
+    """The scenario of a layout, stages and passes as the command line writes them
+    (``"4,2,2,1"``, ``"nvfp4:8,bf16:8;bf16:8"``, ``"0,5 3,4"``: passes space-separated)."""
+    return Scenario.make(layout=ParallelLayout.parse(layout), stages=parse_stages(stages),
+                         passes=tuple(tuple(int(n) for n in p.split(",")) for p in tokens.split()), **kw)

@@ -1,0 +1,88 @@
+"""Mutants applied at run time in the rank processes: each integration's catalogue
+(:meth:`testbed.integrations.base.Integration.mutants`), looked up by name and applied here.
+
+A mutant replaces one exact piece of one function's source and recompiles that function in
+its module (the file name and line numbers stay the real ones, so call sites and stacks still
+point into the integration's code). A replacement that does not match exactly once is a
+broken mutant (:class:`MutantError`), never a "killed" one. ``expect`` says how the testbed
+must catch it: the name of an invariant (:mod:`testbed.harness.invariants`) and a piece of
+its evidence; a scenario failing for another reason does not count. What scenarios cannot
+reach (a refusal of bad input, a checkpoint) names the tests that must fail instead:
+``("tests", name)`` with ``tests`` their pytest ids, run with ``A2A_MUTANT`` set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import textwrap
+from typing import Callable
+
+from testbed import integrations
+from testbed.integrations.base import Integration, Mutant
+
+
+class MutantError(RuntimeError):
+    """A mutant that cannot be applied as written (its source no longer matches the integration's)."""
+
+
+def catalogue(integration: str) -> tuple[Mutant, ...]:
+    """The mutants of ``integration``'s code."""
+    return integrations.get(integration).mutants()
+
+
+def owner_of(name: str) -> Integration:
+    """The integration whose code mutant ``name`` changes."""
+    for integration in map(integrations.get, integrations.names()):
+        if any(m.name == name for m in integration.mutants()):
+            return integration
+    raise ValueError(f"unknown mutant {name!r}; `a2a-testbed mutants --list` names them")
+
+
+def get(name: str) -> Mutant:
+    return next(m for m in owner_of(name).mutants() if m.name == name)
+
+
+def apply(name: str) -> Callable[[], None]:
+    """Patch the integration's code in this process with mutant ``name``; returns the function
+    that undoes it."""
+    m = get(name)
+    module_name, _, path = m.target.partition(":")
+    owner_of(name).prepare_environment()  # what its code needs before it is imported here
+    module = importlib.import_module(module_name)
+    *owner_path, attr = path.split(".")
+    owner = module
+    for part in owner_path:
+        owner = getattr(owner, part)
+    original = inspect.getattr_static(owner, attr)
+    function = original.fget if isinstance(original, property) else original  # its source has @property
+    lines, first = inspect.getsourcelines(function)
+    source = "".join(lines)
+    count = source.count(m.old)
+    if count != 1:
+        raise MutantError(f"mutant {name}: {m.old!r} occurs {count} times in {m.target} (expected once)")
+    mutated = textwrap.dedent(source.replace(m.old, m.new))
+    if owner_path:  # a method: zero-argument super() needs the class cell a class body gives
+        mutated = mutated.replace("super()", f"super({owner_path[-1]}, self)")
+    namespace: dict = {}
+    try:
+        exec(compile("\n" * (first - 1) + mutated, inspect.getsourcefile(function), "exec"),
+             module.__dict__, namespace)
+        replacement = namespace[attr]
+    except Exception as e:  # noqa: BLE001 - whatever it is, the mutant is broken, not killed
+        raise MutantError(f"mutant {name}: the changed {m.target} does not compile: {type(e).__name__}: {e}") from e
+    # Rebind every module's reference (``from impl.x import f`` copies the name), as an
+    # edit of the file would reach every importer.
+    # A module's own dict (what `from x import f` wrote), never its __getattr__: lazy modules
+    # (transformers') import on attribute access.
+    holders = [owner] + ([] if owner_path else [mod for mod in list(sys.modules.values())
+                                               if mod is not owner and vars(mod).get(attr) is original])
+    for holder in holders:
+        setattr(holder, attr, replacement)
+
+    def undo() -> None:
+        for holder in holders:
+            setattr(holder, attr, original)
+
+    return undo

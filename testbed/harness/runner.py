@@ -1,0 +1,185 @@
+"""Run scenarios on the rank pool and judge them: one :class:`Verdict` per scenario."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from fakes.arena import PREFIX_ROOT, SHM_DIR
+from testbed import integrations
+from testbed.cluster.pool import RankPool, ScenarioError, open_pools_worker_pids
+from testbed.harness import findings, invariants, mutants
+from testbed.harness.audit import certain_mismatch
+from testbed.harness.invariants import Failure, Verdict
+from testbed.harness.program import run_scenario
+from testbed.scenario.events import Event, LogTail, SharedMemoryCreated
+from testbed.scenario.model import Scenario
+
+DEFAULT_TIMEOUT_S = 30.0
+NAMED_TESTS_TIMEOUT_S = 300.0
+
+
+def scenario_pool(**kwargs) -> RankPool:
+    """A rank pool whose fork server has the rank program loaded (and whatever
+    ``A2A_PRELOAD_MODULES`` names: the engines an integration drives)."""
+    return RankPool(preload=(run_scenario.__module__,) + tuple(kwargs.pop("preload", ())), **kwargs)
+
+
+def process_group_backend(backend: str) -> str:
+    """The ranks' ``torch.distributed`` backend for a scenario's FlashInfer ``backend``: gloo,
+    plus NCCL for CUDA tensors where the real FlashInfer runs on GPUs (vLLM's device groups)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend != "fake" and torch.cuda.is_available() and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
+def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+    """Run ``sc`` (optionally against ``mutant`` of impl) and check every invariant."""
+    log_dir = tempfile.mkdtemp(prefix="a2atb-log-")
+    started = time.monotonic()
+    try:
+        try:
+            tails = {r: LogTail(f"{log_dir}/rank{r}.jsonl") for r in range(sc.layout.world_size)}
+            watch = lambda finished: certain_mismatch(_logs(tails), finished)  # noqa: E731
+            program_args = (sc, log_dir, mutant, integrations.module_of(sc.integration))
+            results, error = pool.run(run_scenario, sc.layout, program_args, timeout_s=timeout_s,
+                                      name=f"scenario{'-' + mutant if mutant else ''}", seed=sc.seed,
+                                      monitor=watch, pg_backend=process_group_backend(sc.flashinfer_backend)), None
+        except ScenarioError as exc:
+            results, error = None, exc
+        seconds = time.monotonic() - started
+        logs = _logs(tails)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    verdict = invariants.check(sc, logs, results, error)
+    verdict.seconds = seconds
+    leaks = "; ".join(filter(None, (_leaks(), _posix_shm_left(logs, counted=error is None))))
+    if leaks:
+        verdict.failures.append(Failure("no-leaks", leaks))
+    findings.judge(verdict)
+    return verdict
+
+
+def run_launched(env, sc: Scenario, *, index: int, mutant: Optional[str] = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> Optional[Verdict]:
+    """``sc`` as this rank of a launched job (:mod:`testbed.cluster.launched`): every rank runs
+    its share and sends rank 0 its result, event log and leftover segments; rank 0 checks
+    every invariant and returns the verdict (the others None). ``index`` numbers the job's
+    scenarios. Unlike :func:`run`, a rank that raises or hangs ends the job (the launcher's
+    handling), so ``completes`` is judged by the job's exit, not here."""
+    from testbed.cluster.launched import run_here
+
+    log_dir = tempfile.mkdtemp(prefix="a2atb-log-")
+    started = time.monotonic()
+    try:
+        gathered = run_here(env, run_scenario, sc.layout, (sc, log_dir, mutant, integrations.module_of(sc.integration)),
+                            timeout_s=timeout_s, seed=sc.seed,
+                            name="scenario", index=index,
+                            after=lambda result: (result, list(LogTail(f"{log_dir}/rank{env.rank}.jsonl").events())))
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if gathered is None:
+        return None
+    verdict = invariants.check(sc, {rank: events for rank, ((_, events), _) in enumerate(gathered)},
+                               [result for (result, _), _ in gathered], None)
+    verdict.seconds = time.monotonic() - started
+    leaks = sorted(name for _, names in gathered for name in names)
+    if leaks:
+        verdict.failures.append(Failure("no-leaks", f"shared-memory segments left after the scenario: {leaks}"))
+    return verdict
+
+
+def _logs(tails: dict[int, LogTail]) -> dict[int, list[Event]]:
+    return {r: list(tail.events()) for r, tail in tails.items()}
+
+
+def _leaks() -> str:
+    segments = sorted(p.name for p in SHM_DIR.glob(f"{PREFIX_ROOT}-{os.getpid()}-*"))
+    workers = open_pools_worker_pids()  # this pool's, and those of another open in this process
+    strays = [p.pid for p in multiprocessing.active_children() if p.pid not in workers]
+    found = []
+    if segments:
+        found.append(f"shared-memory segments left in {SHM_DIR}: {segments}")
+    if strays:
+        found.append(f"child processes left running: {strays}")
+    return "; ".join(found)
+
+
+def _posix_shm_left(logs: dict[int, list[Event]], counted: bool) -> str:
+    """Remove the ``multiprocessing.shared_memory`` segments the ranks created that are still
+    there; a leak when the scenario completed (its code should have removed them), the
+    testbed's own clean-up when a rank was killed or raised first."""
+    from multiprocessing import resource_tracker
+
+    left = []
+    for name in dict.fromkeys(e.name for events in logs.values() for e in events if isinstance(e, SharedMemoryCreated)):
+        path = SHM_DIR / name.lstrip("/")
+        if path.exists():
+            path.unlink(missing_ok=True)
+            resource_tracker.unregister(name, "shared_memory")  # the ranks registered it with this tracker
+            left.append(name)
+    return f"POSIX shared memory left by the ranks (removed now): {left}" if left and counted else ""
+
+
+@dataclass(frozen=True)
+class Hunt:
+    """How a mutant fared: killed (by which invariant, in which scenario) or not."""
+
+    mutant: str
+    killed: bool
+    by: str  # "workspace @ 2" or why not
+    seconds: float
+    evidence: str = ""
+
+
+def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
+    """Run ``scenarios`` against mutant ``name`` until one fails the way the mutant says it
+    must (:attr:`Mutant.expect`); failures of any other kind do not count."""
+    m = mutants.get(name)
+    started = time.monotonic()
+    try:
+        mutants.apply(name)()  # a mutant that no longer matches impl is broken, not killed
+    except mutants.MutantError as e:
+        return Hunt(name, False, f"broken: {e}", 0.0)
+    other = []
+    for index, sc in enumerate(scenarios if m.needs_scenarios else (), 1):
+        v = run(pool, sc, mutant=name, timeout_s=timeout_s)
+        for invariant, piece in m.expect:
+            for f in v.failed(invariant):
+                if piece in f.evidence:
+                    return Hunt(name, True, f"{invariant} @ {index}", time.monotonic() - started,
+                                f.evidence.splitlines()[0][:300])
+        other += [f"{f.invariant} @ {index}" for f in v.failures]
+    if m.tests:
+        failed = _named_tests_failing(m)
+        for kind, piece in m.expect:
+            hit = next((line for line in failed if kind == "tests" and piece in line), None)
+            if hit:
+                return Hunt(name, True, "tests", time.monotonic() - started, hit[:300])
+        other += ["tests"] if failed else []
+    why = "survived" + (f" (only unexpected failures: {', '.join(other[:4])})" if other else "")
+    return Hunt(name, False, why, time.monotonic() - started)
+
+
+def _named_tests_failing(m) -> list[str]:
+    """The ``FAILED ...`` lines of the tests ``m`` names, run under the mutant."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *m.tests],
+        cwd=root, env=os.environ | {"A2A_MUTANT": m.name}, capture_output=True, text=True,
+        timeout=NAMED_TESTS_TIMEOUT_S)
+    if done.returncode != 1:  # 0: passed; 2-5: errors, interrupted, no tests: not a kill either
+        return []
+    return [line for line in done.stdout.splitlines() if line.startswith("FAILED ")]

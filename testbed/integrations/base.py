@@ -1,0 +1,169 @@
+"""What an integration is and declares, for the harness above it.
+
+An integration is the code that drives FlashInfer's all-to-all from an inference engine:
+``impl`` (this project's reference re-creation of the seed pull requests), ``vllm`` (the
+installed vLLM's own classes), ``sglang`` (the installed SGLang's own dispatcher), or any other
+package registered in :mod:`testbed.integrations`. Each is one package whose face is an
+:class:`Integration`: on a rank it stands up its engine's state (:meth:`Integration.start`),
+builds each MoE layer around the testbed's experts and brackets every forward pass and layer
+call as its engine does; for the harness it declares its scenario rules, its matrix, its fuzz
+strategy, its mutants, its known findings and, for another project's code, the engine to
+install and the files the consumer contract reads. What the invariants need from it besides
+the event log is declared (:class:`Traits`), never inferred from its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ContextManager, Optional, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from testbed.contract.consumer import Consumer
+    from testbed.integrations.engine import Engine
+    from testbed.scenario.model import Scenario
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What an integration promises that the invariants check it against.
+
+    ``shared_communication``: one ``moe_ep`` communication for every layer of the EP group,
+    replaced (never shrunk) when a layer needs more (vLLM's manager), instead of one per
+    layer sizing (impl's). ``barrier_after_build``: the integration itself barriers on the EP
+    group after building a communication, before a layer uses it. ``code``: the integration's
+    source as ``(real path prefix, shown name)`` pairs: collectives from these frames are its.
+    ``fixed_capacity``: one ``MoeAlltoAll`` per layer, all at one token capacity, sharing a
+    workspace through FlashInfer's size-keyed cache (SGLang's), instead of one grown to each
+    layer's need. ``combine_output``: the integration probes combine for ``output=`` and
+    passes it wherever the release takes it (impl's); one that never does is not wrong.
+    """
+
+    shared_communication: bool
+    barrier_after_build: bool
+    code: tuple[tuple[str, str], ...]
+    fixed_capacity: bool = False
+    combine_output: bool = True
+
+
+class Layer(Protocol):
+    """One MoE layer as the integration built it: ``layer(x_TH, w_TK, ids_TK) -> [T, H]``."""
+
+    sequence_parallel: bool
+    reduce_pending: bool
+
+    def output_is_reduced(self) -> bool: ...
+
+    def topk_indices_dtype(self) -> Optional[torch.dtype]: ...
+
+    def __call__(self, x_TH: torch.Tensor, w_TK: torch.Tensor, ids_TK: torch.Tensor) -> torch.Tensor: ...
+
+
+class Session(Protocol):
+    """An integration on one rank for one scenario."""
+
+    def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts) -> Layer: ...
+
+    def forward_pass(self, num_tokens: int) -> ContextManager[None]:
+        """The engine's state around one forward pass of this rank's stage (``num_tokens``:
+        this rank's tokens in it)."""
+
+    def layer_call(self, num_tokens: int) -> ContextManager[None]:
+        """Around one layer's call inside a forward pass."""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A small, realistic wrong change to one function of the integration's code, applied at
+    run time in the rank processes (:mod:`testbed.harness.mutants`): ``old`` replaced by
+    ``new`` in ``target`` (``"module:Function"`` or ``"module:Class.method"``). ``expect``
+    says how the testbed must catch it: ``(invariant, piece of its evidence)`` pairs, any one
+    kills it; ``("tests", piece)`` with ``tests`` the pytest ids that must fail instead, where
+    scenarios cannot reach it (a refusal of bad input, a checkpoint)."""
+
+    name: str
+    description: str
+    target: str
+    old: str
+    new: str
+    expect: tuple[tuple[str, str], ...]
+    tests: tuple[str, ...] = ()
+
+    @property
+    def needs_scenarios(self) -> bool:
+        return any(kind != "tests" for kind, _ in self.expect)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A failure the testbed shows in code it did not write, written up in
+    ``docs/findings.md`` under ``id``: the scenarios it applies to (a property, never a list)
+    and how it fails there, ``(invariant, piece of its evidence)`` pairs, the first its
+    signature (what must show), the rest what may follow from it."""
+
+    id: str
+    title: str
+    applies: Callable[["Scenario"], bool]
+    expect: tuple[tuple[str, str], ...]
+
+
+class Integration:
+    """One integration's face. A package overrides what it has; the defaults are an
+    integration of no engine, no matrix of its own, no mutants and no known findings."""
+
+    name: str
+    summary: str  # what --integration NAME runs, for the help and the docs
+    engine: Optional["Engine"] = None  # another project's code: what to install and probe
+    # Whether the matrix moved to this integration is what it hunts its mutants with, after
+    # its own entries (the engines'); impl's mutants are hunted by the matrix as it is.
+    own_matrix_first: bool = True
+
+    # -- the scenario model asks these (testbed.scenario.model) -----------------------------
+    def api(self, sc: "Scenario") -> Optional[str]:
+        """The FlashInfer API the integration runs ``sc.path`` on (None off the FlashInfer paths)."""
+        from testbed.scenario.model import api_for
+
+        return api_for(sc.path, sc.profile, sc.a2a_api)
+
+    def refusal(self, sc: "Scenario") -> Optional[tuple[str, str]]:
+        """``(flag, rule)`` a scenario breaks under this integration, or None."""
+        return sp_prefill_elsewhere(sc)
+
+    # -- a rank asks these -------------------------------------------------------------------
+    def traits(self, sc: "Scenario") -> Traits:
+        raise NotImplementedError
+
+    def start(self, ctx, sc: "Scenario", api, log) -> Session:
+        raise NotImplementedError
+
+    def prepare_environment(self) -> None:
+        """What must hold in a process before the integration's code is imported there."""
+        if self.engine is not None:
+            self.engine.prepare_environment()
+
+    # -- the harness asks these --------------------------------------------------------------
+    def matrix(self) -> tuple["Scenario", ...]:
+        """The integration's own matrix entries (run before the common matrix moved to it)."""
+        return ()
+
+    def strategy(self):
+        """The Hypothesis strategy of the scenarios ``a2a-testbed fuzz --integration`` draws."""
+        raise NotImplementedError(f"--integration {self.name} has no fuzz strategy")
+
+    def mutants(self) -> tuple[Mutant, ...]:
+        return ()
+
+    def findings(self) -> tuple[Finding, ...]:
+        return ()
+
+    def consumer(self) -> Optional["Consumer"]:
+        """What ``a2a-testbed contract --consumer NAME`` reads of the engine (None: not an engine)."""
+        return None
+
+
+def sp_prefill_elsewhere(sc: "Scenario") -> Optional[tuple[str, str]]:
+    """The rule of ``--sp-prefill`` under an integration that is not SGLang's."""
+    if sc.sp_prefill:
+        return "--sp-prefill", "is SGLang's (Muse Spark): it goes with --integration sglang"
+    return None

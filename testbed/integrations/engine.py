@@ -1,0 +1,110 @@
+"""What every engine adapter (``vllm``, ``sglang``) does the same way: probe the classes it
+drives, make the rank pools import the engine, take a checkout's Python.
+
+An engine is described by :class:`Engine`: its package, the flag and environment variable that
+point at a checkout, the releases the adapter is written for, the ``(module, name)`` pairs it
+reaches for, and what must hold before it is imported. Each is imported under the fake's 0.7.2
+(the engines' pinned release), so the names an engine binds from FlashInfer at import exist.
+An adapter module exposes its engine's :meth:`Engine.unavailable`, :meth:`Engine.use` and
+:meth:`Engine.preload` as its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from testbed.scenario.events import Collective
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # the package and the --integration value
+    label: str  # as the engine spells itself
+    source_env: str
+    source_hint: str  # where in a checkout its package lies
+    tested: tuple[str, ...]
+    capabilities: tuple[tuple[str, str], ...]
+    prepare_environment: Callable[[], None]  # what must hold before the engine is imported
+    preload_extra: tuple[str, ...] = ()  # modules beyond the capabilities' that ranks should fork with
+    pinned_profile: str = "0.7.2"  # the fake's profile of the FlashInfer the tested releases pin
+
+    @property
+    def preload_module(self) -> str:
+        """What a rank pool's fork server imports to have the engine loaded (:meth:`preload`)."""
+        return f"testbed.integrations.{self.name}.preload"
+
+    def unavailable(self) -> str | None:
+        """Why ``--integration NAME`` cannot run here (one line), or None: the engine missing,
+        or one without a class the adapter drives (a capability probe, not a version compare)."""
+        self.prepare_environment()
+        if importlib.util.find_spec(self.name) is None:
+            return (f"{self.label} is not installed: `./dev setup --{self.name}` installs {self.label} "
+                    f"{', '.join(self.tested)} without its CUDA torch (or set {self.source_env} to a checkout)")
+        import fakes.flashinfer
+
+        with fakes.flashinfer.install("0.7.2"):
+            for module, name in self.capabilities:
+                try:
+                    mod = importlib.import_module(module)
+                except Exception as e:  # noqa: BLE001 - whatever breaks the import is the answer
+                    return f"{self.label}'s {module} does not import: {type(e).__name__}: {e}"
+                if not hasattr(mod, name):
+                    return (f"this {self.label} has no {module}.{name} (the adapter is written for {self.label} "
+                            f"{', '.join(self.tested)})")
+        return None
+
+    @functools.cache  # noqa: B019 - one Engine per adapter module, alive as long as the process
+    def use(self, source: str | None = None) -> str | None:
+        """Make this process's rank pools run the engine (a checkout's Python where ``source``
+        is given) and import it in their fork server (so call it before the first pool
+        starts); returns why it cannot (one line, naming the flag), or None."""
+        from testbed.cluster.pool import PRELOAD_ENV, preloaded_modules
+
+        if source:
+            if not os.path.isdir(os.path.join(source, self.name)):
+                return (f"--{self.name}-source: {source} holds no {self.name}/ package (give the checkout's "
+                        f"{self.source_hint})")
+            os.environ[self.source_env] = os.path.abspath(source)
+        why = self.unavailable()
+        if why is None:
+            os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preloaded_modules() + (self.preload_module,)))
+        return why and f"--integration {self.name}: {why}"
+
+    def preload(self) -> None:
+        """Import the modules the adapter drives, once in the fork server, so every rank forks
+        with them loaded; nothing where the engine is not installed."""
+        self.prepare_environment()
+        if importlib.util.find_spec(self.name) is None:
+            return
+        import fakes.flashinfer
+
+        with fakes.flashinfer.install("0.7.2"):  # the modules an engine imports lazily stay unimported
+            for module in dict.fromkeys([module for module, _ in self.capabilities] + list(self.preload_extra)):
+                importlib.import_module(module)
+
+
+def name_the_fake(ctx, sc) -> None:
+    """On the fake, the engine's ``import flashinfer`` gets the fake as the scenario's release
+    until the scenario ends."""
+    if sc.flashinfer_backend == "fake":
+        import fakes.flashinfer
+
+        named = contextlib.ExitStack()
+        ctx.add_cleanup(named.close)
+        named.enter_context(fakes.flashinfer.install(sc.profile))
+
+
+def model_between_forwards(ctx, log) -> None:
+    """The rest of the model between two forwards (attention's TP collectives) orders every
+    EP rank's previous forward before this one; a barrier of the EP group stands in for it,
+    logged as the collective it is."""
+    log.write(Collective(op="barrier", group=tuple(ctx.group_ranks["ep"]), site="testbed: the model between two forwards"))
+    torch.distributed.barrier(group=ctx.groups["ep"])

@@ -1,0 +1,255 @@
+"""SGLang behind the integration seam: the installed SGLang's own FlashInfer MoE dispatcher
+(``sglang/srt/layers/moe/token_dispatcher/flashinfer.py``), built and driven as SGLang's
+``FusedMoE`` does, on the pool's ranks and the fake (or real) FlashInfer.
+
+Per rank and scenario:
+
+The two deployments SGLang 0.5.23 starts FlashInfer MoE A2A in (``arg_groups/moe_hook.py``):
+DP attention over the whole TP group (the testbed's ``W,1,W,1``), and Muse Spark's prefill
+sequence parallelism on TP4/EP4 or TP8/EP8 (``--sp-prefill``). Per rank and scenario:
+
+- SGLang's server configuration of the scenario (``ServerArgs`` with ``moe_a2a_backend=
+  "flashinfer"``, TP and EP over the stage's ranks, DP attention, the MoE runner backend, the
+  A2A dispatch format), published with ``runtime_context.publish`` and
+  ``initialize_moe_config`` as its scheduler does;
+- SGLang's own parallel state on the pool's world (``init_distributed_environment`` keeps the
+  initialized ``torch.distributed``; ``initialize_model_parallel`` builds its TP group, the
+  dispatcher's EP group, which must be the layout's; ``initialize_dp_attention``);
+- under DP attention, each layer's dispatcher from SGLang's ``create_moe_dispatcher`` (what
+  ``FusedMoE.__init__`` calls): one ``MoeAlltoAll`` per layer at the fixed capacity
+  ``SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK`` (the scenario's one budget), their
+  workspace shared through FlashInfer's size-keyed cache, the nvfp4 global scale handed over
+  as ModelOpt's NVFP4 method does; each layer call is SGLang's ``FusedMoE.forward_impl``
+  (dispatch, ``run_moe_core``, combine) on a stand-in module whose quant method runs the
+  testbed's experts (into the workspace's combine region where the ``flashinfer_cutlass``
+  runner combines from it), then SGLang's own post-experts reduce (``reduce_moe_output``);
+- under Muse Spark's SP, one model-wide dispatcher with a decode and an SP-prefill
+  ``MoeAlltoAll``, their sizes padded apart (``enable_sp_prefill_a2a``), and every layer's
+  prefill as Muse Spark runs it: ``sp_entry_scatter``, dispatch and combine on that
+  dispatcher, ``sp_exit_gather`` (its decode runs without the all-to-all);
+- each forward publishes SGLang's per-forward state: decode (``set_is_extend_in_batch(False)``)
+  and the DP ranks' token counts (``set_dp_buffer_len``), which SGLang's scheduler all-gathers
+  (the testbed all-gathers them on the EP group in its place), or SP prefill (extend with
+  ``sp_active``).
+
+It stops below ``FusedMoE``'s construction (weights, quant method, CUDA-graph runners) and
+above SGLang's server-argument resolution (a dummy model resolves nothing; the model holds
+SGLang's start-up rules, ``testbed.scenario.model.sglang_rule``, and a test compares them with
+SGLang's own).
+
+The CPU glue and the engine's description live in :mod:`.environment`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.machinery
+import importlib.util
+import types
+from types import SimpleNamespace
+
+import torch
+
+from testbed import patch
+from testbed.integrations import engine as support
+from testbed.integrations.sglang.environment import DISPATCHER, cpu_kernels, prepare_environment, rebind_guarded_imports
+from testbed.scenario.rank import logged_token_counts, quant_config
+from testbed.scenario.reference import ACT_DTYPE
+
+CAPACITY_ENV = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+# The scenario's sentinel and combine region -> the MoE runner backend SGLang picks them for
+# (FlashinferDispatcher.__init__: -1 for the TRT-LLM and DeepGEMM runners, else num_experts;
+# payload_in_workspace for flashinfer_cutlass only).
+RUNNERS = {("-1", "separate"): "flashinfer_trtllm", ("num_experts", "separate"): "flashinfer_cutedsl",
+           ("num_experts", "workspace"): "flashinfer_cutlass"}
+
+
+def server_arguments(sc) -> dict:
+    """SGLang's ``ServerArgs`` of the scenario: TP and EP over a stage's ranks, DP attention
+    unless it is Muse Spark's SP, the model's one dispatch format."""
+    lay = sc.layout
+    stage = lay.tp * lay.dp
+    kw = dict(model_path="dummy", device="cpu", tp_size=stage, ep_size=stage, pp_size=lay.pp,
+              moe_a2a_backend="flashinfer", moe_runner_backend=RUNNERS[(sc.invalid_expert_id, sc.expert_output)],
+              flashinfer_a2a_dispatch_type=sc.stages[0][0].fmt,
+              disable_custom_all_reduce=True)  # a CUDA all-reduce; its set-up only warns on the CPU
+    if not sc.sp_prefill:
+        kw.update(enable_dp_attention=True, dp_size=lay.dp)
+    return kw
+
+
+class SglangSession:
+    def __init__(self, ctx, sc, api, log):
+        prepare_environment()
+        self.ctx, self.sc, self.log = ctx, sc, log
+        support.name_the_fake(ctx, sc)
+        from sglang.srt import runtime_context as rc
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.layers import dp_attention as dpa
+        from sglang.srt.layers.moe.utils import initialize_moe_config
+        from sglang.srt.server_args import ServerArgs
+
+        self.ps, self.dpa, self.rc = ps, dpa, rc
+        self.sp_dispatcher = None
+        dispatcher = importlib.import_module(DISPATCHER)
+        for name, value in rebind_guarded_imports(dispatcher).items():
+            ctx.add_cleanup(patch.attribute(dispatcher, name, value))
+        import flashinfer
+        from sglang.srt.layers.quantization import fp4_utils
+
+        if hasattr(flashinfer, "fp4_quantize"):
+            ctx.add_cleanup(patch.attribute(fp4_utils, "_flashinfer_fp4_quantize", flashinfer.fp4_quantize))
+        cpu_kernels()
+        buffers = dpa._DpGatheredBufferWrapper
+        saved = {k: v for k, v in vars(buffers).items() if k.startswith("_") and not k.startswith("__")
+                 and not callable(v)}
+        ctx.add_cleanup(lambda: [setattr(buffers, k, v) for k, v in saved.items()])
+        budget = sc.stages[0][0].max_num_tokens  # one capacity for every layer
+        ctx.add_cleanup(patch.environment({CAPACITY_ENV: str(budget)}))
+        lay = sc.layout
+        ctx.add_cleanup(rc.reset_context)  # last: SGLang's published configuration, flags and forward state
+        server_args = ServerArgs(**server_arguments(sc))
+        rc.publish(server_args, role="test",
+                   ranks=rc.SpawnRanks(world_rank=ctx.rank, dp_rank=None if sc.sp_prefill else ctx.coords.dp_rank))
+        initialize_moe_config()
+        ctx.add_cleanup(self._teardown)
+        ps._MODEL_PARALLEL_GROUP_TIMEOUT = ctx.pg_timeout  # SGLang sets it only where it starts the world
+        ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
+                                        backend="gloo")
+        ps.initialize_model_parallel(backend="gloo")
+        dpa.initialize_dp_attention(server_args)
+        tp = rc.get_parallel().tp_group
+        if tuple(tp.ranks) != tuple(ctx.group_ranks["ep"]):
+            raise RuntimeError(f"SGLang's TP group {tp.ranks} (its dispatcher's EP group) is not the layout's EP "
+                               f"group {ctx.group_ranks['ep']}")
+
+    def _teardown(self) -> None:
+        """SGLang's groups go; the pool's world stays."""
+        ps = self.ps
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        if ps._WORLD is not None:
+            ps._WORLD.destroy()
+            ps._WORLD = None
+        ps._MODEL_PARALLEL_GROUP_TIMEOUT = None
+
+    def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
+        from sglang.srt.layers.moe.fused_moe_triton.layer import create_moe_dispatcher
+        from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+        from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+        sc = self.sc
+        config = MoeRunnerConfig(num_experts=sc.experts, num_local_experts=len(experts.own), hidden_size=sc.hidden,
+                                 top_k=sc.top_k, layer_id=index, params_dtype=ACT_DTYPE, num_fused_shared_experts=0,
+                                 runner_backend=MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)]))
+        if sc.sp_prefill:
+            if self.sp_dispatcher is None:  # Muse Spark's, from its first MoE layer's config
+                from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher
+
+                self.sp_dispatcher = FlashinferDispatcher(
+                    group=self.rc.get_parallel().tp_group.device_group, router_topk=sc.top_k, num_experts=sc.experts,
+                    num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
+                    enable_sp_prefill_a2a=True)
+            return SpPrefillLayer(self.sp_dispatcher, experts, sc)
+        dispatcher = create_moe_dispatcher(config, quant_method=None)
+        if fmt == "nvfp4":  # what ModelOpt's NVFP4 method hands the dispatcher for an nvfp4 dispatch
+            dispatcher.set_quant_config({"input_global_scale": quant_config(fmt).a1_gscale})
+        return SglangLayer(dispatcher, experts, self.rc.get_parallel().moe_ep_size, sc)
+
+    @contextlib.contextmanager
+    def forward_pass(self, num_tokens: int):
+        # Under DP attention SGLang's scheduler all-gathers every DP rank's token count before
+        # each forward (its MLP sync); that collective also orders every EP rank's forwards.
+        forward = self.rc.get_forward()
+        if self.sc.sp_prefill:
+            support.model_between_forwards(self.ctx, self.log)
+            self.dpa.set_is_extend_in_batch(True)
+            forward.set("sp_active", True)
+            try:
+                yield
+            finally:
+                forward.set("sp_active", False)
+            return
+        counts = logged_token_counts(self.ctx, self.log, num_tokens, "testbed: SGLang's scheduler token-count all-gather")
+        self.dpa.set_is_extend_in_batch(False)  # decode: the all-to-all (extend all-gathers)
+        self.dpa.set_dp_buffer_len(sum(counts), num_tokens, False, global_num_tokens=list(counts))
+        yield
+
+    def layer_call(self, num_tokens: int):
+        return contextlib.nullcontext()
+
+
+class _TestbedMethod:
+    """The quant method's ``apply`` as SGLang's FlashInfer runners do it: the experts over the
+    received rows, into the combine region when the dispatcher hands one (``moe_output``)."""
+
+    def __init__(self, experts):
+        self.experts = experts
+
+    def apply(self, layer, dispatch_output):
+        from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferCombineInput
+
+        d = dispatch_output
+        received = SimpleNamespace(a1q=d.hidden_states, a1q_scale=d.hidden_states_scale,
+                                   topk_ids=d.topk_output.topk_ids.long(), topk_weights=d.topk_output.topk_weights)
+        return FlashinferCombineInput(hidden_states=self.experts(received, output=d.moe_output))
+
+
+class SglangLayer:
+    """An MoE layer as SGLang's ``FusedMoE.forward_impl`` runs it, on a stand-in module with
+    the dispatcher SGLang built and the testbed's experts as its quant method, then the MoE
+    block's post-experts reduce as SGLang decides it (``reduce_moe_output``)."""
+
+    sequence_parallel = False
+    reduce_pending = False
+
+    def __init__(self, dispatcher, experts, moe_ep_size: int, sc):
+        from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+        self.sc = sc
+        # FusedMoE's default: the MoE models SGLang serves with FlashInfer A2A leave the
+        # post-experts sum to the MoE block (reduce_moe_output).
+        module = SimpleNamespace(dispatcher=dispatcher, quant_method=_TestbedMethod(experts), reduce_results=False,
+                                 moe_tp_size=1, moe_ep_size=moe_ep_size, _dwdp_bound=False)
+        module._dispatch_with_pre_quant = types.MethodType(FusedMoE._dispatch_with_pre_quant, module)
+        module.run_moe_core = types.MethodType(FusedMoE.run_moe_core, module)
+        self._forward = types.MethodType(FusedMoE.forward_impl, module)
+
+    def output_is_reduced(self) -> bool:
+        from sglang.srt.layers.moe.utils import post_experts_output_is_complete
+
+        return post_experts_output_is_complete(is_tp_path=True)
+
+    def topk_indices_dtype(self):
+        return None  # SGLang's router hands its own ids; the dispatcher converts them to int32
+
+    def __call__(self, x_TH, w_TK, ids_TK):
+        from sglang.srt.layers.moe.utils import reduce_moe_output
+
+        return reduce_moe_output(self._forward(x_TH, _topk(x_TH, w_TK, ids_TK, self.sc)))
+
+
+class SpPrefillLayer(SglangLayer):
+    """A Muse Spark MoE layer's sequence-parallel prefill (``MuseSpark1xMoE`` under
+    ``sp_active``): this rank's slice of the rows (``sp_entry_scatter``), dispatched and
+    combined on the model-wide SP dispatcher, gathered back (``sp_exit_gather``)."""
+
+    def __init__(self, dispatcher, experts, sc):
+        self.sc, self.dispatcher, self.method = sc, dispatcher, _TestbedMethod(experts)
+
+    def __call__(self, x_TH, w_TK, ids_TK):
+        from sglang.srt.layers.layernorm_sp import sp_entry_scatter, sp_exit_gather
+
+        x_tH, w_tK, ids_tK = (sp_entry_scatter(t) for t in (x_TH, w_TK, ids_TK))  # the router runs on the slice
+        received = self.dispatcher.dispatch(x_tH, _topk(x_tH, w_tK, ids_tK, self.sc))
+        return sp_exit_gather(self.dispatcher.combine(self.method.apply(None, received)), x_TH.size(0))
+
+
+def _topk(x_TH, w_TK, ids_TK, sc):
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    return StandardTopKOutput(topk_weights=w_TK, topk_ids=ids_TK,
+                              router_logits=torch.zeros(x_TH.size(0), sc.experts, dtype=torch.float32))
+
+

@@ -1,0 +1,164 @@
+"""SGLang as an engine the testbed installs, probes and imports, and the glue a CPU process needs to run it.
+
+CPU glue: a placeholder ``torchvision`` (PyPI's is a CUDA build; two of SGLang's model
+configs import it at load, nothing here calls it); SGLang's group timeout set to the
+pool's; the flashinfer names SGLang's dispatcher and fp4 quantize bind at import re-read from
+the scenario's release (the dispatcher's own guarded imports, re-run: a rank runs scenarios of
+several releases); and a CPU kernel for the two SGLang custom ops on the path (its nvfp4
+quantize, the TP all-gather), each op's own Python implementation, which SGLang registers for
+CUDA only. ``A2A_SGLANG_SOURCE`` puts a checkout's Python first on every rank's path.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+from testbed.integrations import engine as support
+
+TESTED = ("0.5.23",)  # pins flashinfer-python 0.7.2
+
+
+SOURCE_ENV = "A2A_SGLANG_SOURCE"
+DISPATCHER = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
+
+
+# SGLang's custom ops on the adapter's path -> (module, name) of their Python implementation.
+CPU_OPS = {"flashinfer_fp4_quantize": ("sglang.srt.layers.quantization.fp4_utils", "_flashinfer_fp4_quantize_impl"),
+           "reg_all_gather_into_tensor": ("sglang.srt.distributed.parallel_state", "reg_all_gather_into_tensor")}
+
+
+CAPABILITIES = (
+    ("sglang.srt.server_args", "ServerArgs"),
+    ("sglang.srt.runtime_context", "publish"),
+    ("sglang.srt.distributed.parallel_state", "init_distributed_environment"),
+    ("sglang.srt.distributed.parallel_state", "initialize_model_parallel"),
+    ("sglang.srt.distributed.bootstrap", "reset_parallel_initialised"),  # destroy_model_parallel imports it
+    ("sglang.srt.layers.moe.utils", "initialize_moe_config"),
+    ("sglang.srt.layers.moe.fused_moe_triton.layer", "create_moe_dispatcher"),
+    ("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE"),
+    (DISPATCHER, "FlashinferDispatcher"),
+    ("sglang.srt.layers.dp_attention", "set_dp_buffer_len"),
+)
+
+
+def prepare_environment() -> None:
+    """What must hold before SGLang is imported in a process (the fork server's too)."""
+    source = os.environ.get(SOURCE_ENV)
+    if source and source not in sys.path:
+        sys.path.insert(0, source)
+    _stand_in_torchvision()
+
+
+class _Placeholder:
+    """Any torchvision name at import time; fails loudly if it is ever used."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name}: the testbed's torchvision placeholder was called (SGLang on a CPU "
+                           "torch has no torchvision)")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+
+def _stand_in_torchvision() -> None:
+    """``sglang.srt.configs`` imports every model config; two import ``torchvision.transforms``
+    at load. transformers must go on seeing no torchvision: its availability checks are cached
+    before the placeholder exists."""
+    if "torchvision" in sys.modules or importlib.util.find_spec("transformers") is None:
+        return
+    if importlib.util.find_spec("torchvision") is not None:
+        return  # a real one (a CUDA torch's machine)
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available(), import_utils.is_torchvision_v2_available()
+    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
+                 "torchvision.transforms.v2", "torchvision.transforms.v2.functional", "torchvision.io",
+                 "torchvision.ops"):
+        module = types.ModuleType(name)
+        module.__getattr__ = lambda attr, _name=name: _module_attr(_name, attr)
+        module.__path__ = []
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        sys.modules[name] = module
+        parent, _, leaf = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], leaf, module)
+
+
+def _module_attr(module: str, attr: str):
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    return _Placeholder(f"{module}.{attr}")
+
+
+ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
+                        prepare_environment)
+
+
+@functools.cache
+def code() -> tuple[tuple[str, str], ...]:
+    """SGLang's integration code: its MoE layers and dispatchers, Muse Spark's SP entry and
+    exit, its distributed layer (none where SGLang is not installed)."""
+    prepare_environment()
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        return ()
+    root = Path(spec.origin).resolve().parent
+    return tuple((str(root / sub), f"sglang/{sub}") for sub in
+                 ("srt/layers/moe/", "srt/layers/layernorm_sp.py", "srt/distributed/"))
+
+
+@functools.cache
+def cpu_kernels() -> torch.library.Library:
+    """Register each of :data:`CPU_OPS` for the CPU with its own implementation (once per
+    process; the library object keeps the registrations)."""
+    lib = torch.library.Library("sglang", "IMPL")
+    for op, (module, name) in CPU_OPS.items():
+        lib.impl(op, inspect.unwrap(getattr(importlib.import_module(module), name)), "CPU")
+    return lib
+
+
+def rebind_guarded_imports(module) -> dict:
+    """Re-run ``module``'s guarded ``from flashinfer... import`` block under the FlashInfer now
+    installed: the names it binds and the flag its ``except ImportError`` sets, as a fresh
+    import of the module would have them. Returns ``{name: value}`` to set on the module."""
+    tree = ast.parse(inspect.getsource(module))
+    for node in tree.body:
+        if not isinstance(node, ast.Try):
+            continue
+        imports = [n for n in node.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer")]
+        if not imports:
+            continue
+        flags = [t.id for n in node.handlers for s in n.body if isinstance(s, ast.Assign) for t in s.targets
+                 if isinstance(t, ast.Name)]
+        found = {}
+        try:
+            for n in imports:
+                source = importlib.import_module(n.module)
+                for alias in n.names:
+                    try:
+                        found[alias.asname or alias.name] = getattr(source, alias.name)
+                    except AttributeError:
+                        raise ImportError(f"cannot import name {alias.name!r} from {n.module!r}") from None
+        except ImportError:
+            return {flag: False for flag in flags}
+        return {**found, **{flag: True for flag in flags}}
+    raise RuntimeError(f"{module.__name__} has no guarded flashinfer import block (not the SGLang {TESTED[0]} layout)")

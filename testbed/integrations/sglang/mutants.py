@@ -1,0 +1,71 @@
+"""Mutants of the installed SGLang's own source (targets under ``sglang.``): small, realistic wrong changes the invariants must catch (applied at run
+time in the rank processes by :mod:`testbed.harness.mutants`)."""
+
+from __future__ import annotations
+
+from testbed.integrations.base import Mutant
+
+
+def _m(name, description, target, old, new, *expect, tests=()) -> Mutant:
+    return Mutant(name, description, target, old, new, tuple(expect), tuple(tests))
+
+
+S_MOD = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
+S_D = f"{S_MOD}:FlashinferDispatcher"
+S_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE"
+
+
+SGLANG_CATALOGUE: tuple[Mutant, ...] = (
+    # -- capacity and workspace sizing (seed 001's class in SGLang's fixed-capacity sizing) ----------
+    _m("s-capacity-halved", "the MoeAlltoAll capacity is half the configured dispatch tokens per rank",
+       f"{S_D}.__init__", "            max_prefill_buffer_tokens()\n        )\n",
+       "            max_prefill_buffer_tokens()\n        ) // 2\n", ("workspace", "needs max_num_tokens"),
+       ("completes", "exceeds its fixed workspace")),
+    _m("s-workspace-without-weights", "the dispatch payload size leaves out the router weights' bytes",
+       f"{S_D}.__init__", "topk_id_and_weight_bytes = self.router_topk * 4 + self.router_topk * 4",
+       "topk_id_and_weight_bytes = self.router_topk * 4", ("workspace", "bytes"), ("completes", "")),
+    _m("s-combine-region-fp8", "the combine payload is sized at one byte per value, not bf16's two",
+       f"{S_D}.__init__", "combine_payload_size_per_token = hidden_size * 2", "combine_payload_size_per_token = hidden_size",
+       ("workspace", "bytes"), ("completes", "")),
+    _m("s-no-namespace-padding", "the workspace sizes are not padded apart: decode and SP prefill share one workspace",
+       f"{S_MOD}:_workspace_size_for_namespace", "return workspace_size + int(namespace) * _WORKSPACE_NAMESPACE_ALIGNMENT",
+       "return workspace_size", ("workspace", "share a workspace")),
+    # -- the runtime max tokens per rank (issue #30242's class) ---------------------------------
+    _m("s-runtime-max-of-smallest", "DP attention's runtime max is the smallest DP rank's count",
+       f"{S_MOD}:_max_tokens_per_scattered_source", "max_dp_tokens = max(dp_global_num_tokens)",
+       "max_dp_tokens = min(dp_global_num_tokens)", ("runtime-max-tokens", "runtime_max_tokens_per_rank"),
+       ("completes", "")),
+    _m("s-sp-runtime-max-of-all-rows", "Muse Spark's SP prefill takes the whole prefill's rows as the runtime max, "
+       "not this rank's slice", f"{S_D}.dispatch", "            runtime_max_tokens_per_rank = x.shape[0]\n",
+       "            runtime_max_tokens_per_rank = x.shape[0] * self.ep_size\n",
+       ("runtime-max-tokens", "runtime_max_tokens_per_rank"), ("completes", "exceeds its fixed workspace")),
+    _m("s-dp-list-ignored", "the dispatcher never reads the DP token list (each rank's own rows serve)",
+       f"{S_D}.dispatch", "if dp_global is not None and len(dp_global) > 1:", "if False:",
+       ("completes", "DP attention reached the x.shape[0] fallback")),
+    _m("s-combine-step-is-capacity", "combine is told the capacity as the round's runtime max",
+       f"{S_D}.combine", "                self.runtime_max_tokens_per_rank,\n                payload_in_workspace",
+       "                self.max_num_tokens,\n                payload_in_workspace",
+       ("runtime-max-tokens", "combine with runtime_max_tokens_per_rank"), ("completes", "")),
+    # -- payloads and ids ------------------------------------------------------------------------
+    _m("s-weights-before-ids", "the router weights are dispatched before the ids",
+       f"{S_D}.dispatch", "        payloads.append(topk_ids)\n        payloads.append(topk_weights)\n",
+       "        payloads.append(topk_weights)\n        payloads.append(topk_ids)\n", ("completes", ""),
+       ("output", "x the tolerance"), ("expert-load", "lanes")),
+    _m("s-ids-index-hidden", "the expert ids' payload index names the hidden states",
+       f"{S_D}.dispatch", "            expert_id_payload_index = 1\n", "            expert_id_payload_index = 0\n",
+       ("completes", ""), ("output", "x the tolerance"), ("expert-load", "lanes")),
+    _m("s-ids-not-int32", "the router's ids go to MoeAlltoAll in their own dtype (FlashInfer's ABI is int32)",
+       f"{S_D}.dispatch", "topk_ids = topk_output.topk_ids.to(torch.int32)\n        topk_weights",
+       "topk_ids = topk_output.topk_ids\n        topk_weights", ("completes", "int32"), ("arguments", "")),
+    # -- combine from the workspace (payload_in_workspace) -----------------------------------------
+    _m("s-combine-not-in-workspace", "the cutlass runner writes into the workspace, but combine copies its payload in",
+       f"{S_D}.combine", "payload_in_workspace=self.payload_in_workspace,", "payload_in_workspace=False,",
+       ("expert-output", "payload_in_workspace")),
+    _m("s-no-workspace-output", "the combine region is not handed to the experts, yet combine reads it",
+       f"{S_D}.dispatch", "            if self.payload_in_workspace:\n", "            if False:\n",
+       ("expert-output", "combine region"), ("output", "x the tolerance")),
+    # -- the reduce contract (seed 002, historical bug 1) --------------------------------------------
+    _m("s-reduce-after-combine", "historical bug 1: FusedMoE all-reduces the combine's already complete output",
+       f"{S_MOE}.forward_impl", "if self.reduce_results and (self.moe_tp_size > 1 or self.moe_ep_size > 1):",
+       "if self.moe_tp_size > 1 or self.moe_ep_size > 1:", ("reduce", "TP all_reduce"), ("output", "x the tolerance")),
+)

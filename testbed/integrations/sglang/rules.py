@@ -1,0 +1,89 @@
+"""The scenarios ``--integration sglang`` runs: SGLang 0.5.23's start-up rules for FlashInfer
+MoE A2A and what its ``FlashinferDispatcher`` can run."""
+
+from __future__ import annotations
+
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.model import Scenario, first_given
+
+# What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
+# capacity and one process-wide dispatch format, and the (sentinel, expert output) pairs of the
+# MoE runners SGLang allows with FlashInfer A2A (arg_groups/moe_hook.py), by
+# testbed.integrations.sglang.RUNNERS: flashinfer_trtllm (-1), flashinfer_cutedsl (num_experts)
+# and flashinfer_cutlass (num_experts, combining from the workspace).
+SGLANG_FORMATS = ("bf16", "nvfp4")
+SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_experts", "workspace"))
+SGLANG_SP_TP = (4, 8)  # Muse Spark's layernorm SP: TP4/EP4 or TP8/EP8
+_SGLANG_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
+                     ("--expert-kernel", "expert_kernel", "reference"), ("--defer-finalize", "defer_finalize", False),
+                     ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
+                     ("--routed-scaling", "routed_scaling", 1.0), ("--router-weight-on-input", "router_weight_on_input",
+                                                                   False),
+                     ("--mx-alignment", "mx_alignment", 0), ("--backend", "flashinfer_backend", "fake"))
+
+
+def sglang_topology_supported(layout: ParallelLayout, sp_prefill: bool) -> bool:
+    """SGLang's start-up rule for FlashInfer MoE A2A (``_flashinfer_a2a_topology_is_supported``)
+    on the server arguments the adapter gives a stage of ``layout`` (TP = EP = its ranks): DP
+    attention over the whole TP group (the testbed's tp 1: each rank a DP rank), or Muse
+    Spark's prefill sequence parallelism on TP4/EP4 or TP8/EP8 without DP attention."""
+    ranks = layout.tp * layout.dp
+    if sp_prefill:
+        return ranks in SGLANG_SP_TP
+    return layout.dp == ranks
+
+
+def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
+    """``(flag, rule)`` the scenario breaks under ``--integration sglang``, or None."""
+    lay = sc.layout
+    if sc.path != "one_sided":
+        return "--path", ("--integration sglang drives SGLang's FlashinferDispatcher, which builds FlashInfer's "
+                          "one-sided MoeAlltoAll (moe_a2a_backend flashinfer)")
+    if lay.pp > 1:
+        return "--layout", ("SGLang numbers its ranks stage-major (stage s is ranks s*W/pp .. (s+1)*W/pp - 1); the "
+                            "testbed's layouts are vLLM's, DP outside PP, so a stage's ranks differ: give pp = 1")
+    if not sglang_topology_supported(lay, sc.sp_prefill):
+        return ("--sp-prefill" if sc.sp_prefill else "--layout"), (
+            "SGLang 0.5.23 refuses FlashInfer MoE A2A at start-up unless DP attention spans the TP group "
+            "(attn_dp_size == tp_size: a layout W,1,W,1) or it is Muse Spark's TP4/EP4 or TP8/EP8 prefill sequence "
+            "parallelism without DP attention (--sp-prefill on a layout of tp 4 or 8, dp 1) (arg_groups/moe_hook.py "
+            "_flashinfer_a2a_topology_is_supported)")
+    if any(not any(counts) for counts in sc.passes):
+        return "--tokens", ("SGLang's scheduler runs no forward where no DP rank has a token (it emits idle batches "
+                            "only while max(global_num_tokens) > 0): give every pass a token somewhere")
+    flag = first_given(sc, _SGLANG_IMPL_ONLY)
+    if flag:
+        return flag, ("is not driven under --integration sglang, which runs SGLang's own dispatcher on the fake "
+                      "(impl's combine signatures, API choice and TRT-LLM experts have no SGLang counterpart; its "
+                      "shared experts, scaling, router weight on input and sequence parallel live in SGLang's "
+                      "model and layer boundary, which the adapter does not drive yet; the GPU runner drives impl)")
+    if (sc.invalid_expert_id, sc.expert_output) not in SGLANG_RUNNER_CHOICES:
+        return "--expert-output", ("SGLang combines from the workspace with the flashinfer_cutlass runner only, whose "
+                                   "sentinel is num_experts: give --invalid-expert-id num_experts")
+    fmts = sorted({ly.fmt for st in sc.stages for ly in st})
+    if len(fmts) > 1 or fmts[0] not in SGLANG_FORMATS:
+        return "--stages", (f"SGLang's FlashInfer A2A dispatch format is process-wide (SGLANG_MOE_NVFP4_DISPATCH): "
+                            f"give every layer one of {', '.join(SGLANG_FORMATS)}, got {', '.join(fmts)}")
+    if fmts == ["nvfp4"] and sc.expert_output == "workspace":
+        return "--expert-output", ("SGLang interleaves received nvfp4 scales for the flashinfer_cutlass runner "
+                                   "(nvfp4_block_scale_interleave), a layout the testbed's experts do not read: "
+                                   "give --expert-output separate with nvfp4")
+    budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
+    if len(budgets) > 1:
+        return "--stages", (f"SGLang sizes every layer's MoeAlltoAll at one capacity "
+                            f"(SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK): give every layer one budget, got "
+                            f"{sorted(budgets)}")
+    if sc.sp_prefill:
+        if lay.dp > 1:
+            return "--sp-prefill", ("Muse Spark's SP runs without DP attention: every rank of the TP group holds the "
+                                    "same rows, which the testbed's layouts give with dp = 1 (tp 4 or 8)")
+        if (sc.invalid_expert_id, sc.expert_output) != ("-1", "separate") or fmts != ["bf16"]:
+            return "--sp-prefill", ("Muse Spark's layernorm SP needs the flashinfer_trtllm runner (--invalid-expert-id "
+                                    "-1, --expert-output separate; arg_groups/layernorm_sp_hook.py), and its SP "
+                                    "dispatcher, given no quant config, dispatches bf16: give --stages bf16:B,...")
+        uneven = [counts[0] for counts in sc.passes if counts[0] % lay.tp]
+        if uneven:
+            return "--tokens", (f"Muse Spark pads a prefill to a multiple of tp ({lay.tp}) with zero rows its router "
+                                f"would route, which the testbed does not model: give multiples of {lay.tp}, got "
+                                f"{uneven}")
+    return None

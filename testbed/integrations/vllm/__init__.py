@@ -1,0 +1,66 @@
+"""vLLM as an integration: the installed vLLM's own FlashInfer all-to-all code.
+
+Private modules: :mod:`.adapter` (vLLM's managers, prepare/finalize builder and modular kernel
+on a rank), :mod:`.environment` (the engine: install, probe, preload, and the CPU glue),
+:mod:`.rules` (what vLLM's classes can run here), :mod:`.matrix`, :mod:`.fuzz`,
+:mod:`.mutants` (of vLLM's own source), :mod:`.findings` (docs/findings.md's VLLM-* and
+FI-RACE), :mod:`.consumer` (the files the consumer contract reads) and :mod:`.preload`.
+"""
+
+from __future__ import annotations
+
+from testbed.integrations.base import Integration, Traits, sp_prefill_elsewhere
+from testbed.integrations.vllm.environment import ENGINE, code
+
+
+class VllmIntegration(Integration):
+    name = "vllm"
+    summary = "the installed vLLM's own managers, prepare/finalizes and modular kernel"
+    engine = ENGINE
+
+    def api(self, sc):
+        # vLLM 0.33.0's one-sided manager drives moe_ep, its two-sided one comm's MnnvlMoe.
+        return {"one_sided": "moe_ep", "two_sided": "comm"}.get(sc.path)
+
+    def refusal(self, sc):
+        from testbed.integrations.vllm.rules import vllm_rule
+
+        return vllm_rule(sc) or sp_prefill_elsewhere(sc)
+
+    def traits(self, sc) -> Traits:
+        # vLLM's one-sided manager shares one communication, grows it and barriers itself.
+        one_sided = sc.path == "one_sided"
+        return Traits(shared_communication=one_sided, barrier_after_build=one_sided, code=code())
+
+    def start(self, ctx, sc, api, log):
+        from testbed.integrations.vllm.adapter import VllmSession
+
+        return VllmSession(ctx, sc, api, log)
+
+    def matrix(self):
+        from testbed.integrations.vllm.matrix import VLLM_MATRIX
+
+        return VLLM_MATRIX
+
+    def strategy(self):
+        from testbed.integrations.vllm.fuzz import vllm_scenarios
+
+        return vllm_scenarios()
+
+    def mutants(self):
+        from testbed.integrations.vllm.mutants import VLLM_CATALOGUE
+
+        return VLLM_CATALOGUE
+
+    def findings(self):
+        from testbed.integrations.vllm.findings import FINDINGS
+
+        return FINDINGS
+
+    def consumer(self):
+        from testbed.integrations.vllm.consumer import CONSUMER
+
+        return CONSUMER
+
+
+INTEGRATION = VllmIntegration()

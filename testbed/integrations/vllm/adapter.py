@@ -1,0 +1,253 @@
+"""vLLM behind the integration seam: the installed vLLM's own FlashInfer all-to-all code,
+driven as vLLM's layer drives it, on the pool's ranks and the fake (or real) FlashInfer.
+
+Per rank and scenario:
+
+- vLLM's parallel state on the pool's world (``init_distributed_environment`` finds
+  ``torch.distributed`` up and keeps it; ``initialize_model_parallel`` builds vLLM's TP, PP,
+  DP and EP groups, whose rank order is the layout's), under a ``VllmConfig`` of the
+  scenario's layout and ``all2all_backend``;
+- the EP group's ``all2all_manager`` is the FlashInfer manager vLLM's ``CudaCommunicator``
+  builds for that backend (the CPU communicator always builds ``AgRsAll2AllManager``);
+- each layer's prepare/finalize comes from vLLM's own builder (``maybe_make_prepare_finalize``:
+  dispatch format and extra bytes from the layer's ``FusedMoEQuantConfig``), with
+  ``scheduler_config.max_num_batched_tokens`` the layer's budget, and runs in vLLM's
+  ``FusedMoEKernel`` with ``TestbedExperts`` (vLLM's modular experts interface over the
+  testbed's experts, a class defined on first use: its base is vLLM's);
+- each forward pass runs under vLLM's ``set_forward_context`` (its DP token-count exchange
+  and DP metadata) and every layer of the pass in it, with no collective between layers,
+  as in vLLM; the final TP all-reduce is decided by vLLM's own
+  ``MoERunner._maybe_reduce_final_output``.
+
+It stops below vLLM's ``FusedMoE`` module: that layer's construction needs a model config,
+quantization method and weight loading, and its forward goes through ``torch.ops.vllm``
+custom ops and the CUDA-graph-aware runner; the parts of it that decide what the all-to-all
+sees (the prepare/finalize choice, the kernel, the reduce) are vLLM's own code above.
+
+The CPU glue and the engine's description live in :mod:`.environment`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+
+from testbed import patch
+from testbed.integrations import engine as support
+from testbed.integrations.vllm.environment import prepare_environment, stub_accelerator
+from testbed.scenario.reference import ACT_DTYPE
+
+# vLLM's CudaCommunicator (device_communicators/cuda_communicator.py) -> the manager it builds.
+MANAGERS = {"flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
+            "flashinfer_nvlink_two_sided": "FlashInferNVLinkTwoSidedManager"}
+
+
+class VllmSession:
+    def __init__(self, ctx, sc, api, log):
+        prepare_environment()
+        from vllm.config import ParallelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+        from vllm.distributed import parallel_state as ps
+
+        self.ctx, self.sc, self.log, self.ps = ctx, sc, log, ps
+        lay = sc.layout
+        stub_accelerator(ctx)
+        support.name_the_fake(ctx, sc)
+        _forget_probes()
+        # vLLM's external_launcher reads the launcher's variables (its DP rank from RANK).
+        ctx.add_cleanup(patch.environment({"RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.rank),
+                                           "WORLD_SIZE": str(ctx.world_size)}))
+        budget = sc.stages[0][0].max_num_tokens  # one for every layer (the model refuses others)
+        parallel = ParallelConfig(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
+                                  data_parallel_size=lay.dp, enable_expert_parallel=True,
+                                  all2all_backend=_backend(sc), distributed_executor_backend="external_launcher")
+        scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=budget, max_model_len=budget,
+                                    is_encoder_decoder=False)
+        self.config = VllmConfig(parallel_config=parallel, scheduler_config=scheduler)
+        entered = set_current_vllm_config(self.config)
+        entered.__enter__()
+        ctx.add_cleanup(lambda: entered.__exit__(None, None, None))
+        ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
+                                        backend="gloo", timeout=ctx.pg_timeout)
+        ctx.add_cleanup(self._teardown)
+        ps.initialize_model_parallel(tensor_model_parallel_size=lay.tp, pipeline_model_parallel_size=lay.pp,
+                                     backend="gloo")
+        ep = ps.get_ep_group()
+        if tuple(ep.ranks) != tuple(ctx.group_ranks["ep"]):
+            raise RuntimeError(f"vLLM's EP group {ep.ranks} is not the layout's {ctx.group_ranks['ep']}")
+        self.ep = ep
+        manager_name = MANAGERS[_backend(sc)]
+        if type(ep.device_communicator.all2all_manager).__name__ != manager_name:
+            from vllm.distributed.device_communicators import all2all
+
+            ep.device_communicator.all2all_manager = getattr(all2all, manager_name)(ep.cpu_group)
+        self.manager = ep.device_communicator.all2all_manager
+        ctx.add_cleanup(self.manager.cleanup)
+
+    def _teardown(self) -> None:
+        """vLLM's groups go; the pool's world stays (vLLM's destroy_distributed_environment
+        would destroy it)."""
+        ps = self.ps
+        ps.destroy_model_parallel()
+        if ps._WORLD is not None:
+            ps._WORLD.destroy()
+            ps._WORLD = None
+
+    def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+        from vllm.model_executor.layers.fused_moe.all2all_utils import maybe_make_prepare_finalize
+        from vllm.model_executor.layers.fused_moe.config import (
+            FusedMoEConfig,
+            FusedMoEParallelConfig,
+            RoutingMethodType,
+        )
+        from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEKernel
+
+        sc, lay = self.sc, self.sc.layout
+        parallel = FusedMoEParallelConfig.make(tp_size_=lay.tp, pcp_size_=1, dp_size_=lay.dp, sp_size_=1,
+                                               vllm_parallel_config=self.config.parallel_config)
+        own = experts.own
+        moe = FusedMoEConfig(num_experts=sc.experts, experts_per_token=sc.top_k, hidden_dim=sc.hidden,
+                             intermediate_size=sc.hidden, num_local_experts=len(own), num_logical_experts=sc.experts,
+                             activation=MoEActivation.SILU, device="cpu", routing_method=RoutingMethodType.Renormalize,
+                             moe_parallel_config=parallel, in_dtype=ACT_DTYPE, max_num_tokens=max_num_tokens)
+        quant = quant_config(fmt, sc.mx_alignment)
+        with set_current_vllm_config(self.config):
+            pf = maybe_make_prepare_finalize(moe, quant, allow_new_interface=True)
+        if pf is None:
+            raise RuntimeError(f"vLLM built no prepare/finalize for all2all_backend {_backend(sc)!r} at {lay}")
+        kernel = FusedMoEKernel(pf, _experts_class().make(moe, quant, experts))
+        return VllmLayer(kernel, moe, sc, len(own))
+
+    @contextlib.contextmanager
+    def forward_pass(self, num_tokens: int):
+        from vllm.forward_context import get_forward_context, set_forward_context
+
+        # Between the MoE layers of one forward nothing orders the ranks, as in vLLM.
+        support.model_between_forwards(self.ctx, self.log)
+        with set_forward_context(None, self.config, num_tokens=num_tokens):
+            dp = get_forward_context().dp_metadata
+            with dp.sp_local_sizes(1) if dp is not None else contextlib.nullcontext():
+                yield
+
+    def layer_call(self, num_tokens: int):
+        return contextlib.nullcontext()
+
+
+def _forget_probes() -> None:
+    """vLLM caches its FlashInfer capability probes per process (functools.cache); a rank
+    runs scenarios of several releases, so each scenario probes its own."""
+    import vllm.utils.flashinfer as probes
+
+    for value in list(vars(probes).values()):
+        if isinstance(value, functools._lru_cache_wrapper):
+            value.cache_clear()
+
+
+def _backend(sc) -> str:
+    return {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}[sc.path]
+
+
+def quant_config(fmt: str, mx_alignment: int):
+    """vLLM's ``FusedMoEQuantConfig`` of a layer's activation format."""
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG, FusedMoEQuantConfig
+
+    if fmt == "bf16":
+        return FUSED_MOE_UNQUANTIZED_CONFIG
+    if fmt == "mxfp8":
+        return replace(FusedMoEQuantConfig.make(quant_dtype="mxfp8", is_scale_swizzled=False),
+                       mx_alignment=mx_alignment)
+    raise ValueError(f"--integration vllm has no quant config for {fmt!r}")
+
+
+class VllmLayer:
+    """A layer as vLLM's runner calls its kernel: ``FusedMoEKernel.apply``, then vLLM's own
+    final-reduce decision."""
+
+    sequence_parallel = False
+
+    def __init__(self, kernel, moe, sc, local_experts: int):
+        self.kernel, self.moe, self.sc = kernel, moe, sc
+        # Only the shapes are read (moe_problem_size); the testbed's experts hold the weights.
+        self.w1 = torch.empty(local_experts, 2 * sc.hidden, sc.hidden, device="meta")
+        self.w2 = torch.empty(local_experts, sc.hidden, sc.hidden, device="meta")
+        self.reduce_pending = not kernel.output_is_reduced()
+
+    def output_is_reduced(self) -> bool:
+        return self.kernel.output_is_reduced()
+
+    def topk_indices_dtype(self):
+        return self.kernel.prepare_finalize.topk_indices_dtype()
+
+    def __call__(self, x_TH, w_TK, ids_TK):
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+        from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+        out = self.kernel.apply(x_TH.clone(), self.w1, self.w2, w_TK, ids_TK, MoEActivation.SILU,
+                                self.sc.experts, None, self.sc.router_weight_on_input)
+        runner = SimpleNamespace(moe_config=self.moe, _fused_output_is_reduced=self.kernel.output_is_reduced())
+        return MoERunner._maybe_reduce_final_output(runner, out, None)
+
+
+@functools.cache
+def _experts_class():
+    from vllm.model_executor.layers.fused_moe import modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceNoOP
+
+    class TestbedExperts(mk.FusedMoEExpertsModular):
+        """vLLM's modular experts interface over the testbed's experts: per received row, the
+        router-weighted sum of this rank's experts (rows of other ranks' experts or the
+        sentinel contribute nothing), so finalize has nothing left to weight or reduce."""
+
+        @classmethod
+        def make(cls, moe, quant, experts):
+            self = cls(moe, quant)
+            self.testbed = experts
+            return self
+
+        @staticmethod
+        def activation_format():
+            return mk.FusedMoEActivationFormat.Standard
+
+        @staticmethod
+        def _supports_current_device() -> bool:
+            return True
+
+        @staticmethod
+        def _supports_no_act_and_mul() -> bool:
+            return False
+
+        @staticmethod
+        def _supports_quant_scheme(weight_key, activation_key) -> bool:
+            return True
+
+        @staticmethod
+        def _supports_activation(activation) -> bool:
+            return True
+
+        @staticmethod
+        def _supports_parallel_config(moe_parallel_config) -> bool:
+            return True
+
+        def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta,
+                             activation):
+            return (0,), (0,), (M, K)
+
+        def finalize_weight_and_reduce_impl(self):
+            return TopKWeightAndReduceNoOP()
+
+        def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+                  expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+                  apply_router_weight_on_input):
+            received = SimpleNamespace(a1q=hidden_states, a1q_scale=a1q_scale, topk_ids=topk_ids.long(),
+                                       topk_weights=topk_weights)
+            output.copy_(self.testbed(received))
+            return None
+
+    return TestbedExperts
+
+

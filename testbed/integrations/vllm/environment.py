@@ -1,0 +1,80 @@
+"""vLLM as an engine the testbed installs, probes and imports, and the glue a CPU process needs to run it.
+
+CPU glue (what vLLM needs that a CPU torch lacks): ``VLLM_TARGET_DEVICE=cpu``,
+``VLLM_HAS_FLASHINFER_CUBIN=1`` (else ``has_flashinfer()`` wants nvcc), and no-op
+``torch.accelerator.current_device_index / synchronize / empty_cache``, which vLLM's one-sided
+manager calls. ``A2A_VLLM_SOURCE`` puts a checkout's Python first on
+every rank's path, so a pull-request branch is what runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from testbed.integrations import engine as support
+
+# Tested with vLLM 0.33.0 (which pins flashinfer-python 0.7.2.post1).
+TESTED = ("0.33.0",)
+SOURCE_ENV = "A2A_VLLM_SOURCE"
+
+
+# The capabilities the adapter reaches for, as (module, name): a vLLM lacking one is named.
+CAPABILITIES = (
+    ("vllm.distributed.parallel_state", "init_distributed_environment"),
+    ("vllm.distributed.parallel_state", "initialize_model_parallel"),
+    ("vllm.distributed.device_communicators.all2all", "FlashInferNVLinkOneSidedManager"),
+    ("vllm.distributed.device_communicators.all2all", "FlashInferNVLinkTwoSidedManager"),
+    ("vllm.model_executor.layers.fused_moe.all2all_utils", "maybe_make_prepare_finalize"),
+    ("vllm.model_executor.layers.fused_moe.modular_kernel", "FusedMoEKernel"),
+    ("vllm.model_executor.layers.fused_moe.modular_kernel", "FusedMoEExpertsModular"),
+    ("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner"),
+    ("vllm.forward_context", "set_forward_context"),
+)
+
+
+def prepare_environment() -> None:
+    """What must hold before vLLM is imported in a process (the fork server's too)."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_HAS_FLASHINFER_CUBIN", "1")
+    source = os.environ.get(SOURCE_ENV)
+    if source and source not in sys.path:
+        sys.path.insert(0, source)
+
+
+ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
+    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
+    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"))
+
+
+@functools.cache
+def code() -> tuple[tuple[str, str], ...]:
+    """vLLM's integration code: its distributed layer and its fused-MoE layer (none where vLLM
+    is not installed: the invariants then judge logs with no vLLM frames)."""
+    prepare_environment()
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return ()
+    root = Path(spec.origin).resolve().parent
+    return tuple((str(root / sub) + os.sep, f"vllm/{sub}/") for sub in
+                 ("distributed", "model_executor/layers/fused_moe"))
+
+
+def stub_accelerator(ctx) -> None:
+    """vLLM's one-sided manager calls these; a CPU torch raises "Cannot access accelerator"."""
+    acc = torch.accelerator
+    if acc.is_available():
+        return
+    stubs = {"current_device_index": lambda: ctx.coords.rank, "synchronize": lambda *a, **k: None,
+             "empty_cache": lambda *a, **k: None}
+    saved = {name: getattr(acc, name) for name in stubs}
+    for name, fn in stubs.items():
+        setattr(acc, name, fn)
+    ctx.add_cleanup(lambda: [setattr(acc, name, fn) for name, fn in saved.items()])

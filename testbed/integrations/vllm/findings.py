@@ -1,0 +1,71 @@
+"""What the testbed found in vLLM 0.33.0's code (and in FlashInfer through it), each written
+up in ``docs/findings.md`` under its id; they apply to scenarios of ``--integration vllm``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from testbed.integrations.base import Finding
+from testbed.scenario.model import Scenario, row_bytes
+
+
+def _vllm(sc: Scenario, path: str, profile: Optional[str] = None) -> bool:
+    return sc.path == path and (profile is None or sc.profile == profile)
+
+
+def _payload_grows_within_a_forward(sc: Scenario) -> bool:
+    """A stage where a layer dispatches more bytes per token than the layer before it."""
+    def grows(a, b):
+        return sum(row_bytes(b.fmt, sc.hidden, sc.mx_alignment).values()) > sum(row_bytes(a.fmt, sc.hidden, sc.mx_alignment).values())
+
+    return any(grows(a, b) for st in sc.stages for a, b in zip(st, st[1:]))
+
+
+def _all_idle_pass(sc: Scenario) -> bool:
+    return any(not any(sc.tokens(p, ly, d) for d in range(sc.layout.dp))
+               for p in range(len(sc.passes)) for st in sc.stages for ly in st)
+
+
+def _mxfp8_on_an_empty_rank(sc: Scenario) -> bool:
+    return any(
+        ly.fmt == "mxfp8" and any(not sc.tokens(p, ly, d) for d in range(sc.layout.dp))
+        for p in range(len(sc.passes)) for st in sc.stages for ly in st)
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("VLLM-001", "vLLM 0.33.0's one-sided prepare calls dispatch(max_tokens_per_rank=), which FlashInfer "
+                        "0.7.4 renamed runtime_max_tokens_per_rank (keyword-only): every forward raises TypeError",
+            lambda sc: _vllm(sc, "one_sided", "0.7.4"),
+            (("completes", "unexpected keyword argument 'max_tokens_per_rank'"),)),
+    Finding("VLLM-002", "vLLM 0.33.0's two-sided backend needs flashinfer.comm.trtllm_alltoall.MnnvlMoe, which "
+                        "FlashInfer 0.7.4 removed: the manager's constructor asserts",
+            lambda sc: _vllm(sc, "two_sided", "0.7.4"),
+            (("completes", "flashinfer all2all module not found"),)),
+    Finding("VLLM-003", "vLLM 0.33.0's one-sided prepare dispatches max_tokens_per_rank=0 in a forward where no DP "
+                        "rank has a token; FlashInfer refuses it (must be in (0, capacity])",
+            lambda sc: _vllm(sc, "one_sided") and _all_idle_pass(sc),
+            (("runtime-max-tokens", "with runtime_max_tokens_per_rank 0"),
+             ("completes", "max_tokens_per_rank=0 must be in (0,"))),
+    Finding("FI-RACE", "FlashInfer's one-sided protocol does not order a round after the previous round's combine "
+                       "reads: vLLM runs an MoE layer whose dispatch payload is larger right after another in one "
+                       "forward, with nothing between them",
+            lambda sc: _vllm(sc, "one_sided") and _payload_grows_within_a_forward(sc),
+            (("round-ordering", "the cross-round race"), ("output", "x the tolerance"),
+             ("expert-load", "lanes"))),
+    Finding("VLLM-005", "vLLM 0.33.0's two-sided manager hands FlashInfer's Mapping the function "
+                        "torch.accelerator.device_count as gpus_per_node; Mapping's node_rank, local_rank and "
+                        "has_multi_node then compute with a function",
+            lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4",
+            (("arguments", "gpus_per_node=<function device_count"),)),
+    Finding("VLLM-006", "vLLM 0.33.0's two-sided prepare/finalize declares topk_indices_dtype() None, so vLLM's "
+                        "router hands it ids in the router's own dtype, and passes them to MnnvlMoe's moe_prepare, "
+                        "which takes int32 only: a router computing int64 ids fails every forward",
+            lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4" and sc.router_ids == "int64",
+            (("completes", "Inconsistency of Tensor type: expertsIds"),)),
+    Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
+                        ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
+            _mxfp8_on_an_empty_rank,
+            (("completes", "cannot reshape tensor of 0 elements"),)),
+)
+
+
