@@ -24,8 +24,7 @@ from __future__ import annotations
 import time
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.cluster.pool import RankPool
-from testbed.integrations import ENGINES, INTEGRATIONS, engine
+from testbed import integrations
 from testbed.harness import runner
 from testbed.scenario.model import Layer, Scenario
 
@@ -39,7 +38,7 @@ def add_arguments(parser) -> None:
                         help="EP world sizes (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, metavar="N",
                         help="warm scenarios per world, after the first (default: %(default)s)")
-    parser.add_argument("--integration", choices=INTEGRATIONS, default="impl",
+    parser.add_argument("--integration", choices=integrations.names(), default="impl",
                         help="whose code runs the scenario: impl (default) or the installed vLLM's or SGLang's "
                              "classes (two bf16 layers: what both run on the CPU; the fork server imports the "
                              "engine, in preload_s)")
@@ -70,7 +69,7 @@ def scenario(world: int, seed: int = 0, integration: str = "impl") -> Scenario:
 
 def measure(world: int, repeats: int, integration: str = "impl") -> dict:
     started = time.perf_counter()
-    with RankPool() as pool:
+    with runner.scenario_pool() as pool:
         pool.start(world)
         start_s = time.perf_counter() - started
         started = time.perf_counter()
@@ -117,12 +116,13 @@ def run(args) -> dict:
         raise SystemExit(f"--worlds: world sizes must be >= 1, got {args.worlds!r}")
     if args.repeats < 0:
         raise SystemExit(f"--repeats: must be >= 0, got {args.repeats}")
-    if args.integration in ENGINES:
-        why = engine(args.integration).use()  # before the first fork server starts
+    engine = integrations.get(args.integration).engine
+    if engine is not None:
+        why = engine.use()  # before the first fork server starts
         if why:
             raise SystemExit(why)
     started = time.perf_counter()
-    with RankPool() as pool:
+    with runner.scenario_pool() as pool:
         pool.start(1)
     preload_s = time.perf_counter() - started
     measured = [measure(w, args.repeats, args.integration) for w in worlds]
