@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 from testbed.cluster.layout import ParallelLayout
 from testbed.harness import runner
+from testbed.scenario.events import SharedMemoryCreated
 from testbed.harness.fuzz import fuzz
 from testbed.integrations.impl.fuzz import scenarios
 from testbed.harness.matrix import MATRIX, on_release
@@ -192,12 +193,12 @@ def test_scenario_runner_removes_posix_shm_the_ranks_left():
 
     shm = shared_memory.SharedMemory(create=True, size=64)  # as a rank's vLLM message queue makes one
     shm.close()
-    logs = {0: [{"ev": "posix_shm", "name": "/" + shm.name}], 1: [{"ev": "posix_shm", "name": "/" + shm.name}]}
+    logs = {0: [SharedMemoryCreated("/" + shm.name)], 1: [SharedMemoryCreated("/" + shm.name)]}
     assert shm.name in runner._posix_shm_left(logs, counted=True)  # a completed scenario leaked it
     assert not (runner.SHM_DIR / shm.name).exists()
     shm = shared_memory.SharedMemory(create=True, size=64)
     shm.close()
-    logs = {0: [{"ev": "posix_shm", "name": "/" + shm.name}]}
+    logs = {0: [SharedMemoryCreated("/" + shm.name)]}
     assert runner._posix_shm_left(logs, counted=False) == ""  # a killed rank's: removed, not blamed
     assert not (runner.SHM_DIR / shm.name).exists()
     assert runner._posix_shm_left(logs, counted=True) == ""  # gone already

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from testbed.cluster.pool import RankPool
+from testbed.integrations.impl.fuzz import scenarios
 from testbed.harness import runner
 from testbed.harness.fuzz import fuzz
 from testbed.harness.matrix import MATRIX
@@ -32,7 +33,8 @@ def run(args) -> dict:
         matrix_s = time.monotonic() - began
         drawn = []
         began = time.monotonic()
-        fuzz(lambda sc: drawn.append(runner.run(pool, sc)) or drawn[-1], examples=args.fuzz_examples)
+        fuzz(lambda sc: drawn.append(runner.run(pool, sc)) or drawn[-1], examples=args.fuzz_examples,
+             strategy=scenarios())
         fuzz_s = time.monotonic() - began
     return {
         "bench": "scenarios", "matrix_scenarios": len(verdicts), "matrix_passed": sum(v.passed for v in verdicts),
