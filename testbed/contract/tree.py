@@ -39,7 +39,6 @@ class RealTree:
         return self._cache[dotted]
 
 
-
 @dataclass(frozen=True)
 class Found:
     present: bool

@@ -41,8 +41,6 @@ from testbed.scenario.reference import (
 )
 
 
-
-
 def _install(ctx, sc: Scenario, log: EventLog):
     """The scenario's FlashInfer (the fake as its release, or this machine's real one) with the
     API the scenario runs on recorded until it ends. Only that API: 0.7.2's moe_ep builds the

@@ -90,6 +90,11 @@ class Mutant:
     expect: tuple[tuple[str, str], ...]
     tests: tuple[str, ...] = ()
 
+    @classmethod
+    def of(cls, name, description, target, old, new, *expect, tests=()) -> "Mutant":
+        """A catalogue entry as written: the ``expect`` pairs after the change, tests by keyword."""
+        return cls(name, description, target, old, new, tuple(expect), tuple(tests))
+
     @property
     def needs_scenarios(self) -> bool:
         return any(kind != "tests" for kind, _ in self.expect)

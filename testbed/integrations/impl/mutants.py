@@ -1,13 +1,11 @@
-"""Mutants of ``impl``: small, realistic wrong changes the invariants must catch (applied at run
-time in the rank processes by :mod:`testbed.harness.mutants`)."""
+"""Mutants of ``impl``: small, realistic wrong changes the invariants must catch (applied at
+run time in the rank processes by :mod:`testbed.harness.mutants`)."""
 
 from __future__ import annotations
 
 from testbed.integrations.base import Mutant
 
-
-def _m(name, description, target, old, new, *expect, tests=()) -> Mutant:
-    return Mutant(name, description, target, old, new, tuple(expect), tuple(tests))
+_m = Mutant.of
 
 
 UNITS, ONE_SIDED_TESTS = "tests/test_impl_units.py", "tests/test_impl_one_sided.py"

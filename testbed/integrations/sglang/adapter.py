@@ -34,7 +34,7 @@ sequence parallelism on TP4/EP4 or TP8/EP8 (``--sp-prefill``). Per rank and scen
 
 It stops below ``FusedMoE``'s construction (weights, quant method, CUDA-graph runners) and
 above SGLang's server-argument resolution (a dummy model resolves nothing; the model holds
-SGLang's start-up rules, ``testbed.scenario.model.sglang_rule``, and a test compares them with
+SGLang's start-up rules, ``testbed.integrations.sglang.rules.sglang_rule``, and a test compares them with
 SGLang's own).
 
 The CPU glue and the engine's description live in :mod:`.environment`.

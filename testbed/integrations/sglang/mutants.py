@@ -1,15 +1,12 @@
-"""Mutants of the installed SGLang's own source (targets under ``sglang.``): small, realistic wrong changes the invariants must catch (applied at run
-time in the rank processes by :mod:`testbed.harness.mutants`)."""
+"""Mutants of the installed SGLang's own source (targets under ``sglang.``): small, realistic
+wrong changes the invariants must catch (applied at run time in the rank processes by
+:mod:`testbed.harness.mutants`)."""
 
 from __future__ import annotations
 
 from testbed.integrations.base import Mutant
 
-
-def _m(name, description, target, old, new, *expect, tests=()) -> Mutant:
-    return Mutant(name, description, target, old, new, tuple(expect), tuple(tests))
-
-
+_m = Mutant.of
 S_MOD = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
 S_D = f"{S_MOD}:FlashinferDispatcher"
 S_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE"

@@ -9,7 +9,7 @@ from testbed.scenario.model import Scenario, first_given
 # What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
 # capacity and one process-wide dispatch format, and the (sentinel, expert output) pairs of the
 # MoE runners SGLang allows with FlashInfer A2A (arg_groups/moe_hook.py), by
-# testbed.integrations.sglang.RUNNERS: flashinfer_trtllm (-1), flashinfer_cutedsl (num_experts)
+# testbed.integrations.sglang.adapter.RUNNERS: flashinfer_trtllm (-1), flashinfer_cutedsl (num_experts)
 # and flashinfer_cutlass (num_experts, combining from the workspace).
 SGLANG_FORMATS = ("bf16", "nvfp4")
 SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_experts", "workspace"))

@@ -1,15 +1,12 @@
-"""Mutants of the installed vLLM's own source (targets under ``vllm.``): small, realistic wrong changes the invariants must catch (applied at run
-time in the rank processes by :mod:`testbed.harness.mutants`)."""
+"""Mutants of the installed vLLM's own source (targets under ``vllm.``): small, realistic
+wrong changes the invariants must catch (applied at run time in the rank processes by
+:mod:`testbed.harness.mutants`)."""
 
 from __future__ import annotations
 
 from testbed.integrations.base import Mutant
 
-
-def _m(name, description, target, old, new, *expect, tests=()) -> Mutant:
-    return Mutant(name, description, target, old, new, tuple(expect), tuple(tests))
-
-
+_m = Mutant.of
 V_MGR = "vllm.distributed.device_communicators.all2all:FlashInferNVLinkOneSidedManager"
 V_MGR2 = "vllm.distributed.device_communicators.all2all:FlashInferNVLinkTwoSidedManager"
 V_PF = ("vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided:"
