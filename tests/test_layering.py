@@ -85,14 +85,10 @@ def _graph() -> dict[str, set[str]]:
              for p in PACKAGES for f in _files(p)}
     graph = {}
     for name, f in files.items():
-        edges = set()
-        for m in _modules(f):
-            if m not in files:
-                continue
-            if any(other.startswith(m + ".") and other in _modules(f) for other in files):
-                continue  # ``from m import sub``: the submodule is the edge
-            edges.add(m)
-        graph[name] = edges - {name}
+        imported = _modules(f) & files.keys()
+        # ``from m import sub``: the submodule is the edge, not m's face
+        faces = {m for m in imported if any(other.startswith(m + ".") for other in imported)}
+        graph[name] = imported - faces - {name}
     return graph
 
 

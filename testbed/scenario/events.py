@@ -176,7 +176,11 @@ class ForwardEnd(Event):
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Collective, AlltoallBuilt, CommunicationBuilt, Dispatch, Dispatched, Combine, ArgumentRefused, MnnvlSetup,
     ExpertsCall, SharedMemoryCreated, LayerBuilt, ForwardStart, ForwardEnd)}
-_TUPLES = {kind: {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}
+# Per kind, read once: its fields, those without a default, and those written as JSON lists.
+_SHAPES = {kind: (frozenset(f.name for f in dataclasses.fields(cls)),
+                  frozenset(f.name for f in dataclasses.fields(cls)
+                            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING),
+                  tuple(f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")))
            for kind, cls in KINDS.items()}
 
 
@@ -184,18 +188,16 @@ def from_wire(obj: dict) -> Event:
     """The event a log line's object stands for; :class:`EventFormatError` for anything else."""
     fields = dict(obj)
     kind = fields.pop("ev", None)
-    cls = KINDS.get(kind)
-    if cls is None:
+    if kind not in KINDS:
         raise EventFormatError(f"unknown event kind {kind!r} (known: {', '.join(KINDS)})")
-    names = {f.name for f in dataclasses.fields(cls)}
-    required = {f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    if not required <= set(fields) <= names:
-        raise EventFormatError(f"event {kind!r} has fields {sorted(fields)}; {cls.__name__} takes {sorted(names)} "
-                               f"(required {sorted(required)})")
-    for name in _TUPLES[kind] & set(fields):
-        fields[name] = tuple(fields[name])
-    return cls(**fields)
+    names, required, tuples = _SHAPES[kind]
+    if not required <= fields.keys() <= names:
+        raise EventFormatError(f"event {kind!r} has fields {sorted(fields)}; {KINDS[kind].__name__} takes "
+                               f"{sorted(names)} (required {sorted(required)})")
+    for name in tuples:
+        if name in fields:
+            fields[name] = tuple(fields[name])
+    return KINDS[kind](**fields)
 
 
 class EventLog:
