@@ -169,7 +169,7 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
         ep, tp, dp = lay.group_of("ep", rank), lay.group_of("tp", rank), lay.group_of("dp", rank)
         allowed = {(ep, None), (tp, "all_reduce")}
         if sc.sequence_parallel:
-            allowed.add((tp, "all_gather"))
+            allowed |= {(tp, "all_gather"), (tp, "all_gather_into_tensor")}
         if sc.path == "allgather_reducescatter" and not sc.sequence_parallel:
             allowed |= {(dp, "all_gather"), (dp, "all_reduce")}
         for e in events:
@@ -438,7 +438,11 @@ def _reduce(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     f = _Findings(v, "reduce")
     tp = sc.layout.tp
     reduced = sc.path in FLASHINFER_PATHS  # the FlashInfer combines sum every rank's contribution
-    pending = sc.parts_partial
+    # TP-partial sums to complete: the routed experts' where the path leaves them, or the
+    # shared experts' where the model shards them over TP.
+    shared_partial = sc.shared_experts and not sc.sequence_parallel and \
+        integrations.get(sc.integration).traits(sc).shared_tp_sharded
+    pending = sc.parts_partial or shared_partial
     for rank, events in sorted(logs.items()):
         tp_group = sc.layout.group_of("tp", rank)
         current, reduces = None, 0
@@ -455,7 +459,8 @@ def _reduce(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                 expected = 1 if pending and tp > 1 else 0
                 if reduces != expected:
                     f.add(f"rank {rank} pass {e.pass_index} layer {e.layer}: {reduces} TP all_reduce call(s); the "
-                          f"{sc.path} path{' under sequence parallel' if sc.sequence_parallel else ''} needs "
+                          f"{sc.path} path{' under sequence parallel' if sc.sequence_parallel else ''}"
+                          f"{' with TP-sharded shared experts' if shared_partial else ''} needs "
                           f"{expected} (output_is_reduced() = {current.reduced})")
                 current = None
     f.close()
@@ -636,10 +641,12 @@ def _output(sc: Scenario, results: list[dict], v: Verdict) -> None:
 
 def _expert_load(sc: Scenario, results: list[dict], v: Verdict) -> None:
     f = _Findings(v, "expert-load")
+    pads = sc.sequence_parallel and integrations.get(sc.integration).traits(sc).sp_pads_routed
     for rank, res in enumerate(results):
         coords = sc.layout.coords(rank)
         for (p, i), got in sorted(res["lanes"].items()):
-            want = expected_expert_rows(sc, p, coords.pp_rank, i, coords.ep_rank if sc.ep_size > 1 else 0)
+            want = expected_expert_rows(sc, p, coords.pp_rank, i, coords.ep_rank if sc.ep_size > 1 else 0,
+                                        pads)
             if got != want:
                 extra, missing = got - want, want - got
                 f.add(f"rank {rank} pass {p} layer {i}: the experts computed {sum(got.values())} lanes, "

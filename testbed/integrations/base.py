@@ -38,6 +38,12 @@ class Traits:
     workspace through FlashInfer's size-keyed cache (SGLang's), instead of one grown to each
     layer's need. ``combine_output``: the integration probes combine for ``output=`` and
     passes it wherever the release takes it (impl's); one that never does is not wrong.
+    ``sp_pads_routed``: under sequence parallel the model pads each DP rank's tokens to a
+    multiple of TP before its gate, so the padding rows are routed and reach the experts
+    (vLLM's models: ``sequence_parallel_chunk`` comes before the gate), instead of splitting
+    the tokens unevenly. ``shared_tp_sharded``: the shared experts are TP-sharded (a partial
+    sum the layer reduces) wherever the layer is not sequence parallel (vLLM's models:
+    ``disable_tp=is_sequence_parallel``), instead of sharded only where the routed experts are.
     """
 
     shared_communication: bool
@@ -45,6 +51,8 @@ class Traits:
     code: tuple[tuple[str, str], ...]
     fixed_capacity: bool = False
     combine_output: bool = True
+    sp_pads_routed: bool = False
+    shared_tp_sharded: bool = False
 
 
 class Layer(Protocol):
@@ -105,12 +113,17 @@ class Finding:
     """A failure the testbed shows in code it did not write, written up in
     ``docs/findings.md`` under ``id``: the scenarios it applies to (a property, never a list)
     and how it fails there, ``(invariant, piece of its evidence)`` pairs, the first its
-    signature (what must show), the rest what may follow from it."""
+    signature (what must show), the rest what may follow from it. ``reachable``: whether the
+    engine itself, run as its users run it, produces the scenarios it applies to (``yes``,
+    ``no``: latent, what a direct caller of the code hits; ``not checked``), and ``evidence``
+    for that answer."""
 
     id: str
     title: str
     applies: Callable[["Scenario"], bool]
     expect: tuple[tuple[str, str], ...]
+    reachable: str = "not checked"
+    evidence: str = ""
 
 
 class Integration:
@@ -123,6 +136,9 @@ class Integration:
     # Whether the matrix moved to this integration is what it hunts its mutants with, after
     # its own entries (the engines'); impl's mutants are hunted by the matrix as it is.
     own_matrix_first: bool = True
+    # What of it a scenario can drive (testbed.scenario.model.LEVELS): its MoE layer, and
+    # where it has one apart, the all-to-all seam below it.
+    levels: tuple[str, ...] = ("layer",)
 
     # -- the scenario model asks these (testbed.scenario.model) -----------------------------
     def api(self, sc: "Scenario") -> Optional[str]:
@@ -134,6 +150,12 @@ class Integration:
     def refusal(self, sc: "Scenario") -> Optional[tuple[str, str]]:
         """``(flag, rule)`` a scenario breaks under this integration, or None."""
         return sp_prefill_elsewhere(sc)
+
+    def engine_passes(self, sc: "Scenario") -> tuple[tuple[int, ...], ...]:
+        """The passes the integration's engine makes of ``sc.passes`` (only called when the
+        scenario does not ask for the raw ones). The default: the passes as given, for an
+        integration with no engine or whose step rule the testbed has not learned."""
+        return sc.passes
 
     # -- a rank asks these -------------------------------------------------------------------
     def traits(self, sc: "Scenario") -> Traits:

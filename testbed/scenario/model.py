@@ -56,6 +56,10 @@ SLOT_ORDERS = ("shuffled", "deterministic")
 # Who runs FlashInfer's side: the CPU fake, or the real package on this machine's GPUs (the
 # scenario's profile must then be the installed release's).
 BACKENDS = ("fake", "flashinfer")
+# What of the integration a scenario drives: the MoE layer as the engine's models call it,
+# or one level down, the all-to-all seam (prepare/finalize and kernel) fed the scenario's
+# routing as a router left it; an integration offers the levels it has.
+LEVELS = ("layer", "kernel")
 PROFILES = tuple(FAKE_PROFILES)
 # The most experts per token any kernel here takes: the two-sided prepare (trtllm_alltoall_prepare.cu,
 # ``1 <= topK <= 32``) and the TRT-LLM routing of precomputed ids (its tiers end at Tier<2048, 32>).
@@ -71,14 +75,18 @@ MAX_EP_RANKS = 64  # kMaxRanks of MoeAlltoAll's kernels and of MnnvlMoe; 0.7.4's
 
 class IntegrationRules(Protocol):
     """What the model asks a scenario's integration (:class:`testbed.integrations.base.Integration`):
-    the FlashInfer API it runs a path on, and the rule a scenario breaks under it."""
+    the FlashInfer API it runs a path on, the rule a scenario breaks under it, and the passes its
+    engine makes of the ones given."""
 
     name: str
     summary: str
+    levels: tuple[str, ...]  # the LEVELS it offers, its default first
 
     def api(self, sc: "Scenario") -> str | None: ...
 
     def refusal(self, sc: "Scenario") -> tuple[str, str] | None: ...
+
+    def engine_passes(self, sc: "Scenario") -> tuple[tuple[int, ...], ...]: ...
 
 
 # The integrations registered (by testbed.integrations, which registers each when imported): the
@@ -156,7 +164,16 @@ class Scenario:
     flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
     integration: str = "impl"  # a registered integration (testbed.integrations): whose code drives FlashInfer
     sp_prefill: bool = False  # SGLang (Muse Spark): every pass a prefill split over the TP ranks
+    level: str = "layer"  # one of LEVELS
+    raw_passes: bool = False  # the passes as given, not as the integration's engine would make them
     label: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        # The passes the integration's engine makes of the ones given (an engine may run an
+        # idle rank on a dummy batch, or no forward at all): every scenario, however built,
+        # is what the engine runs unless it asks for the raw passes.
+        if not self.raw_passes and self.integration in _INTEGRATIONS:
+            object.__setattr__(self, "passes", integration(self.integration).engine_passes(self))
 
     @classmethod
     def make(cls, **kw) -> "Scenario":
@@ -253,7 +270,11 @@ class Scenario:
                                      f"(whole mxfp8 scale blocks), got {self.mx_alignment!r}")
         _choice("--a2a-api", self.a2a_api, A2A_APIS)
         _choice("--backend", self.flashinfer_backend, BACKENDS)
-        integration(self.integration)
+        _choice("--level", self.level, LEVELS)
+        levels = integration(self.integration).levels
+        if self.level not in levels:
+            raise ScenarioInputError("--level", f"--integration {self.integration} offers {', '.join(levels)}, "
+                                     f"got {self.level!r}")
         self._check_backend()
         self._check_api()
         self._check_features()
@@ -308,11 +329,11 @@ class Scenario:
                     raise ScenarioInputError("--stages", f"layer budget must be a positive integer, got "
                                              f"{layer.max_num_tokens!r} in {layer.fmt}:{layer.max_num_tokens}")
                 self._check_hidden(layer.fmt)
-        if not self.passes:
-            raise ScenarioInputError("--tokens", "give at least one forward pass")
         rule = integration(self.integration).refusal(self)
         if rule:
             raise ScenarioInputError(*rule)
+        if not self.passes:
+            raise ScenarioInputError("--tokens", "give at least one forward pass")
         biggest = max(layer.max_num_tokens for stage in self.stages for layer in stage)
         for counts in self.passes:
             if len(counts) != lay.dp:
@@ -435,6 +456,10 @@ class Scenario:
             parts += ["--integration", self.integration]
         if self.sp_prefill:
             parts.append("--sp-prefill")
+        if self.level != "layer":
+            parts += ["--level", self.level]
+        if self.raw_passes:
+            parts.append("--raw-passes")
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -455,6 +480,8 @@ class Scenario:
         sig += " moe_ep" if self.api == "moe_ep" else ""
         sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
         sig += " sp-prefill" if self.sp_prefill else ""
+        sig += f" level={self.level}" if self.level != "layer" else ""
+        sig += " raw-passes" if self.raw_passes else ""
         sig += f" [{self.integration}]" if self.integration != "impl" else ""
         return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
@@ -523,14 +550,15 @@ def _choice(flag: str, value, choices) -> None:
 SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
-                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "sp_prefill")
+                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "sp_prefill", "level",
+                  "raw_passes")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
             "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
             "a2a_api": "auto",
-            "integration": "impl", "sp_prefill": False}
+            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
@@ -592,6 +620,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "pass is a sequence-parallel prefill, each rank dispatching its slice of the rows on "
                              "the model-wide dispatcher that keeps a decode and an SP-prefill MoeAlltoAll "
                              "(enable_sp_prefill_a2a); its decode runs without the all-to-all")
+    parser.add_argument("--level", help=f"what of the integration runs: {', '.join(LEVELS)} (layer: its MoE layer as "
+                                        "the engine's models call it; kernel: one level down, its prepare/finalize "
+                                        "and kernel fed the scenario's routing as a router left it) (default layer)")
+    parser.add_argument("--raw-passes", action="store_true", default=None,
+                        help="feed the layer the passes as given, including ones the integration's engine never "
+                             "makes (vLLM: a DP rank entering with 0 tokens, a forward where every DP rank is idle); "
+                             "by default the engine's step rule makes them what it would run")
     parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
                                           "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
                                           "from 0.7.2; auto: comm where the release has it) (default auto)")

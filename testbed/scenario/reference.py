@@ -234,17 +234,34 @@ def reference_outputs(sc: Scenario, pass_idx: int, stage: int, layer_idx: int) -
     return list(out.split(counts))
 
 
-def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, ep_rank: int) -> Counter:
+def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, ep_rank: int,
+                         pads_routed: bool = False) -> Counter:
     """The ``(expert, weight bits)`` lanes EP rank ``ep_rank``'s experts must compute in one
     layer's forward: every lane routed to one of its experts. The all-to-alls deliver each
     once per TP rank that sends it (the TP ranks of a DP rank dispatch the same tokens),
     unless sequence parallel splits the tokens across them; the all-gather gathers over
     the DP group only (or with sequence parallel over the EP group); expert parallel off
-    computes the rank's own DP tokens."""
-    _, ids_TK, w_TK, _ = _layer_batch(sc, pass_idx, stage, layer_idx)
-    lanes = Counter(lane_keys(ids_TK, w_TK, local_experts(sc.experts, sc.ep_size, ep_rank)))
+    computes the rank's own DP tokens. With ``pads_routed`` (a sequence-parallel model that pads
+    each DP rank's tokens to a multiple of TP before its gate) the padding rows are routed too
+    (:func:`padding_routing`)."""
+    _, ids_TK, w_TK, counts = _layer_batch(sc, pass_idx, stage, layer_idx)
+    own = local_experts(sc.experts, sc.ep_size, ep_rank)
+    lanes = Counter(lane_keys(ids_TK, w_TK, own))
     copies = sc.layout.tp if sc.path in ("one_sided", "two_sided") and not sc.splits_tokens else 1
-    return Counter({k: n * copies for k, n in lanes.items()})
+    lanes = Counter({k: n * copies for k, n in lanes.items()})
+    if pads_routed:
+        tp = sc.layout.tp
+        rows = sum(-n % tp for n in counts)
+        ids_K, w_K = padding_routing(sc.top_k)
+        for key in lane_keys(ids_K[None].expand(rows, -1), w_K[None].expand(rows, -1), own):
+            lanes[key] += 1
+    return lanes
+
+
+def padding_routing(top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """How a model's gate routes a padding row (all zeros: equal logits): ``(ids [K] int32,
+    weights [K] fp32)``, experts ``0 .. K-1`` at ``1 / K`` each."""
+    return torch.arange(top_k, dtype=torch.int32), torch.full((top_k,), 1.0 / top_k)
 
 
 def lane_keys(ids_NK: torch.Tensor, w_NK: torch.Tensor, own: range) -> list[tuple[int, int]]:

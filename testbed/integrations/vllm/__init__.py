@@ -15,8 +15,11 @@ from testbed.integrations.vllm.environment import ENGINE, code
 
 class VllmIntegration(Integration):
     name = "vllm"
-    summary = "the installed vLLM's own managers, prepare/finalizes and modular kernel"
+    summary = ("the installed vLLM's own MoE layer (FusedMoEFactory -> MoERunner: router, quant method, "
+               "prepare/finalize, shared experts, reduces), or with --level kernel its prepare/finalize and "
+               "modular kernel alone")
     engine = ENGINE
+    levels = ("layer", "kernel")
 
     def api(self, sc):
         # vLLM 0.33.0's one-sided manager drives moe_ep, its two-sided one comm's MnnvlMoe.
@@ -27,10 +30,17 @@ class VllmIntegration(Integration):
 
         return vllm_rule(sc) or sp_prefill_elsewhere(sc)
 
+    def engine_passes(self, sc):
+        from testbed.integrations.vllm.rules import engine_passes
+
+        return engine_passes(sc)
+
     def traits(self, sc) -> Traits:
         # vLLM's one-sided manager shares one communication, grows it and barriers itself.
         one_sided = sc.path == "one_sided"
-        return Traits(shared_communication=one_sided, barrier_after_build=one_sided, code=code())
+        layer = sc.level == "layer"
+        return Traits(shared_communication=one_sided, barrier_after_build=one_sided, code=code(),
+                      sp_pads_routed=layer, shared_tp_sharded=layer)
 
     def start(self, ctx, sc, api, log):
         from testbed.integrations.vllm.adapter import VllmSession

@@ -38,7 +38,10 @@ import torch
 
 from testbed import patch
 from testbed.integrations import engine as support
+from testbed.integrations.vllm import kernels
 from testbed.integrations.vllm.environment import prepare_environment, stub_accelerator
+from testbed.integrations.vllm.experts import experts_class
+from testbed.integrations.vllm.layer import build_runner
 from testbed.scenario.reference import ACT_DTYPE
 
 # vLLM's CudaCommunicator (device_communicators/cuda_communicator.py) -> the manager it builds.
@@ -86,6 +89,7 @@ class VllmSession:
             ep.device_communicator.all2all_manager = getattr(all2all, manager_name)(ep.cpu_group)
         self.manager = ep.device_communicator.all2all_manager
         ctx.add_cleanup(self.manager.cleanup)
+        kernels.install(ctx.add_cleanup)
 
     def _teardown(self) -> None:
         """vLLM's groups go; the pool's world stays (vLLM's destroy_distributed_environment
@@ -97,6 +101,11 @@ class VllmSession:
             ps._WORLD = None
 
     def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
+        if self.sc.level == "layer":
+            return build_runner(self, index, fmt, experts)
+        return self._build_kernel(index, fmt, max_num_tokens, experts)
+
+    def _build_kernel(self, index: int, fmt: str, max_num_tokens: int, experts):
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
         from vllm.model_executor.layers.fused_moe.all2all_utils import maybe_make_prepare_finalize
@@ -120,8 +129,8 @@ class VllmSession:
             pf = maybe_make_prepare_finalize(moe, quant, allow_new_interface=True)
         if pf is None:
             raise RuntimeError(f"vLLM built no prepare/finalize for all2all_backend {_backend(sc)!r} at {lay}")
-        kernel = FusedMoEKernel(pf, _experts_class().make(moe, quant, experts))
-        return VllmLayer(kernel, moe, sc, len(own))
+        kernel = FusedMoEKernel(pf, experts_class(experts)(moe, quant))
+        return KernelLayer(kernel, moe, sc, len(own))
 
     @contextlib.contextmanager
     def forward_pass(self, num_tokens: int):
@@ -131,7 +140,9 @@ class VllmSession:
         support.model_between_forwards(self.ctx, self.log)
         with set_forward_context(None, self.config, num_tokens=num_tokens):
             dp = get_forward_context().dp_metadata
-            with dp.sp_local_sizes(1) if dp is not None else contextlib.nullcontext():
+            # The layer level's runner enters the sequence-parallel sizes itself.
+            kernel = self.sc.level == "kernel" and dp is not None
+            with dp.sp_local_sizes(1) if kernel else contextlib.nullcontext():
                 yield
 
     def layer_call(self, num_tokens: int):
@@ -164,9 +175,9 @@ def quant_config(fmt: str, mx_alignment: int):
     raise ValueError(f"--integration vllm has no quant config for {fmt!r}")
 
 
-class VllmLayer:
-    """A layer as vLLM's runner calls its kernel: ``FusedMoEKernel.apply``, then vLLM's own
-    final-reduce decision."""
+class KernelLayer:
+    """A layer one level down (``--level kernel``): vLLM's ``FusedMoEKernel.apply`` fed the
+    testbed's routing as the router left it, then vLLM's own final-reduce decision."""
 
     sequence_parallel = False
 
@@ -191,63 +202,3 @@ class VllmLayer:
                                 self.sc.experts, None, self.sc.router_weight_on_input)
         runner = SimpleNamespace(moe_config=self.moe, _fused_output_is_reduced=self.kernel.output_is_reduced())
         return MoERunner._maybe_reduce_final_output(runner, out, None)
-
-
-@functools.cache
-def _experts_class():
-    from vllm.model_executor.layers.fused_moe import modular_kernel as mk
-    from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceNoOP
-
-    class TestbedExperts(mk.FusedMoEExpertsModular):
-        """vLLM's modular experts interface over the testbed's experts: per received row, the
-        router-weighted sum of this rank's experts (rows of other ranks' experts or the
-        sentinel contribute nothing), so finalize has nothing left to weight or reduce."""
-
-        @classmethod
-        def make(cls, moe, quant, experts):
-            self = cls(moe, quant)
-            self.testbed = experts
-            return self
-
-        @staticmethod
-        def activation_format():
-            return mk.FusedMoEActivationFormat.Standard
-
-        @staticmethod
-        def _supports_current_device() -> bool:
-            return True
-
-        @staticmethod
-        def _supports_no_act_and_mul() -> bool:
-            return False
-
-        @staticmethod
-        def _supports_quant_scheme(weight_key, activation_key) -> bool:
-            return True
-
-        @staticmethod
-        def _supports_activation(activation) -> bool:
-            return True
-
-        @staticmethod
-        def _supports_parallel_config(moe_parallel_config) -> bool:
-            return True
-
-        def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta,
-                             activation):
-            return (0,), (0,), (M, K)
-
-        def finalize_weight_and_reduce_impl(self):
-            return TopKWeightAndReduceNoOP()
-
-        def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
-                  expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
-                  apply_router_weight_on_input):
-            received = SimpleNamespace(a1q=hidden_states, a1q_scale=a1q_scale, topk_ids=topk_ids.long(),
-                                       topk_weights=topk_weights)
-            output.copy_(self.testbed(received))
-            return None
-
-    return TestbedExperts
-
-

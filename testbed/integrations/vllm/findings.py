@@ -32,40 +32,56 @@ def _mxfp8_on_an_empty_rank(sc: Scenario) -> bool:
         for p in range(len(sc.passes)) for st in sc.stages for ly in st)
 
 
+_EVERY_FORWARD = "every forward of vLLM's MoERunner on that backend and release hits it, the engine's too"
+# vLLM 0.33.0's engine never enters an MoE layer with 0 tokens on a DP rank.
+_ENGINE_STEP = ("an idle DP rank runs the 1-token dummy batch (v1/engine/core.py execute_dummy_batch, "
+                "gpu_worker.py _dummy_run(uniform_decode_query_len)) and no forward runs when every DP rank is "
+                "idle; the layer sees 0 tokens only from a direct caller (--raw-passes)")
+
 FINDINGS: tuple[Finding, ...] = (
     Finding("VLLM-001", "vLLM 0.33.0's one-sided prepare calls dispatch(max_tokens_per_rank=), which FlashInfer "
                         "0.7.4 renamed runtime_max_tokens_per_rank (keyword-only): every forward raises TypeError",
             lambda sc: _vllm(sc, "one_sided", "0.7.4"),
-            (("completes", "unexpected keyword argument 'max_tokens_per_rank'"),)),
+            (("completes", "unexpected keyword argument 'max_tokens_per_rank'"),),
+            "yes", _EVERY_FORWARD),
     Finding("VLLM-002", "vLLM 0.33.0's two-sided backend needs flashinfer.comm.trtllm_alltoall.MnnvlMoe, which "
                         "FlashInfer 0.7.4 removed: the manager's constructor asserts",
             lambda sc: _vllm(sc, "two_sided", "0.7.4"),
-            (("completes", "flashinfer all2all module not found"),)),
+            (("completes", "flashinfer all2all module not found"),),
+            "yes", "the manager is built when vLLM's EP group starts (CudaCommunicator), before any forward"),
     Finding("VLLM-003", "vLLM 0.33.0's one-sided prepare dispatches max_tokens_per_rank=0 in a forward where no DP "
                         "rank has a token; FlashInfer refuses it (must be in (0, capacity])",
             lambda sc: _vllm(sc, "one_sided") and _all_idle_pass(sc),
             (("runtime-max-tokens", "with runtime_max_tokens_per_rank 0"),
-             ("completes", "max_tokens_per_rank=0 must be in (0,"))),
+             ("completes", "max_tokens_per_rank=0 must be in (0,")),
+            "no", _ENGINE_STEP),
     Finding("FI-RACE", "FlashInfer's one-sided protocol does not order a round after the previous round's combine "
                        "reads: vLLM runs an MoE layer whose dispatch payload is larger right after another in one "
                        "forward, with nothing between them",
             lambda sc: _vllm(sc, "one_sided") and _payload_grows_within_a_forward(sc),
             (("round-ordering", "the cross-round race"), ("output", "x the tolerance"),
-             ("expert-load", "lanes"))),
+             ("expert-load", "lanes")),
+            "not checked", "needs a model whose MoE layers dispatch different payloads in one forward (a mixed-"
+            "precision checkpoint); vLLM's MTP layer runs in the drafter's own forward, not checked here"),
     Finding("VLLM-005", "vLLM 0.33.0's two-sided manager hands FlashInfer's Mapping the function "
                         "torch.accelerator.device_count as gpus_per_node; Mapping's node_rank, local_rank and "
                         "has_multi_node then compute with a function",
             lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4",
-            (("arguments", "gpus_per_node=<function device_count"),)),
+            (("arguments", "gpus_per_node=<function device_count"),),
+            "yes", "the manager's initialize runs on the first forward of MoERunner at every two-sided deployment"),
     Finding("VLLM-006", "vLLM 0.33.0's two-sided prepare/finalize declares topk_indices_dtype() None, so vLLM's "
                         "router hands it ids in the router's own dtype, and passes them to MnnvlMoe's moe_prepare, "
                         "which takes int32 only: a router computing int64 ids fails every forward",
             lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4" and sc.router_ids == "int64",
-            (("completes", "Inconsistency of Tensor type: expertsIds"),)),
+            (("completes", "Inconsistency of Tensor type: expertsIds"),),
+            "not checked", "needs a router that hands the prepare int64 ids: vLLM 0.33.0's CPURouter and "
+            "CustomRoutingRouter cast to int32; its routing simulator (VLLM_MOE_ROUTING_SIMULATION_STRATEGY) is the "
+            "candidate, not driven here (--level kernel reaches it)"),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,
-            (("completes", "cannot reshape tensor of 0 elements"),)),
+            (("completes", "cannot reshape tensor of 0 elements"),),
+            "no", _ENGINE_STEP),
 )
 
 

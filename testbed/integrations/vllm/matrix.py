@@ -1,32 +1,48 @@
-"""The matrix entries of ``--integration vllm``: vLLM 0.33.0's own classes in the deployments it runs."""
+"""The matrix entries of ``--integration vllm``: vLLM 0.33.0's own MoE layer in the deployments
+it runs, on the passes its engine makes."""
 
 from __future__ import annotations
 
 from testbed.scenario.model import Scenario, from_text
 
-# vLLM 0.33.0's own classes (--integration vllm): one budget per model (scheduler_config's
-# max_num_batched_tokens), the formats its quantize step runs on the CPU (bf16, mxfp8).
+# vLLM 0.33.0's own layer (FusedMoEFactory -> MoERunner): one budget per model
+# (scheduler_config's max_num_batched_tokens), sequence parallel wherever vLLM turns it on
+# (one-sided, TP > 1, DP > 1), and the engine's step rule on every pass (an idle DP rank
+# runs the 1-token dummy batch; a step where every DP rank is idle runs no forward).
 VLLM_MATRIX: tuple[Scenario, ...] = (
-    from_text("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", label="vLLM one-sided; a 0-token rank"),
+    from_text("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", label="vLLM one-sided; an idle DP rank's dummy batch"),
     # An mxfp8 layer then a bf16 one grows the shared communication, and in one forward its bf16
     # dispatch reaches into the mxfp8 round's combine region with nothing between (FI-RACE).
     from_text("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", integration="vllm",
        label="vLLM: an mxfp8 model with a bf16 MTP layer: the shared communication grows"),
     from_text("2,1,2,1", "bf16:16,mxfp8:16", "4,6 1,3", integration="vllm",
        label="vLLM: a bf16 layer then an mxfp8 one: the shared communication is kept"),
-    from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", routing="spread",
-       label="vLLM TP 2; bf16 then mxfp8 (kept)"),
-    from_text("4,2,2,1", "bf16:16", "5,0 0,3", integration="vllm", label="vLLM TP 2, 0-token ranks"),
-    from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", label="vLLM mxfp8 on a 0-token rank"),
-    from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm",
-       label="vLLM PP 2 with TP 2: the stages replace 1 and 0 times"),
-    from_text("4,1,4,1", "bf16:8", "0,0,0,0", integration="vllm", label="vLLM: a forward where no DP rank has a token"),
+    from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", routing="spread", sequence_parallel=True,
+       label="vLLM TP 2 (sequence parallel); bf16 then mxfp8 (kept)"),
+    from_text("4,2,2,1", "bf16:16", "5,0 0,3", integration="vllm", sequence_parallel=True,
+       label="vLLM TP 2 (sequence parallel), idle DP ranks' dummy batches"),
+    from_text("4,2,2,1", "bf16:16", "5,3 0,4", integration="vllm", sequence_parallel=True, shared_experts=True,
+       routed_scaling=2.5, label="vLLM's MoERunner: sequence parallel, replicated shared experts, routed scaling"),
+    from_text("4,2,2,1", "fp8_block:16", "5,1 2,6", integration="vllm", sequence_parallel=True, shared_experts=True,
+       routed_scaling=2.5, label="DeepSeek-V3 style: blockwise FP8 under sequence parallel, shared experts, scaling"),
+    from_text("2,1,2,1", "bf16:16,fp8_block:16", "4,6 0,3", integration="vllm", shared_experts=True,
+       label="vLLM: a bf16 layer then a blockwise FP8 one, shared experts (kept)"),
+    from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", label="vLLM mxfp8, an idle DP rank's dummy batch"),
+    from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", sequence_parallel=True,
+       label="vLLM PP 2 with TP 2 (sequence parallel): the stages replace 1 and 0 times"),
+    from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm",
+       label="vLLM DP 4: an all-idle step (no forward), then idle ranks' dummy batches"),
     from_text("4,1,4,1", "bf16:8", "3,1,0,6", integration="vllm", top_k=1, router_weight_on_input=True,
        routing="hotspot", label="vLLM router weight on input (top_k 1)"),
     from_text("8,1,8,1", "bf16:8", "0,1,2,3,4,5,6,8", integration="vllm", experts=32, top_k=8, routing="local",
        label="vLLM EP 8, top_k 8"),
     from_text("4,2,2,1", "bf16:8", "0,5 3,3", integration="vllm", path="two_sided", hidden=512,
        label="vLLM two-sided, TP 2"),
+    from_text("4,2,2,1", "bf16:8", "4,1 2,6", integration="vllm", path="two_sided", hidden=512, shared_experts=True,
+       label="vLLM two-sided, TP 2: TP-sharded shared experts reduced apart from the reduced routed output"),
     from_text("4,1,4,1", "mxfp8:8,bf16:8", "2,1,1,3", integration="vllm", path="two_sided", hidden=512,
        label="vLLM two-sided, mxfp8 then bf16"),
+    # One level down: the prepare/finalize and kernel alone, fed what a router left.
+    from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", level="kernel",
+       label="vLLM's prepare/finalize and kernel alone (--level kernel), TP 2 without sequence parallel"),
 )

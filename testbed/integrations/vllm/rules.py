@@ -1,25 +1,47 @@
 """The scenarios ``--integration vllm`` runs: what vLLM 0.33.0's own classes can run on the
-CPU, and what only impl has."""
+CPU, what only impl has, and the passes vLLM's engine makes."""
 
 from __future__ import annotations
 
 from testbed.scenario.model import Scenario, first_given
 
 # The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
-# all-gather/reduce-scatter fallback needs all_gatherv, which vLLM's CpuCommunicator lacks),
-# and the activation formats its quantize step (moe_kernel_quantize_input) runs on the CPU:
-# nvfp4 and the fp8 formats call CUDA custom ops or Triton (ops.scaled_fp4_quant,
-# per_token_group_quant_fp8), which vLLM's CPU build lacks.
+# all-gather/reduce-scatter fallback needs all_gatherv, which vLLM's CpuCommunicator lacks).
 VLLM_PATHS = ("one_sided", "two_sided")
-VLLM_FORMATS = ("bf16", "mxfp8")
-
+# The activation formats each level runs here. The layer: the quant methods whose experts
+# the testbed's stand in for and whose activation quantize runs on the CPU (bf16; DeepSeek's
+# blockwise fp8 with the testbed's CPU group quantize in place of vLLM's Triton kernel;
+# ModelOpt's mxfp8). The kernel level: the quant configs the adapter makes itself. nvfp4 is
+# quantized by vLLM's compiled op (ops.scaled_fp4_quant), absent from its CUDA wheel on a CPU.
+VLLM_FORMATS = {"layer": ("bf16", "fp8_block", "mxfp8"), "kernel": ("bf16", "mxfp8")}
+# vLLM 0.33.0's engine, one step of DP ranks: a DP rank with no scheduled request runs a dummy
+# batch of uniform_decode_query_len (1) tokens (v1/engine/core.py execute_dummy_batch ->
+# gpu_worker.py _dummy_run), and no forward runs when every DP rank is idle.
+DUMMY_BATCH_TOKENS = 1
 
 # What only impl has: the scenario flags vLLM's classes have no counterpart for.
 _VLLM_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
                    ("--expert-kernel", "expert_kernel", "reference"), ("--expert-output", "expert_output", "separate"),
                    ("--invalid-expert-id", "invalid_expert_id", "-1"), ("--defer-finalize", "defer_finalize", False),
-                   ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
-                   ("--routed-scaling", "routed_scaling", 1.0), ("--backend", "flashinfer_backend", "fake"))
+                   ("--backend", "flashinfer_backend", "fake"))
+# What lives in vLLM's MoERunner and the model around it: driven at the layer level only.
+_LAYER_ONLY = (("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
+               ("--routed-scaling", "routed_scaling", 1.0))
+# What the layer level decides itself: the router's id dtype (CPURouter casts to int32) and
+# the mxfp8 scale alignment (the quant method's).
+_KERNEL_ONLY = (("--router-ids", "router_ids", "int32"), ("--mx-alignment", "mx_alignment", 0))
+
+
+def engine_passes(sc: Scenario) -> tuple[tuple[int, ...], ...]:
+    """The passes vLLM's engine makes of ``sc.passes``: an idle DP rank on the dummy batch,
+    no pass where every DP rank is idle."""
+    return tuple(tuple(n or DUMMY_BATCH_TOKENS for n in counts) for counts in sc.passes if any(counts))
+
+
+def sequence_parallel(sc: Scenario) -> bool:
+    """vLLM 0.33.0's own rule (ParallelConfig.use_sequence_parallel_moe): the MoE is sequence
+    parallel on the one-sided backend with expert parallel, TP > 1 and DP > 1."""
+    return sc.path == "one_sided" and sc.layout.tp > 1 and sc.layout.dp > 1
 
 
 def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
@@ -31,17 +53,39 @@ def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
     if sc.layout.dp < 2:
         return "--layout", ("vLLM runs its all-to-all kernels only with DP > 1 (FusedMoEParallelConfig."
                             f"use_all2all_kernels); with dp={sc.layout.dp} its layers dispatch nothing")
+    if not sc.passes:
+        return "--tokens", ("vLLM's engine runs no forward where every DP rank is idle: give a pass where a DP "
+                            "rank has tokens, or --raw-passes to feed the layer passes the engine never makes")
     flag = first_given(sc, _VLLM_IMPL_ONLY)
     if flag:
         return flag, ("is not driven under --integration vllm, which runs vLLM's own classes on the fake "
                       "(impl's combine signatures, API choice, TRT-LLM experts, workspace output and sentinel "
-                      "have no vLLM counterpart; its shared experts, scaling, deferral and sequence parallel "
-                      "live in vLLM's MoERunner, which the adapter does not drive yet)")
-    fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(VLLM_FORMATS))
+                      "have no vLLM counterpart; vLLM defers finalize only with DP 1 and EP 1, where it has "
+                      "no all-to-all)")
+    if sc.level == "kernel":
+        flag = first_given(sc, _LAYER_ONLY)
+        if flag:
+            return flag, ("lives in vLLM's MoERunner and the model around it: --level layer drives it, --level "
+                          "kernel runs the prepare/finalize and kernel alone")
+    else:
+        flag = first_given(sc, _KERNEL_ONLY)
+        if flag:
+            return flag, ("is decided by vLLM's own layer (its CPURouter casts the router's ids to int32; its "
+                          "quant method sets the mxfp8 scale alignment): --level kernel feeds the prepare "
+                          "what a router or quant config of your choosing would")
+        if sc.sequence_parallel != sequence_parallel(sc):
+            return "--sequence-parallel", (
+                f"vLLM 0.33.0 runs the MoE sequence parallel exactly when the backend is one-sided, TP > 1 and "
+                f"DP > 1 (ParallelConfig.use_sequence_parallel_moe): "
+                + ("give --sequence-parallel" if sequence_parallel(sc) else "this deployment is not"))
+        if sc.shared_experts and sc.layout.tp > 1 and not sc.sequence_parallel and sc.hidden % sc.layout.tp:
+            return "--hidden", (f"vLLM's models shard the shared experts over TP off sequence parallel; hidden "
+                                f"{sc.hidden} % tp {sc.layout.tp} != 0")
+    formats = VLLM_FORMATS[sc.level]
+    fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(formats))
     if fmts:
-        return "--stages", (f"vLLM 0.33.0 quantizes {', '.join(fmts)} with CUDA custom ops or Triton "
-                            f"(moe_kernel_quantize_input), absent on the CPU; --integration vllm runs "
-                            f"{', '.join(VLLM_FORMATS)}")
+        return "--stages", (f"vLLM 0.33.0 quantizes {', '.join(fmts)} with compiled ops or Triton kernels absent "
+                            f"on the CPU; --integration vllm --level {sc.level} runs {', '.join(formats)}")
     budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
     if len(budgets) > 1:
         return "--stages", (f"vLLM builds every MoE layer's prepare/finalize with "

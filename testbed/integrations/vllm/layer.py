@@ -1,0 +1,177 @@
+"""vLLM's own MoE layer on a rank: ``FusedMoEFactory`` -> ``MoERunner``, called as vLLM's
+models call it.
+
+Legend: T tokens of this DP rank, t this TP rank's sequence-parallel chunk of them, K top_k,
+H hidden.
+
+Per layer, vLLM builds everything from the scenario's deployment: its router (``CPURouter``
+on this platform, with a ``custom_routing_function`` that hands in the scenario's routing),
+its quant method for the layer's format and that method's ``process_weights_after_loading``,
+its experts oracle's choice of kernel (the testbed's experts stand in for the class it picks,
+:mod:`.experts`), its prepare/finalize for the deployment's all-to-all, its shared experts
+handling and every reduce decision. The layer is entered through the op vLLM's CUDA platform
+enters it by (``torch.ops.vllm.moe_forward`` / ``moe_forward_shared``), inside vLLM's forward
+context; sequence parallel is what vLLM's models do around it (``sequence_parallel_chunk``
+of the hidden states and of the router's input, the TP all-gather of the output).
+
+The scenario's routing rides in the router logits: ``[T, 2K]`` fp32, the ids then the
+weights, so vLLM's own sequence-parallel chunking splits it with the hidden states.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from testbed import patch
+from testbed.integrations.vllm.experts import experts_class
+from testbed.scenario.reference import ACT_DTYPE, padding_routing, shared_weight
+
+# A layer's format -> (the checkpoint's vLLM quantization config, the deployment's
+# --moe-backend, the oracle module and function that resolves that backend's experts, the
+# backend). vLLM's Triton experts (and its CPU ones) need kernels this CPU lacks; the
+# testbed's experts take the place of the class the oracle resolves.
+FORMATS = {
+    "bf16": (None, "auto", "unquantized", "backend_to_kernel_cls", "UnquantizedMoeBackend", "CPU"),
+    "fp8_block": ("fp8", "triton", "fp8", "backend_to_kernel_cls", "Fp8MoeBackend", "TRITON"),
+    "mxfp8": ("mxfp8", "triton", "mxfp8", "_mxfp8_backend_to_kernel_cls", "Fp8MoeBackend", "TRITON_MXFP8"),
+}
+
+
+def checkpoint_quant_config(kind):
+    """vLLM's quantization config of a checkpoint of ``kind`` (None: unquantized)."""
+    if kind is None:
+        return None
+    if kind == "fp8":  # DeepSeek-V3's: e4m3 weights in 128 x 128 blocks, 1 x 128 dynamic activations
+        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+        return Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
+                         weight_block_size=[128, 128])
+    from vllm.model_executor.layers.quantization.modelopt import ModelOptMxFp8Config
+
+    return ModelOptMxFp8Config(is_checkpoint_mxfp8_serialized=True, kv_cache_quant_algo=None, exclude_modules=[])
+
+
+def handed_routing(hidden_states, gating_output, topk, renormalize):
+    """The scenario's routing out of the logits it rides in: ``[t, 2K]`` -> (weights, ids).
+    A row of zeros is sequence-parallel padding, routed as a gate routes a zero row."""
+    ids, w = gating_output[:, :topk].round().to(torch.int32) - 1, gating_output[:, topk:].clone()
+    pad = (ids < 0).all(1)
+    if pad.any():
+        pad_ids, pad_w = padding_routing(topk)
+        ids[pad], w[pad] = pad_ids, pad_w
+    return w, ids
+
+
+def routing_logits(ids_TK: torch.Tensor, w_TK: torch.Tensor) -> torch.Tensor:
+    """``[T, 2K]`` fp32: ids + 1 (so a padding row of zeros is told apart), then the weights."""
+    return torch.cat([ids_TK.float() + 1, w_TK.float()], dim=1)
+
+
+class SharedLinear(torch.nn.Module):
+    """The scenario's shared expert ``x @ W`` in bf16, as a model builds it: over this TP
+    rank's slice of the contraction dimension (a partial sum the runner reduces) unless the
+    layer is sequence parallel, where vLLM's models replicate it
+    (``disable_tp=is_sequence_parallel``)."""
+
+    def __init__(self, weight_HH: torch.Tensor, shard: tuple[int, int]):
+        super().__init__()
+        part = weight_HH.size(0) // shard[1]
+        self.weight_HH, self.cols = weight_HH, slice(shard[0] * part, (shard[0] + 1) * part)
+
+    def forward(self, x_tH: torch.Tensor) -> torch.Tensor:
+        return (x_tH.float()[:, self.cols] @ self.weight_HH[self.cols]).to(x_tH.dtype)
+
+
+def build_runner(session, index: int, fmt: str, experts):
+    """vLLM's ``MoERunner`` of one scenario layer, its weights loaded and processed."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    sc, ctx, config = session.sc, session.ctx, session.config
+    kind, backend, oracle_name, resolver, enum_name, member = FORMATS[fmt]
+    oracle = importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{oracle_name}")
+    chosen = getattr(getattr(oracle, enum_name), member)
+    resolve = getattr(oracle, resolver)
+    cls = experts_class(experts)
+    sp = config.parallel_config.use_sequence_parallel_moe
+    shared = None
+    if sc.shared_experts:
+        tp = (ctx.coords.tp_rank, sc.layout.tp)
+        shared = SharedLinear(shared_weight(sc.seed, ctx.coords.pp_rank, index, sc.hidden),
+                              (0, 1) if sp else tp)
+    restore = patch.attribute(oracle, resolver, lambda b: [cls] if b == chosen else resolve(b))
+    try:
+        config.kernel_config.moe_backend = backend
+        with set_current_vllm_config(config):
+            runner = FusedMoEFactory(
+                num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden, intermediate_size=sc.hidden,
+                params_dtype=ACT_DTYPE, renormalize=False, quant_config=checkpoint_quant_config(kind),
+                prefix=f"model.layers.{ctx.coords.pp_rank}.{index}.mlp.experts",
+                custom_routing_function=handed_routing, routed_scaling_factor=sc.routed_scaling,
+                apply_routed_scale_to_output=True, apply_router_weight_on_input=sc.router_weight_on_input,
+                is_sequence_parallel=sp, shared_experts=shared, reduce_results=True)
+            _load_weights(runner)
+    finally:
+        restore()
+    if runner.moe_config.num_local_experts != len(experts.own) or \
+            _local_to_global(runner) != list(experts.own):
+        raise RuntimeError(f"vLLM placed experts {_local_to_global(runner)} on EP rank; the testbed's experts are "
+                           f"{list(experts.own)}")
+    # The CUDA platform's entry (the CPU platform calls the function the op wraps).
+    runner._forward_entry = (torch.ops.vllm.moe_forward if runner.shared_experts is None
+                             else torch.ops.vllm.moe_forward_shared)
+    return RunnerLayer(runner, sc, sp)
+
+
+def _load_weights(runner) -> None:
+    """Deterministic weights of the shapes and dtypes the quant method created (the math
+    is the testbed's experts'), then the method's own post-load processing, which builds its
+    modular kernel."""
+    experts = runner.routed_experts
+    with torch.no_grad():
+        for name, p in experts.named_parameters():
+            if "scale" not in name:
+                p.zero_()
+            elif p.dtype == torch.uint8:  # e8m0 exponents: 2^0
+                p.fill_(127)
+            else:
+                p.fill_(1.0)
+    experts.quant_method.process_weights_after_loading(experts)
+
+
+def _local_to_global(runner) -> list[int]:
+    emap = runner.expert_map
+    if emap is None:
+        return list(range(runner.moe_config.num_experts))
+    mine = (emap >= 0).nonzero().flatten()
+    return mine[emap[mine].argsort()].tolist()
+
+
+class RunnerLayer:
+    """One scenario layer as a vLLM model calls its MoE block: ``x_TH -> [T, H]``."""
+
+    def __init__(self, runner, sc, sequence_parallel: bool):
+        self.runner, self.sc, self.sequence_parallel = runner, sc, sequence_parallel
+        # The pending reduce the runner itself will do (the harness logs it, never acts on it).
+        self.reduce_pending = not runner._fused_output_is_reduced
+
+    def output_is_reduced(self) -> bool:
+        return self.runner._fused_output_is_reduced
+
+    def topk_indices_dtype(self):
+        return self.runner.routed_experts.quant_method.topk_indices_dtype
+
+    def __call__(self, x_TH, w_TK, ids_TK):
+        from vllm.distributed import tensor_model_parallel_all_gather
+        from vllm.model_executor.models.utils import sequence_parallel_chunk
+
+        T = x_TH.size(0)
+        x, logits = x_TH.clone(), routing_logits(ids_TK, w_TK)
+        if self.sequence_parallel:
+            x, logits = sequence_parallel_chunk(x), sequence_parallel_chunk(logits)
+        out = self.runner.forward(x, logits)
+        if self.sequence_parallel:
+            out = tensor_model_parallel_all_gather(out.contiguous(), 0)[:T]
+        return out
