@@ -17,17 +17,56 @@ from tests.test_scenario import _parse
 
 VLLM_TIMEOUT_S = 60.0
 BASE = ("a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 5,7 --integration vllm")
+# BASE's layout and passes left to the test.
+RUN = "a2a-testbed run --integration vllm"
 
 
 @pytest.mark.parametrize("extra, flag", [
     ("--stages nvfp4:16", "--stages"), ("--stages bf16:16,bf16:8", "--stages"),
     ("--path allgather_reducescatter", "--path"), ("--combine-signature opaque", "--combine-signature"),
-    ("--shared-experts", "--shared-experts"), ("--expert-kernel trtllm", "--expert-kernel"),
+    ("--shared-experts --level kernel", "--shared-experts"), ("--expert-kernel trtllm", "--expert-kernel"),
+    ("--router-ids int64", "--router-ids"), ("--mx-alignment 64", "--mx-alignment"),
+    ("--stages nvfp4:16 --level kernel", "--stages"), ("--stages fp8_block:16 --level kernel", "--stages"),
 ])
 def test_vllm_integration_model_refuses_what_vllm_cannot_run(extra, flag):
     with pytest.raises(ScenarioInputError) as e:
         _parse(f"{BASE} {extra}")
     assert e.value.flag == flag
+
+
+@pytest.mark.parametrize("extra", ["--path one_sided", "--path two_sided --hidden 512 --sequence-parallel"])
+def test_vllm_integration_sequence_parallel_where_vllm_turns_it_on(extra):
+    """vLLM 0.33.0 runs the MoE sequence parallel exactly on one-sided with TP > 1 and DP > 1."""
+    with pytest.raises(ScenarioInputError) as e:
+        _parse(f"{RUN} --layout 4,2,2,1 --stages bf16:16 --tokens 3,1 {extra}")
+    assert e.value.flag == "--sequence-parallel" and "use_sequence_parallel_moe" in str(e.value)
+    assert _parse(f"{RUN} --layout 4,2,2,1 --stages bf16:16 --tokens 3,1 --sequence-parallel").sequence_parallel
+
+
+def test_vllm_integration_engine_step_rule():
+    """vLLM's engine runs an idle DP rank on the 1-token dummy batch and no step where every DP
+    rank is idle; --raw-passes keeps the passes as given."""
+    run = "a2a-testbed run --layout 4,1,4,1 --stages bf16:8 --integration vllm"
+    sc = _parse(f"{run} --tokens 0,0,0,0 --tokens 2,0,0,5 --tokens 0,0,0,0")
+    assert sc.passes == ((2, 1, 1, 5),)
+    assert _parse(sc.to_cli()) == sc
+    raw = _parse(f"{run} --tokens 0,0,0,0 --tokens 2,0,0,5 --raw-passes")
+    assert raw.passes == ((0, 0, 0, 0), (2, 0, 0, 5)) and _parse(raw.to_cli()) == raw
+    with pytest.raises(ScenarioInputError) as e:
+        _parse(f"{run} --tokens 0,0,0,0")
+    assert e.value.flag == "--tokens" and "no forward" in str(e.value)
+    impl = _parse("a2a-testbed run --layout 2,1,2,1 --stages bf16:8 --tokens 0,0")
+    assert impl.passes == ((0, 0),)  # impl has no engine: its passes are the given ones
+
+
+def test_vllm_integration_latent_findings_only_on_raw_passes():
+    engine = _parse(f"{RUN} --layout 4,1,4,1 --tokens 0,0,0,0 --tokens 0,3,0,0 --stages mxfp8:8")
+    assert not findings.known(engine)
+    raw = dataclasses.replace(engine, raw_passes=True, passes=((0, 0, 0, 0), (0, 3, 0, 0)))
+    known = {f.id: f for f in findings.known(raw)}
+    assert set(known) == {"VLLM-003", "VLLM-004"} and all(f.reachable == "no" for f in known.values())
+    for sc in VLLM_MATRIX:
+        assert all(f.reachable != "no" for f in findings.known(sc)), sc.label
 
 
 def test_vllm_integration_cli_round_trip():
@@ -89,6 +128,15 @@ def test_vllm_integration_flashinfer_074_breaks_vllm(no_leaks):
     v = runner.run(no_leaks, sc, timeout_s=VLLM_TIMEOUT_S)
     assert v.known == ["VLLM-001"]
     assert "TypeError" in v.known_failures[0].evidence
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_vllm_integration_latent_all_idle_forward_raw(no_leaks):
+    """VLLM-003 as a direct caller of vLLM's layer meets it: MoERunner fed a forward where no DP
+    rank has a token (the engine never runs one)."""
+    sc = _parse("a2a-testbed run --layout 2,1,2,1 --stages bf16:8 --tokens 0,0 --integration vllm --raw-passes")
+    v = runner.run(no_leaks, sc, timeout_s=VLLM_TIMEOUT_S)
+    assert v.known == ["VLLM-003"], [(f.invariant, f.evidence[:300]) for f in v.failures]
 
 
 def test_vllm_integration_needs_dp_above_one():

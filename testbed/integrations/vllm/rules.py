@@ -75,8 +75,8 @@ def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
                           "what a router or quant config of your choosing would")
         if sc.sequence_parallel != sequence_parallel(sc):
             return "--sequence-parallel", (
-                f"vLLM 0.33.0 runs the MoE sequence parallel exactly when the backend is one-sided, TP > 1 and "
-                f"DP > 1 (ParallelConfig.use_sequence_parallel_moe): "
+                "vLLM 0.33.0 runs the MoE sequence parallel exactly when the backend is one-sided, TP > 1 and "
+                "DP > 1 (ParallelConfig.use_sequence_parallel_moe): "
                 + ("give --sequence-parallel" if sequence_parallel(sc) else "this deployment is not"))
         if sc.shared_experts and sc.layout.tp > 1 and not sc.sequence_parallel and sc.hidden % sc.layout.tp:
             return "--hidden", (f"vLLM's models shard the shared experts over TP off sequence parallel; hidden "
