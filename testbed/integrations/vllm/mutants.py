@@ -14,6 +14,12 @@ V_PF = ("vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink
 V_OS = "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided"
 V_TS = "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"
 V_RUNNER = "vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner"
+V_SHARED = "vllm.model_executor.layers.fused_moe.runner.shared_experts:SharedExperts"
+V_ROUTER = "vllm.model_executor.layers.fused_moe.router.cpu_router:CPURouter"
+V_SP_CHUNK = "vllm.model_executor.models.utils:sequence_parallel_chunk"
+V_TP_GATHER = "vllm.distributed.communication_op:tensor_model_parallel_all_gather"
+V_SP_SIZES = "vllm.forward_context:_compute_sp_num_tokens"
+V_QUANT = "vllm.model_executor.layers.fused_moe.utils:_fp8_quantize"
 
 
 VLLM_CATALOGUE: tuple[Mutant, ...] = (
@@ -78,4 +84,48 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("v-two-sided-mapping-tp-1", "the two-sided Mapping is built with tp_size 1 instead of the EP group's size",
        f"{V_MGR2}.initialize", "            tp_size=world_size,", "            tp_size=1,", ("completes", ""),
        ("output", "x the tolerance")),
+    # -- one level up: vLLM's MoERunner, its sequence-parallel context and the model's chunking --
+    _m("r-shared-reduced-under-sp", "the runner all-reduces the shared experts' output under sequence parallel, "
+       "where vLLM's models replicate them", f"{V_RUNNER}._maybe_reduce_shared_expert_output",
+       "            and not self.moe_config.is_sequence_parallel\n", "", ("reduce", "TP all_reduce"),
+       ("output", "x the tolerance")),
+    _m("r-shared-not-reduced", "the TP-sharded shared output is reduced only when the routed one is not",
+       f"{V_RUNNER}._maybe_reduce_shared_expert_output", "            and fused_output_is_reduced\n",
+       "            and not fused_output_is_reduced\n", ("reduce", "TP all_reduce"), ("output", "x the tolerance")),
+    _m("r-fused-reduced-inverted", "the runner reads the kernel's output_is_reduced() backwards",
+       f"{V_RUNNER}._fused_output_is_reduced", "            and self._quant_method.moe_kernel.output_is_reduced()",
+       "            and not self._quant_method.moe_kernel.output_is_reduced()", ("reduce", ""),
+       ("output", "x the tolerance")),
+    _m("r-routed-scale-dropped", "routed_scaling_factor is applied only where it is 1",
+       f"{V_RUNNER}._maybe_apply_routed_scale_to_output", "        if self.routed_scaling_factor != 1.0:",
+       "        if self.routed_scaling_factor == 1.0:", ("output", "x the tolerance")),
+    _m("r-shared-output-dropped", "the runner returns the routed output without the shared experts'",
+       f"{V_RUNNER}.forward", "            result = shared_output + fused_output",
+       "            result = fused_output", ("output", "x the tolerance")),
+    _m("r-shared-never-run", "the shared experts run in no order (the order test is inverted)",
+       f"{V_SHARED}.forward", "        if order != experts_order:", "        if order == experts_order:",
+       ("completes", ""), ("output", "x the tolerance")),
+    _m("r-sp-sizes-unchunked", "the runner's sequence-parallel context counts each DP rank's tokens unchunked",
+       f"{V_RUNNER}._sequence_parallel_context", "                self.moe_config.sp_size,", "                1,",
+       ("runtime-max-tokens", ""), ("completes", "")),
+    _m("r-sp-sizes-floor", "the sequence-parallel chunk sizes round down instead of up",
+       V_SP_SIZES, "        num_tokens_across_dp_cpu + sequence_parallel_size - 1\n",
+       "        num_tokens_across_dp_cpu\n", ("runtime-max-tokens", ""), ("completes", "")),
+    # (sequence_parallel_chunk_impl itself is a registered op: a mutant of it would not reach the op.)
+    _m("r-sp-chunk-skipped", "the model's sequence-parallel chunk hands every TP rank all the tokens",
+       V_SP_CHUNK, "    return torch.ops.vllm.sequence_parallel_chunk_impl(x)", "    return x",
+       ("runtime-max-tokens", ""), ("completes", ""), ("expert-load", "lanes")),
+    _m("r-sp-gather-skipped", "the TP all-gather after a sequence-parallel layer returns this rank's chunk",
+       V_TP_GATHER, "    return get_tp_group().all_gather(input_, dim)", "    return input_",
+       ("output", ""), ("completes", "")),
+    # -- the router hand-off and the layer's quantize ---------------------------------------------
+    _m("r-router-ids-int64", "the CPU router hands the custom function's ids on as int64",
+       f"{V_ROUTER}._compute_routing", "            topk_ids = topk_ids.to(torch.int32).contiguous()",
+       "            topk_ids = topk_ids.to(torch.int64).contiguous()", ("completes", "")),
+    _m("r-router-weights-dropped", "the CPU router replaces the custom function's weights by ones",
+       f"{V_ROUTER}._compute_routing", "            topk_weights = topk_weights.to(torch.float32).contiguous()",
+       "            topk_weights = torch.ones_like(topk_weights, dtype=torch.float32)", ("output", "x the tolerance")),
+    _m("r-fp8-block-size", "the blockwise FP8 activations are quantized in groups of twice the weight block",
+       V_QUANT, "            A, block_k, column_major_scales=is_scale_transposed", 
+       "            A, 2 * block_k, column_major_scales=is_scale_transposed", ("completes", ""), ("output", "")),
 )
