@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from testbed.harness import findings, runner
 from testbed.harness.invariants import Failure, Verdict, check
@@ -22,7 +23,7 @@ RUN = "a2a-testbed run --integration vllm"
 
 
 @pytest.mark.parametrize("extra, flag", [
-    ("--stages nvfp4:16", "--stages"), ("--stages bf16:16,bf16:8", "--stages"),
+    ("--stages bf16:16,bf16:8", "--stages"),
     ("--path allgather_reducescatter", "--path"), ("--combine-signature opaque", "--combine-signature"),
     ("--shared-experts --level kernel", "--shared-experts"), ("--expert-kernel trtllm", "--expert-kernel"),
     ("--router-ids int64", "--router-ids"), ("--mx-alignment 64", "--mx-alignment"),
@@ -143,3 +144,28 @@ def test_vllm_integration_needs_dp_above_one():
     with pytest.raises(ScenarioInputError) as e:
         _parse("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 5 --integration vllm")
     assert e.value.flag == "--layout" and "use_all2all_kernels" in str(e.value)
+
+
+@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_vllm_integration_scaled_fp4_quant_cpu_kernel(swizzled):
+    """The CPU kernel behind vLLM's ``ops.scaled_fp4_quant`` (vLLM's own wrapper allocates and
+    calls ``torch.ops._C.scaled_fp4_quant.out``) against the format's definition: values on the
+    NVFP4 grid come back exactly, and a bad shape names the rule."""
+    from fakes.flashinfer.fused_moe.layouts import deinterleave_128x4
+    from testbed.integrations.vllm import kernels
+    from testbed.scenario.reference import NVFP4_GLOBAL_SCALE, dequantize, representable
+    from vllm import _custom_ops as ops
+
+    kernels.install(lambda undo: None)
+    x = representable("nvfp4", 5, 64, torch.Generator().manual_seed(3))
+    q, sf = ops.scaled_fp4_quant(x.to(torch.bfloat16), torch.tensor([NVFP4_GLOBAL_SCALE]),
+                                 is_sf_swizzled_layout=swizzled)
+    assert q.shape == (5, 32) and q.dtype == torch.uint8
+    if swizzled:
+        sf = deinterleave_128x4(sf.view(torch.uint8).reshape(-1), 5, 4)
+    assert torch.equal(dequantize("nvfp4", q, sf, 64), x.float())
+    with pytest.raises(ValueError, match="one global scale"):
+        torch.ops._C.scaled_fp4_quant.out(x.to(torch.bfloat16), torch.ones(2), False,
+                                          output=torch.empty(5, 32, dtype=torch.uint8),
+                                          output_scale=torch.empty(5, 4, dtype=torch.uint8))

@@ -11,6 +11,10 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
+import torch
+
+from fakes.flashinfer.fused_moe.layouts import deinterleave_128x4
+
 
 def experts_class(experts) -> type:
     """A ``FusedMoEExpertsModular`` subclass bound to one layer's testbed ``experts``: vLLM's
@@ -61,7 +65,8 @@ def _base() -> type:
 
         def workspace_shapes(self, M, N, K, topk, global_num_experts, local_num_experts, expert_tokens_meta,
                              activation):
-            return (0,), (0,), (M, K)
+            # K is the dispatched row's width: nvfp4 packs two values a byte.
+            return (0,), (0,), (M, K * 2 if self.quant_config.quant_dtype == "nvfp4" else K)
 
         def finalize_weight_and_reduce_impl(self):
             return TopKWeightAndReduceNoOP()
@@ -69,6 +74,10 @@ def _base() -> type:
         def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
                   expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
                   apply_router_weight_on_input):
+            if self.quant_config.quant_dtype == "nvfp4" and self.quant_config.is_scale_swizzled:
+                # The prepare interleaved the received scales 128x4 for experts that read them so.
+                rows, cols = hidden_states.size(0), 2 * hidden_states.size(1) // 16
+                a1q_scale = deinterleave_128x4(a1q_scale.view(torch.uint8).reshape(-1), rows, cols)
             received = SimpleNamespace(a1q=hidden_states, a1q_scale=a1q_scale, topk_ids=topk_ids.long(),
                                        topk_weights=topk_weights)
             output.copy_(self.testbed(received))

@@ -6,13 +6,25 @@ kernel has that the stand-in does not.
   quantize): on a non-CUDA platform vLLM launches a Triton kernel; this is that kernel's
   arithmetic (``scale = max(amax, eps) * (1 / fp8_max)``, a power of two with ``use_ue8m0``,
   values clamped to the e4m3 range), row-major scales.
+- ``torch.ops._C.scaled_fp4_quant.out`` (``_custom_ops.scaled_fp4_quant``, the NVFP4 activation
+  quantize): vLLM's compiled op, absent from its CUDA wheel on a CPU, registered here under
+  vLLM's own schema with a CPU kernel: the NVFP4 recipe of the fake FlashInfer's quantizer
+  (per 16 values an e4m3 scale ``gs * amax / 6``, e2m1 values), linear or 128x4-swizzled
+  scales as asked.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from fakes.flashinfer.quantization import block_quant
 from testbed import patch
+
+# vLLM 0.33.0's schema (csrc/torch_bindings.cpp, as its _C_stable_libtorch.abi3.so declares it).
+SCALED_FP4_QUANT_OUT = ("scaled_fp4_quant.out(Tensor input, Tensor input_scale, bool is_sf_swizzled_layout, *, "
+                        "Tensor(a!) output, Tensor(b!) output_scale) -> ()")
 
 
 def per_token_group_quant_fp8(x, group_size, eps=1e-10, dtype=None, column_major_scales=False,
@@ -36,8 +48,39 @@ def per_token_group_quant_fp8(x, group_size, eps=1e-10, dtype=None, column_major
     return q, scale.squeeze(-1)
 
 
+def scaled_fp4_quant_out(input, input_scale, is_sf_swizzled_layout, *, output, output_scale) -> None:
+    """``[M, N]`` bf16/fp16 -> ``output`` packed e2m1 ``[M, N/2]`` uint8 and ``output_scale``
+    (e4m3 bytes: ``[M, N/16]`` uint8, or the 128x4 swizzle in int32 words)."""
+    m, n = input.shape
+    if n % 16:
+        raise ValueError(f"scaled_fp4_quant: the last dimension has to be a multiple of 16, got {n}")
+    if input_scale.numel() != 1:
+        raise ValueError(f"scaled_fp4_quant takes one global scale, got {input_scale.numel()}")
+    values, scales = block_quant.nvfp4(input, input_scale.float().reshape(1).expand(m), is_sf_swizzled_layout)
+    output.copy_(values)
+    flat = output_scale.view(torch.uint8).reshape(-1)
+    if flat.numel() != scales.numel():
+        raise ValueError(f"scaled_fp4_quant: output_scale holds {flat.numel()} scale bytes, the layout needs "
+                         f"{scales.numel()}")
+    flat.copy_(scales)
+
+
+@functools.cache
+def _register_compiled_ops() -> torch.library.Library:
+    """vLLM's ``_C`` ops the layer calls, defined once per process (a library cannot be
+    defined twice; kept alive by the cache)."""
+    lib = torch.library.Library("_C", "FRAGMENT")
+    lib.define(SCALED_FP4_QUANT_OUT)
+    lib.impl("scaled_fp4_quant.out", scaled_fp4_quant_out, "CPU")
+    return lib
+
+
 def install(add_cleanup) -> None:
-    """Put the stand-ins where vLLM's MoE layer looks them up, for one scenario."""
+    """Put the stand-ins where vLLM's MoE layer looks them up, for one scenario (the compiled
+    ops, once per process: vLLM's CPU build defines none of them)."""
     import vllm.model_executor.layers.fused_moe.utils as moe_utils
+
+    if not hasattr(torch.ops._C, "scaled_fp4_quant"):
+        _register_compiled_ops()
 
     add_cleanup(patch.attribute(moe_utils, "per_token_group_quant_fp8", per_token_group_quant_fp8))

@@ -26,7 +26,7 @@ import torch
 
 from testbed import patch
 from testbed.integrations.vllm.experts import experts_class
-from testbed.scenario.reference import ACT_DTYPE, padding_routing, shared_weight
+from testbed.scenario.reference import ACT_DTYPE, NVFP4_GLOBAL_SCALE, padding_routing, shared_weight
 
 # A layer's format -> (the checkpoint's vLLM quantization config, the deployment's
 # --moe-backend, the oracle module and function that resolves that backend's experts, the
@@ -36,6 +36,7 @@ FORMATS = {
     "bf16": (None, "auto", "unquantized", "backend_to_kernel_cls", "UnquantizedMoeBackend", "CPU"),
     "fp8_block": ("fp8", "triton", "fp8", "backend_to_kernel_cls", "Fp8MoeBackend", "TRITON"),
     "mxfp8": ("mxfp8", "triton", "mxfp8", "_mxfp8_backend_to_kernel_cls", "Fp8MoeBackend", "TRITON_MXFP8"),
+    "nvfp4": ("nvfp4", "emulation", "nvfp4", "backend_to_kernel_cls", "NvFp4MoeBackend", "EMULATION"),
 }
 
 
@@ -48,8 +49,10 @@ def checkpoint_quant_config(kind):
 
         return Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
                          weight_block_size=[128, 128])
-    from vllm.model_executor.layers.quantization.modelopt import ModelOptMxFp8Config
+    from vllm.model_executor.layers.quantization.modelopt import ModelOptMxFp8Config, ModelOptNvFp4Config
 
+    if kind == "nvfp4":
+        return ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True, exclude_modules=[])
     return ModelOptMxFp8Config(is_checkpoint_mxfp8_serialized=True, kv_cache_quant_algo=None, exclude_modules=[])
 
 
@@ -132,7 +135,9 @@ def _load_weights(runner) -> None:
     experts = runner.routed_experts
     with torch.no_grad():
         for name, p in experts.named_parameters():
-            if "scale" not in name:
+            if "input_scale" in name:  # the calibrated activation amax / (448 * 6) the testbed's inputs keep
+                p.fill_(1.0 / NVFP4_GLOBAL_SCALE)
+            elif "scale" not in name:
                 p.zero_()
             elif p.dtype == torch.uint8:  # e8m0 exponents: 2^0
                 p.fill_(127)

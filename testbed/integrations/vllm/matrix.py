@@ -28,6 +28,11 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
     from_text("2,1,2,1", "bf16:16,fp8_block:16", "4,6 0,3", integration="vllm", shared_experts=True,
        label="vLLM: a bf16 layer then a blockwise FP8 one, shared experts (kept)"),
     from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", label="vLLM mxfp8, an idle DP rank's dummy batch"),
+    from_text("4,1,4,1", "bf16:16,nvfp4:16", "3,0,7,1 2,2,0,5", integration="vllm", shared_experts=True,
+       label="vLLM ModelOpt nvfp4 after a bf16 layer (kept), shared experts, DP 4"),
+    # nvfp4 then bf16: the bf16 dispatch (2H bytes a token) reaches past nvfp4's (H/2 + H/16) (FI-RACE).
+    from_text("4,2,2,1", "nvfp4:16,bf16:16", "5,1 2,6", integration="vllm", sequence_parallel=True, shared_experts=True,
+       routed_scaling=2.5, label="vLLM ModelOpt nvfp4 then bf16 under sequence parallel: the shared communication grows"),
     from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", sequence_parallel=True,
        label="vLLM PP 2 with TP 2 (sequence parallel): the stages replace 1 and 0 times"),
     from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm",

@@ -118,6 +118,11 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("r-sp-gather-skipped", "the TP all-gather after a sequence-parallel layer returns this rank's chunk",
        V_TP_GATHER, "    return get_tp_group().all_gather(input_, dim)", "    return input_",
        ("output", ""), ("completes", "")),
+    _m("r-nvfp4-scales-not-interleaved", "the one-sided prepare leaves received nvfp4 scales linear where the "
+       "experts read them 128x4-interleaved", f"{V_PF}.prepare",
+       'if quant_config.quant_dtype == "nvfp4" and quant_config.is_scale_swizzled:',
+       'if quant_config.quant_dtype == "nvfp4" and not quant_config.is_scale_swizzled:',
+       ("output", "x the tolerance"), ("completes", "")),
     # -- the router hand-off and the layer's quantize ---------------------------------------------
     _m("r-router-ids-int64", "the CPU router hands the custom function's ids on as int64",
        f"{V_ROUTER}._compute_routing", "            topk_ids = topk_ids.to(torch.int32).contiguous()",

@@ -9,15 +9,19 @@ from testbed.scenario.model import Scenario, first_given
 # all-gather/reduce-scatter fallback needs all_gatherv, which vLLM's CpuCommunicator lacks).
 VLLM_PATHS = ("one_sided", "two_sided")
 # The activation formats each level runs here. The layer: the quant methods whose experts
-# the testbed's stand in for and whose activation quantize runs on the CPU (bf16; DeepSeek's
+# the testbed's stand in for, their activation quantize on the CPU (bf16; DeepSeek's
 # blockwise fp8 with the testbed's CPU group quantize in place of vLLM's Triton kernel;
-# ModelOpt's mxfp8). The kernel level: the quant configs the adapter makes itself. nvfp4 is
-# quantized by vLLM's compiled op (ops.scaled_fp4_quant), absent from its CUDA wheel on a CPU.
-VLLM_FORMATS = {"layer": ("bf16", "fp8_block", "mxfp8"), "kernel": ("bf16", "mxfp8")}
+# ModelOpt's mxfp8; ModelOpt's nvfp4 with the testbed's CPU kernel for vLLM's compiled
+# scaled_fp4_quant). The kernel level: the quant configs the adapter makes itself.
+VLLM_FORMATS = {"layer": ("bf16", "fp8_block", "mxfp8", "nvfp4"), "kernel": ("bf16", "mxfp8")}
 # vLLM 0.33.0's engine, one step of DP ranks: a DP rank with no scheduled request runs a dummy
 # batch of uniform_decode_query_len (1) tokens (v1/engine/core.py execute_dummy_batch ->
 # gpu_worker.py _dummy_run), and no forward runs when every DP rank is idle.
 DUMMY_BATCH_TOKENS = 1
+# The most ranks a CPU pool starts vLLM's parallel state on within a scenario's watchdog: it
+# builds gloo groups for every TP, PP, DP and EP group, and at 64 ranks on 2 cores that alone
+# outlasted the 30 s watchdog. The impl matrix carries the scale entries.
+MAX_RANKS = 16
 
 # What only impl has: the scenario flags vLLM's classes have no counterpart for.
 _VLLM_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
@@ -53,6 +57,10 @@ def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
     if sc.layout.dp < 2:
         return "--layout", ("vLLM runs its all-to-all kernels only with DP > 1 (FusedMoEParallelConfig."
                             f"use_all2all_kernels); with dp={sc.layout.dp} its layers dispatch nothing")
+    if sc.layout.world_size > MAX_RANKS:
+        return "--layout", (f"--integration vllm starts vLLM's parallel state on at most {MAX_RANKS} CPU ranks "
+                            f"(its gloo groups at {sc.layout.world_size} outlast the scenario's watchdog); the impl "
+                            "matrix carries the scale entries")
     if not sc.passes:
         return "--tokens", ("vLLM's engine runs no forward where every DP rank is idle: give a pass where a DP "
                             "rank has tokens, or --raw-passes to feed the layer passes the engine never makes")
