@@ -169,3 +169,33 @@ def test_vllm_integration_scaled_fp4_quant_cpu_kernel(swizzled):
         torch.ops._C.scaled_fp4_quant.out(x.to(torch.bfloat16), torch.ones(2), False,
                                           output=torch.empty(5, 32, dtype=torch.uint8),
                                           output_scale=torch.empty(5, 4, dtype=torch.uint8))
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_vllm_integration_group_quant_fp8_stand_in():
+    """The torch stand-in for vLLM's Triton per_token_group_quant_fp8 against the format's
+    definition: blockwise-FP8-exact values come back exactly, with one fp32 scale per 128."""
+    from testbed.integrations.vllm.kernels import per_token_group_quant_fp8
+    from testbed.scenario.reference import dequantize, representable
+
+    x = representable("fp8_block", 6, 256, torch.Generator().manual_seed(5))
+    q, s = per_token_group_quant_fp8(x.to(torch.bfloat16), 128, use_ue8m0=False)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 2) and s.dtype == torch.float32
+    assert torch.allclose(dequantize("fp8_block", q, s, 256), x.float(), rtol=0, atol=1e-6 * x.abs().max().item())
+    with pytest.raises(NotImplementedError, match="row-major"):
+        per_token_group_quant_fp8(x, 128, column_major_scales=True)
+
+
+def test_vllm_integration_routing_rides_in_the_logits():
+    """The scenario's routing survives the logits it rides in, and a row of zeros (the SP
+    chunk's padding) is routed as a gate routes a zero row."""
+    from testbed.integrations.vllm.layer import handed_routing, routing_logits
+    from testbed.scenario.reference import padding_routing
+
+    ids = torch.tensor([[3, 0], [7, 5]], dtype=torch.int32)
+    w = torch.tensor([[0.75, 0.25], [0.5, 0.5]])
+    logits = torch.cat([routing_logits(ids, w), torch.zeros(1, 4)])
+    got_w, got_ids = handed_routing(None, logits, 2, False)
+    pad_ids, pad_w = padding_routing(2)
+    assert torch.equal(got_ids, torch.cat([ids, pad_ids[None]])) and got_ids.dtype == torch.int32
+    assert torch.equal(got_w, torch.cat([w, pad_w[None]]))
