@@ -80,7 +80,7 @@ class IntegrationRules(Protocol):
 
     name: str
     summary: str
-    levels: tuple[str, ...]  # the LEVELS it offers, its default first
+    levels: tuple[str, ...]  # the LEVELS it offers
 
     def api(self, sc: "Scenario") -> str | None: ...
 

@@ -52,7 +52,7 @@ def vllm_scenarios(draw) -> Scenario:
     if not any(map(any, passes)):  # vLLM's engine runs no step where every DP rank is idle
         passes[0] = (1,) + passes[0][1:]
     layer = level == "layer"
-    sp = layer and sequence_parallel(Scenario(layout=layout, stages=stages, passes=(), path=path))
+    sp = layer and sequence_parallel(path, layout)
     shared = layer and draw(st.booleans()) and (sp or hidden % layout.tp == 0)
     try:
         return Scenario.make(layout=layout, stages=stages, passes=tuple(passes), level=level,

@@ -21,6 +21,7 @@ weights, so vLLM's own sequence-parallel chunking splits it with the hidden stat
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -28,15 +29,27 @@ from testbed import patch
 from testbed.integrations.vllm.experts import experts_class
 from testbed.scenario.reference import ACT_DTYPE, NVFP4_GLOBAL_SCALE, padding_routing, shared_weight
 
-# A layer's format -> (the checkpoint's vLLM quantization config, the deployment's
-# --moe-backend, the oracle module and function that resolves that backend's experts, the
-# backend). vLLM's Triton experts (and its CPU ones) need kernels this CPU lacks; the
-# testbed's experts take the place of the class the oracle resolves.
+class Format(NamedTuple):
+    """How a layer of one activation format is built: the checkpoint's vLLM quantization
+    (``kind``, None: unquantized), the deployment's ``--moe-backend``, and where vLLM's experts
+    oracle resolves that backend's experts (``oracle`` module under ``fused_moe.oracle``, its
+    ``resolver`` function, the backend as ``enum.member``). vLLM's Triton and CPU experts need
+    kernels this CPU lacks; the testbed's experts take the place of the class it resolves."""
+
+    kind: Optional[str]
+    moe_backend: str
+    oracle: str
+    resolver: str
+    enum: str
+    member: str
+
+
 FORMATS = {
-    "bf16": (None, "auto", "unquantized", "backend_to_kernel_cls", "UnquantizedMoeBackend", "CPU"),
-    "fp8_block": ("fp8", "triton", "fp8", "backend_to_kernel_cls", "Fp8MoeBackend", "TRITON"),
-    "mxfp8": ("mxfp8", "triton", "mxfp8", "_mxfp8_backend_to_kernel_cls", "Fp8MoeBackend", "TRITON_MXFP8"),
-    "nvfp4": ("nvfp4", "emulation", "nvfp4", "backend_to_kernel_cls", "NvFp4MoeBackend", "EMULATION"),
+    "bf16": Format(None, "auto", "unquantized", "backend_to_kernel_cls", "UnquantizedMoeBackend", "CPU"),
+    "fp8_block": Format("fp8", "triton", "fp8", "backend_to_kernel_cls", "Fp8MoeBackend", "TRITON"),
+    "mxfp8": Format("mxfp8", "triton", "mxfp8", "_mxfp8_backend_to_kernel_cls", "Fp8MoeBackend", "TRITON_MXFP8"),
+    # The CUTLASS backend's weight swizzle calls .cuda(); the emulation backend's runs on the CPU.
+    "nvfp4": Format("nvfp4", "emulation", "nvfp4", "backend_to_kernel_cls", "NvFp4MoeBackend", "EMULATION"),
 }
 
 
@@ -93,10 +106,10 @@ def build_runner(session, index: int, fmt: str, experts):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
     sc, ctx, config = session.sc, session.ctx, session.config
-    kind, backend, oracle_name, resolver, enum_name, member = FORMATS[fmt]
-    oracle = importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{oracle_name}")
-    chosen = getattr(getattr(oracle, enum_name), member)
-    resolve = getattr(oracle, resolver)
+    form = FORMATS[fmt]
+    oracle = importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
+    chosen = getattr(getattr(oracle, form.enum), form.member)
+    resolve = getattr(oracle, form.resolver)
     cls = experts_class(experts)
     sp = config.parallel_config.use_sequence_parallel_moe
     shared = None
@@ -104,13 +117,13 @@ def build_runner(session, index: int, fmt: str, experts):
         tp = (ctx.coords.tp_rank, sc.layout.tp)
         shared = SharedLinear(shared_weight(sc.seed, ctx.coords.pp_rank, index, sc.hidden),
                               (0, 1) if sp else tp)
-    restore = patch.attribute(oracle, resolver, lambda b: [cls] if b == chosen else resolve(b))
+    restore = patch.attribute(oracle, form.resolver, lambda b: [cls] if b == chosen else resolve(b))
     try:
-        config.kernel_config.moe_backend = backend
+        config.kernel_config.moe_backend = form.moe_backend
         with set_current_vllm_config(config):
             runner = FusedMoEFactory(
                 num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden, intermediate_size=sc.hidden,
-                params_dtype=ACT_DTYPE, renormalize=False, quant_config=checkpoint_quant_config(kind),
+                params_dtype=ACT_DTYPE, renormalize=False, quant_config=checkpoint_quant_config(form.kind),
                 prefix=f"model.layers.{ctx.coords.pp_rank}.{index}.mlp.experts",
                 custom_routing_function=handed_routing, routed_scaling_factor=sc.routed_scaling,
                 apply_routed_scale_to_output=True, apply_router_weight_on_input=sc.router_weight_on_input,

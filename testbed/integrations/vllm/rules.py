@@ -3,6 +3,7 @@ CPU, what only impl has, and the passes vLLM's engine makes."""
 
 from __future__ import annotations
 
+from testbed.cluster.layout import ParallelLayout
 from testbed.scenario.model import Scenario, first_given
 
 # The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
@@ -42,10 +43,10 @@ def engine_passes(sc: Scenario) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(n or DUMMY_BATCH_TOKENS for n in counts) for counts in sc.passes if any(counts))
 
 
-def sequence_parallel(sc: Scenario) -> bool:
+def sequence_parallel(path: str, layout: ParallelLayout) -> bool:
     """vLLM 0.33.0's own rule (ParallelConfig.use_sequence_parallel_moe): the MoE is sequence
     parallel on the one-sided backend with expert parallel, TP > 1 and DP > 1."""
-    return sc.path == "one_sided" and sc.layout.tp > 1 and sc.layout.dp > 1
+    return path == "one_sided" and layout.tp > 1 and layout.dp > 1
 
 
 def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
@@ -81,11 +82,12 @@ def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
             return flag, ("is decided by vLLM's own layer (its CPURouter casts the router's ids to int32; its "
                           "quant method sets the mxfp8 scale alignment): --level kernel feeds the prepare "
                           "what a router or quant config of your choosing would")
-        if sc.sequence_parallel != sequence_parallel(sc):
+        vllm_sp = sequence_parallel(sc.path, sc.layout)
+        if sc.sequence_parallel != vllm_sp:
             return "--sequence-parallel", (
                 "vLLM 0.33.0 runs the MoE sequence parallel exactly when the backend is one-sided, TP > 1 and "
                 "DP > 1 (ParallelConfig.use_sequence_parallel_moe): "
-                + ("give --sequence-parallel" if sequence_parallel(sc) else "this deployment is not"))
+                + ("give --sequence-parallel" if vllm_sp else "this deployment is not"))
         if sc.shared_experts and sc.layout.tp > 1 and not sc.sequence_parallel and sc.hidden % sc.layout.tp:
             return "--hidden", (f"vLLM's models shard the shared experts over TP off sequence parallel; hidden "
                                 f"{sc.hidden} % tp {sc.layout.tp} != 0")
