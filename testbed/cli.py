@@ -90,6 +90,34 @@ def _parser() -> argparse.ArgumentParser:
     mu.add_argument("--json", metavar="PATH", help="write the table as JSON")
     mu.add_argument("--junit-xml", metavar="PATH",
                     help="write JUnit XML: a test case per mutant, a survivor a failure with why")
+    en = sub.add_parser(
+        "engine", help="an engine's own LLM (vLLM's) on a tiny checkpoint, DP + EP on the fake, checked",
+        description=(
+            "Writes a tiny MoE checkpoint (config and random weights as safetensors), runs the engine's own "
+            "LLM on the pool's ranks (DP, TP and expert parallel, the FlashInfer all-to-all on the fake), then "
+            "the same checkpoint and prompts on one rank with expert parallel off; checks every invariant that "
+            "judges the rounds it made, its prompt logprobs against that reference, and prints, per rank and "
+            "forward, the token counts its prepare received. With no --dp: the integration's engine matrix."))
+    en.add_argument("--integration", choices=integrations.names(), default="vllm",
+                    help="whose engine (default: %(default)s)")
+    en.add_argument("--dp", type=int, metavar="N", help="data-parallel ranks (each its own engine)")
+    en.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel ranks per DP rank (default 1)")
+    en.add_argument("--path", default="one_sided", help="the all-to-all: one_sided (default) or two_sided")
+    en.add_argument("--arch", default="qwen3-moe", help="the checkpoint: qwen3-moe (default) or deepseek-v2")
+    en.add_argument("--prompts", metavar="LENGTHS", help="per DP rank (space-separated) its prompts' lengths "
+                    "(comma-separated; - for none), e.g. '5,11 7'")
+    en.add_argument("--max-tokens", metavar="N,N", help="per DP rank, the tokens each of its prompts generates")
+    en.add_argument("--dtype", default="float32", help="the model's dtype: float32 (default) or bfloat16")
+    en.add_argument("--budget", type=int, default=64, metavar="N", help="max_num_batched_tokens (default 64)")
+    en.add_argument("--seed", type=int, default=0, metavar="S", help="the checkpoint's and the prompts' seed")
+    en.add_argument("--profile", default="0.7.2", help="the fake's FlashInfer release (default: 0.7.2, the pin)")
+    en.add_argument("--mutant", metavar="NAME", help="run against this mutant of the integration's code")
+    en.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run watchdog timeout (default 150)")
+    en.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
+    for integration in integrations.engines():
+        engine = integration.engine
+        en.add_argument(f"--{engine.name}-source", metavar="DIR",
+                        help=f"import {engine.label}'s Python from this checkout's {engine.source_hint}")
     ct = sub.add_parser(
         "contract", help="compare the fake with a real FlashInfer release (CPU only, no CUDA import)",
         description=(
@@ -124,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
-    if args.command in ("run", "fuzz", "mutants", "contract"):
+    if args.command in ("run", "fuzz", "mutants", "contract", "engine"):
         try:
-            return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract}[args.command](args)
+            return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract,
+                    "engine": _engine}[args.command](args)
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
             return 2
@@ -489,6 +518,62 @@ def _fuzz_junit(args, verdicts, started: float) -> None:
     if args.junit_xml:
         junit.write(args.junit_xml, "fuzz", [junit.verdict_case(i, v, f"fuzz.{args.integration}")
                                              for i, v in enumerate(verdicts, 1)], time.monotonic() - started)
+
+
+def _engine(args) -> int:
+    from testbed.harness import engine, report, runner
+    from testbed.harness.mutants import catalogue
+    from testbed.scenario.engine import EngineScenario, parse_prompts
+    from testbed.scenario.model import ScenarioInputError
+
+    integration = integrations.get(args.integration)
+    if not integration.engine_matrix():
+        raise UsageError(f"--integration {args.integration}: has no engine level (engines with one: "
+                         + ", ".join(n for n in integrations.names() if integrations.get(n).engine_matrix()) + ")")
+    _positive("--timeout", args.timeout)
+    if args.mutant and args.mutant not in {m.name for m in catalogue(args.integration)}:
+        raise UsageError(f"--mutant: unknown {args.integration} mutant {args.mutant!r} (a2a-testbed mutants "
+                         f"--integration {args.integration} --list)")
+    if args.dp is None:
+        given = [flag for flag in ("prompts", "max_tokens") if getattr(args, flag) is not None]
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} goes with --dp (one engine scenario)")
+        scenarios = integration.engine_matrix()
+    else:
+        if args.prompts is None or args.max_tokens is None:
+            raise UsageError("--dp: give --prompts and --max-tokens too (per DP rank)")
+        try:
+            scenarios = (EngineScenario(dp=args.dp, tp=args.tp, path=args.path, arch=args.arch,
+                                        prompts=parse_prompts(args.prompts),
+                                        max_tokens=tuple(int(n) for n in args.max_tokens.split(",")),
+                                        integration=args.integration, budget=args.budget, dtype=args.dtype,
+                                        profile=args.profile, seed=args.seed),)
+        except ScenarioInputError as e:
+            raise UsageError(str(e)) from None
+        except ValueError:
+            raise UsageError(f"--max-tokens: comma-separated integers, one per DP rank, got {args.max_tokens!r}") \
+                from None
+    _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
+    started = time.monotonic()
+    verdicts, progress = [], report.Progress()
+    with runner.scenario_pool() as pool:
+        for i, es in enumerate(scenarios, 1):
+            progress.show(f"[{i}/{len(scenarios)}] {es.describe()}")
+            v = engine.run(pool, es, mutant=args.mutant, timeout_s=args.timeout or engine.DEFAULT_TIMEOUT_S)
+            progress.clear()
+            print(engine.verdict_line(i, len(scenarios), v), flush=True)
+            print(engine.steps_text(v), flush=True)
+            if not v.passed or v.known:
+                print(engine.failure_text(v), flush=True)
+            verdicts.append(v)
+    failed = sum(not v.passed for v in verdicts)
+    print(f"{len(verdicts) - failed}/{len(verdicts)} engine scenarios passed"
+          f"{f' against mutant {args.mutant}' if args.mutant else ''} in {time.monotonic() - started:.1f} s")
+    if args.json:
+        report.dump_json(args.json, {"passed": len(verdicts) - failed, "failed": failed,
+                                     "seconds": round(time.monotonic() - started, 3),
+                                     "verdicts": [engine.as_json(v) for v in verdicts]})
+    return 1 if failed else 0
 
 
 def _mutants(args) -> int:

@@ -132,6 +132,18 @@ class _Findings:
 def check(sc: Scenario, logs: dict[int, list[Event]], results: Optional[list[dict]], error) -> Verdict:
     """Every invariant of ``sc`` on what the ranks logged and returned (``results`` is None
     when the scenario did not complete; ``error`` is then the :class:`ScenarioError`)."""
+    v = check_rounds(sc, logs, error)
+    _finalize(sc, logs, v)
+    if results is not None:
+        _output(sc, results, v)
+        _expert_load(sc, results, v)
+    return v
+
+
+def check_rounds(sc: Scenario, logs: dict[int, list[Event]], error) -> Verdict:
+    """The invariants that judge what the integration did from the event log alone (an
+    engine run's rounds: its outputs have no per-layer reference, and its experts are not
+    the testbed's): every one but ``finalize``, ``output`` and ``expert-load``."""
     v = Verdict(sc)
     # After a failure the ranks stopped at different points: only what is certain counts.
     finished = None if error is None else set(error.finished)
@@ -139,17 +151,13 @@ def check(sc: Scenario, logs: dict[int, list[Event]], results: Optional[list[dic
         v.failures.append(Failure("completes", f"{type(error).__name__}: {error}"))
     _collectives(sc, logs, v, finished)
     _workspace(sc, logs, v, complete=error is None)
-    _reduce(sc, logs, v, complete=results is not None)
-    _finalize(sc, logs, v)
+    _reduce(sc, logs, v, complete=error is None)
     _expert_output(sc, logs, v)
     _probe(sc, logs, v)
     _runtime_max_tokens(sc, logs, v)
     _round_ordering(sc, logs, v)
     _arguments(logs, v)
     _setup_calls(sc, logs, v)
-    if results is not None:
-        _output(sc, results, v)
-        _expert_load(sc, results, v)
     return v
 
 

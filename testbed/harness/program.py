@@ -175,3 +175,21 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
                 outputs[(p, i)] = out.cpu()
                 lanes[(p, i)] = recording.lanes
     return {"outputs": outputs, "lanes": lanes}
+
+
+def run_engine(ctx, sc: Scenario, es, model_dir: str, log_dir: str, integration_module: str,
+               reference: bool = False, mutant: Optional[str] = None) -> dict:
+    """Rank program of an engine scenario ``es`` (:mod:`testbed.scenario.engine`): the
+    integration's engine generating from the checkpoint in ``model_dir``, its FlashInfer
+    recorded as a layer scenario's is (``sc``: the run as a layer scenario) and the MoE
+    layer's collectives audited; ``reference``: one rank, expert parallel off."""
+    log = EventLog(f"{log_dir}/rank{ctx.rank}.jsonl")
+    ctx.add_cleanup(log.close)
+    integrations.register(integration_module)
+    if mutant:
+        ctx.add_cleanup(mutants.apply(mutant))
+    ctx.add_cleanup(record_posix_shm(log))
+    integration = integrations.get(sc.integration)
+    _install(ctx, sc, log)
+    ctx.add_cleanup(audit.install(log, ctx.world_size, integration.engine_code()))
+    return integration.run_engine(ctx, sc, es, model_dir, log, reference)

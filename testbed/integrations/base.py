@@ -22,6 +22,7 @@ import torch
 if TYPE_CHECKING:
     from testbed.contract.consumer import Consumer
     from testbed.integrations.engine import Engine
+    from testbed.scenario.engine import EngineScenario
     from testbed.scenario.model import Scenario
 
 
@@ -187,6 +188,25 @@ class Integration:
     def consumer(self) -> Optional["Consumer"]:
         """What ``a2a-testbed contract --consumer NAME`` reads of the engine (None: not an engine)."""
         return None
+
+    # -- the engine level (a2a-testbed engine) -------------------------------------------------
+    def engine_matrix(self) -> tuple["EngineScenario", ...]:
+        """The engine scenarios ``a2a-testbed engine`` runs (none: no engine level)."""
+        return ()
+
+    def engine_code(self) -> tuple[tuple[str, str], ...]:
+        """The engine's MoE layer code, as :attr:`Traits.code`: the collectives of an engine
+        run the audit records (the rest of the model's are not the all-to-all's)."""
+        raise NotImplementedError(f"--integration {self.name} has no engine level")
+
+    def run_engine(self, ctx, sc: "Scenario", es: "EngineScenario", model_dir: str, log, reference: bool) -> dict:
+        """On a rank: the engine deployed as ``es`` generating from the checkpoint in
+        ``model_dir`` (``reference``: one rank, expert parallel off, every prompt), logging
+        each MoE layer built and called (``LayerBuilt``, ``ForwardStart`` / ``ForwardEnd`` with
+        the engine's forward as the pass). Returns ``{"logprobs": [per prompt: [L - 1]],
+        "tokens", "prepares": [(layer, rows, DP token counts)] in call order, "generate_from":
+        the first of them in generation (those before ran while the engine was built)}``."""
+        raise NotImplementedError(f"--integration {self.name} has no engine level")
 
 
 def sp_prefill_elsewhere(sc: "Scenario") -> Optional[tuple[str, str]]:

@@ -72,5 +72,20 @@ class VllmIntegration(Integration):
 
         return CONSUMER
 
+    def engine_matrix(self):
+        from testbed.integrations.vllm.matrix import ENGINE_MATRIX
+
+        return ENGINE_MATRIX
+
+    def engine_code(self):
+        from testbed.integrations.vllm.llm import moe_code
+
+        return moe_code()
+
+    def run_engine(self, ctx, sc, es, model_dir, log, reference):
+        from testbed.integrations.vllm.llm import run_engine
+
+        return run_engine(ctx, sc, es, model_dir, log, reference)
+
 
 INTEGRATION = VllmIntegration()

@@ -3,6 +3,7 @@ it runs, on the passes its engine makes."""
 
 from __future__ import annotations
 
+from testbed.scenario.engine import EngineScenario
 from testbed.scenario.model import Scenario, from_text
 
 # vLLM 0.33.0's own layer (FusedMoEFactory -> MoERunner): one budget per model
@@ -50,4 +51,20 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
     # One level down: the prepare/finalize and kernel alone, fed what a router left.
     from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", level="kernel",
        label="vLLM's prepare/finalize and kernel alone (--level kernel), TP 2 without sequence parallel"),
+)
+
+
+# vLLM 0.33.0's own engine (``LLM`` with the external launcher), the engine level. Each DP rank
+# has its own prompts of uneven lengths and generation lengths, so DP ranks go idle (and run
+# the dummy batch) at different steps.
+ENGINE_MATRIX: tuple[EngineScenario, ...] = (
+    EngineScenario(dp=2, prompts=((5, 11), (7,)), max_tokens=(4, 1), label="vLLM's engine DP 2 + EP, one-sided"),
+    EngineScenario(dp=4, prompts=((5, 9), (6,), (), (12,)), max_tokens=(3, 1, 1, 2),
+                   label="vLLM's engine DP 4 + EP, one-sided; a DP rank with no prompts"),
+    EngineScenario(dp=2, tp=2, prompts=((5, 9), (6,)), max_tokens=(3, 1),
+                   label="vLLM's engine TP 2 x DP 2 + EP, one-sided, sequence parallel"),
+    EngineScenario(dp=2, prompts=((6, 10), (5,)), max_tokens=(3, 1), path="two_sided",
+                   label="vLLM's engine DP 2 + EP, two-sided"),
+    EngineScenario(dp=2, prompts=((5, 11), (7,)), max_tokens=(3, 1), arch="deepseek-v2",
+                   label="vLLM's engine DP 2 + EP, one-sided, DeepSeek-V2 block: grouped top-k, shared expert"),
 )

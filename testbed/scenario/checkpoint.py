@@ -1,0 +1,125 @@
+"""Tiny MoE checkpoints the testbed writes itself (a ``config.json`` and random weights as
+``model.safetensors``; no hub, no download, no tokenizer) for vLLM's engine to load.
+
+Two architectures, the MoE blocks NVLink all-to-all deployments run:
+
+- ``qwen3-moe``: ``Qwen3MoeForCausalLM`` (Qwen3-30B-A3B's block: softmax top-k, renormalized,
+  no shared experts);
+- ``deepseek-v2``: ``DeepseekV2ForCausalLM`` with DeepSeek's MoE block (grouped top-k over
+  expert groups, ``routed_scaling_factor``, a shared expert), multi-head attention (no
+  latent projection: vLLM's MLA needs CPU kernels this testbed does not stand in for).
+
+Every weight is drawn from one seeded generator, so every rank writes (or reads) the same
+checkpoint; a DP 1 run of it is the reference of an expert-parallel run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+ARCHITECTURES = ("qwen3-moe", "deepseek-v2")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The shape of a tiny checkpoint: ``arch`` one of :data:`ARCHITECTURES`."""
+
+    arch: str = "qwen3-moe"
+    layers: int = 2
+    hidden: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    experts: int = 8
+    top_k: int = 2
+    moe_intermediate: int = 256
+    vocab: int = 512
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"arch must be one of {ARCHITECTURES}, got {self.arch!r}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"hidden {self.hidden} must divide by heads {self.heads}, heads by kv_heads "
+                             f"{self.kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def shared_experts(self) -> int:
+        return 1 if self.arch == "deepseek-v2" else 0
+
+    @property
+    def routed_scaling(self) -> float:
+        return 2.5 if self.arch == "deepseek-v2" else 1.0
+
+
+def config(ck: Checkpoint) -> dict:
+    """The model's ``config.json``."""
+    common = {"hidden_size": ck.hidden, "num_hidden_layers": ck.layers, "num_attention_heads": ck.heads,
+              "num_key_value_heads": ck.kv_heads, "vocab_size": ck.vocab, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+              "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "num_experts_per_tok": ck.top_k,
+              "moe_intermediate_size": ck.moe_intermediate, "intermediate_size": 2 * ck.moe_intermediate}
+    if ck.arch == "qwen3-moe":
+        return common | {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": ck.head_dim,
+                         "num_experts": ck.experts, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                         "mlp_only_layers": [], "attention_bias": False}
+    return common | {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                     "n_routed_experts": ck.experts, "n_shared_experts": ck.shared_experts,
+                     "routed_scaling_factor": ck.routed_scaling,
+                     "n_group": 2, "topk_group": 1, "topk_method": "group_limited_greedy", "scoring_func": "softmax",
+                     "norm_topk_prob": False, "first_k_dense_replace": 0, "moe_layer_freq": 1,
+                     "kv_lora_rank": 0, "q_lora_rank": None, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0,
+                     "v_head_dim": 0, "attention_bias": False}
+
+
+def shapes(ck: Checkpoint) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the checkpoint, by its Hugging Face name."""
+    H, D, I = ck.hidden, ck.head_dim, ck.moe_intermediate
+    kv = ck.kv_heads if ck.arch == "qwen3-moe" else ck.heads
+    out = {"model.embed_tokens.weight": (ck.vocab, H), "model.norm.weight": (H,), "lm_head.weight": (ck.vocab, H)}
+    for layer in range(ck.layers):
+        p = f"model.layers.{layer}"
+        out |= {f"{p}.input_layernorm.weight": (H,), f"{p}.post_attention_layernorm.weight": (H,),
+                f"{p}.self_attn.q_proj.weight": (ck.heads * D, H), f"{p}.self_attn.k_proj.weight": (kv * D, H),
+                f"{p}.self_attn.v_proj.weight": (kv * D, H), f"{p}.self_attn.o_proj.weight": (H, ck.heads * D),
+                f"{p}.mlp.gate.weight": (ck.experts, H)}
+        if ck.arch == "qwen3-moe":
+            out |= {f"{p}.self_attn.q_norm.weight": (D,), f"{p}.self_attn.k_norm.weight": (D,)}
+        experts = [f"{p}.mlp.experts.{e}" for e in range(ck.experts)]
+        if ck.shared_experts:
+            experts.append(f"{p}.mlp.shared_experts")
+        for e in experts:
+            out |= {f"{e}.gate_proj.weight": (I, H), f"{e}.up_proj.weight": (I, H), f"{e}.down_proj.weight": (H, I)}
+    return out
+
+
+def weights(ck: Checkpoint) -> dict[str, torch.Tensor]:
+    """Random bf16 weights, norms at 1: a matrix's entries ~ N(0, 1 / fan_in), so activations
+    keep their size through the layers and every expert moves the logits."""
+    g = torch.Generator().manual_seed(ck.seed)
+    out = {}
+    for name, shape in shapes(ck).items():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            scale = 1.0 if name.startswith("model.embed_tokens") else shape[-1] ** -0.5
+            out[name] = (torch.randn(shape, generator=g) * scale).to(torch.bfloat16)
+    return out
+
+
+def write(ck: Checkpoint, directory: str) -> str:
+    """Write ``ck`` into ``directory`` (created); returns it."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config(ck), f, indent=1)
+    save_file(weights(ck), os.path.join(directory, "model.safetensors"))
+    return directory
