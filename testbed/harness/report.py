@@ -40,9 +40,9 @@ def failure_text(v: Verdict) -> str:
 class Progress:
     """``[i/n] label`` on a terminal's stderr, overwritten in place; silent elsewhere."""
 
-    def __init__(self, stream: TextIO = sys.stderr):
-        self.stream = stream
-        self.live = stream.isatty()
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr  # this one, not the one at import (a test's capture replaces it)
+        self.live = self.stream.isatty()
 
     def show(self, text: str) -> None:
         if self.live:

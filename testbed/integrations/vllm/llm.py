@@ -20,6 +20,7 @@ What the testbed puts around vLLM's engine, and why:
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 
 from testbed import patch
@@ -32,6 +33,7 @@ MANAGERS = {"one_sided": "FlashInferNVLinkOneSidedManager", "two_sided": "FlashI
 PREPARES = {"one_sided": ("flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize"),
             "two_sided": ("flashinfer_nvlink_two_sided", "FlashInferNVLinkTwoSidedPrepareAndFinalize")}
 MAX_NUM_SEQS = 8
+KV_CACHE_BYTES = 16 << 20  # a tiny checkpoint's few sequences need a few hundred kB of it
 # The MoE layer's code, whose collectives the audit records (the rest of the model's, its
 # attention's TP all-reduce and the logits' gather, are not the all-to-all's to answer for).
 MOE_CODE = ("model_executor/layers/fused_moe", "distributed/device_communicators/all2all.py")
@@ -59,8 +61,9 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
     dp_rank = ctx.rank // es.tp
     ctx.add_cleanup(patch.environment({
         "RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.rank), "WORLD_SIZE": str(ctx.world_size),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}))
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}))
     stub_accelerator(ctx)
+    _quiet(ctx)
     support.name_the_fake(ctx, sc)
     from testbed.integrations.vllm import engine_kernels
 
@@ -77,7 +80,7 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
                                          enable_expert_parallel=True, all2all_backend=BACKENDS[es.path])
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=es.dtype, distributed_executor_backend="external_launcher",
               enforce_eager=True, max_model_len=es.max_model_len, max_num_batched_tokens=es.budget,
-              max_num_seqs=MAX_NUM_SEQS, seed=es.seed, compilation_config={"custom_ops": ["none"]}, **parallel)
+              max_num_seqs=MAX_NUM_SEQS, seed=es.seed, kv_cache_memory_bytes=KV_CACHE_BYTES, compilation_config={"custom_ops": ["none"]}, **parallel)
     ctx.add_cleanup(lambda: _shutdown(llm))
     built = len(prepares)
     if reference:
@@ -92,6 +95,15 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
                 for prompt, out in zip(prompts, outs)]
     return {"logprobs": logprobs, "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "prepares": prepares, "generate_from": built}
+
+
+def _quiet(ctx) -> None:
+    """vLLM's engine logs its start-up at INFO and, without a tokenizer, a chat-template
+    traceback at WARNING on every rank; its errors are what a run's report needs."""
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    ctx.add_cleanup(lambda: logger.setLevel(level))
 
 
 def _shutdown(llm) -> None:
