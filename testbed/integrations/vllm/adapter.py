@@ -39,7 +39,7 @@ import torch
 from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.vllm import kernels
-from testbed.integrations.vllm.environment import prepare_environment, stub_accelerator
+from testbed.integrations.vllm.environment import destroy_parallel_state, prepare_environment, stub_accelerator
 from testbed.integrations.vllm.experts import experts_class
 from testbed.integrations.vllm.layer import build_runner
 from testbed.scenario.reference import ACT_DTYPE
@@ -55,7 +55,7 @@ class VllmSession:
         from vllm.config import ParallelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
         from vllm.distributed import parallel_state as ps
 
-        self.ctx, self.sc, self.log, self.ps = ctx, sc, log, ps
+        self.ctx, self.sc, self.log = ctx, sc, log
         lay = sc.layout
         stub_accelerator(ctx)
         support.name_the_fake(ctx, sc)
@@ -75,7 +75,7 @@ class VllmSession:
         ctx.add_cleanup(lambda: entered.__exit__(None, None, None))
         ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
                                         backend="gloo", timeout=ctx.pg_timeout)
-        ctx.add_cleanup(self._teardown)
+        ctx.add_cleanup(destroy_parallel_state)
         ps.initialize_model_parallel(tensor_model_parallel_size=lay.tp, pipeline_model_parallel_size=lay.pp,
                                      backend="gloo")
         ep = ps.get_ep_group()
@@ -90,15 +90,6 @@ class VllmSession:
         self.manager = ep.device_communicator.all2all_manager
         ctx.add_cleanup(self.manager.cleanup)
         kernels.install(ctx.add_cleanup)
-
-    def _teardown(self) -> None:
-        """vLLM's groups go; the pool's world stays (vLLM's destroy_distributed_environment
-        would destroy it)."""
-        ps = self.ps
-        ps.destroy_model_parallel()
-        if ps._WORLD is not None:
-            ps._WORLD.destroy()
-            ps._WORLD = None
 
     def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
         if self.sc.level == "layer":

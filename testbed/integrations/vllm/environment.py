@@ -78,3 +78,14 @@ def stub_accelerator(ctx) -> None:
     for name, fn in stubs.items():
         setattr(acc, name, fn)
     ctx.add_cleanup(lambda: [setattr(acc, name, fn) for name, fn in saved.items()])
+
+
+def destroy_parallel_state() -> None:
+    """vLLM's groups go; the pool's world stays (vLLM's destroy_distributed_environment
+    would destroy it)."""
+    from vllm.distributed import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    if ps._WORLD is not None:
+        ps._WORLD.destroy()
+        ps._WORLD = None

@@ -25,7 +25,7 @@ import os
 
 from testbed import patch
 from testbed.integrations import engine as support
-from testbed.integrations.vllm.environment import prepare_environment, stub_accelerator
+from testbed.integrations.vllm.environment import destroy_parallel_state, prepare_environment, stub_accelerator
 from testbed.scenario.events import ForwardEnd, ForwardStart, LayerBuilt
 
 BACKENDS = {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}
@@ -76,12 +76,15 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
     _log_layers(ctx, log)
     from vllm import LLM, SamplingParams
 
+    # Before the engine: a build that raises half-way has left vLLM's groups up.
+    ctx.add_cleanup(destroy_parallel_state)
     parallel = {} if reference else dict(tensor_parallel_size=es.tp, data_parallel_size=es.dp,
                                          enable_expert_parallel=True, all2all_backend=BACKENDS[es.path])
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=es.dtype, distributed_executor_backend="external_launcher",
               enforce_eager=True, max_model_len=es.max_model_len, max_num_batched_tokens=es.budget,
-              max_num_seqs=MAX_NUM_SEQS, seed=es.seed, kv_cache_memory_bytes=KV_CACHE_BYTES, compilation_config={"custom_ops": ["none"]}, **parallel)
-    ctx.add_cleanup(lambda: _shutdown(llm))
+              max_num_seqs=MAX_NUM_SEQS, seed=es.seed, kv_cache_memory_bytes=KV_CACHE_BYTES,
+              compilation_config={"custom_ops": ["none"]}, **parallel)
+    ctx.add_cleanup(llm.llm_engine.engine_core.shutdown)
     built = len(prepares)
     if reference:
         prompts = tuple(p for d in range(es.dp) for p in es.prompt_ids(d))
@@ -104,16 +107,6 @@ def _quiet(ctx) -> None:
     level = logger.level
     logger.setLevel(logging.ERROR)
     ctx.add_cleanup(lambda: logger.setLevel(level))
-
-
-def _shutdown(llm) -> None:
-    from vllm.distributed import parallel_state as ps
-
-    llm.llm_engine.engine_core.shutdown()
-    ps.destroy_model_parallel()
-    if ps._WORLD is not None:  # the pool's world stays; vLLM's wrapper of it goes
-        ps._WORLD.destroy()
-        ps._WORLD = None
 
 
 def _use_flashinfer_manager(ctx, path: str) -> None:
