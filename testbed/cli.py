@@ -167,6 +167,19 @@ class UsageError(ValueError):
     """Bad flags: one line naming the flag and the rule, exit 2."""
 
 
+def _each(items, describe, run):
+    """``(index, run(item))`` for each item, with ``[i/n] describe(item)`` on a terminal while
+    it runs (cleared before the caller prints)."""
+    from testbed.harness import report
+
+    progress = report.Progress()
+    for i, item in enumerate(items, 1):
+        progress.show(f"[{i}/{len(items)}] {describe(item)}")
+        result = run(item)
+        progress.clear()
+        yield i, result
+
+
 def _positive(flag: str, value) -> None:
     if value is not None and not value > 0:
         raise UsageError(f"{flag}: must be > 0, got {value}")
@@ -398,13 +411,11 @@ def _judge(scenarios, args, refused=()) -> int:
     from testbed.harness import report, runner
 
     started = time.monotonic()
-    progress = report.Progress()
     verdicts = []
     with runner.scenario_pool() as pool:
-        for i, sc in enumerate(scenarios, 1):
-            progress.show(f"[{i}/{len(scenarios)}] {sc.short()}")
-            v = runner.run(pool, sc, mutant=args.mutant, timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
-            progress.clear()
+        run = lambda sc: runner.run(pool, sc, mutant=args.mutant,  # noqa: E731
+                                    timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
+        for i, v in _each(scenarios, lambda sc: sc.short(), run):
             print(report.verdict_line(i, len(scenarios), v), flush=True)
             if not v.passed:
                 print(report.failure_text(v), flush=True)
@@ -555,12 +566,11 @@ def _engine(args) -> int:
                 from None
     _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
     started = time.monotonic()
-    verdicts, progress = [], report.Progress()
+    verdicts = []
     with runner.scenario_pool() as pool:
-        for i, es in enumerate(scenarios, 1):
-            progress.show(f"[{i}/{len(scenarios)}] {es.describe()}")
-            v = engine.run(pool, es, mutant=args.mutant, timeout_s=args.timeout or engine.DEFAULT_TIMEOUT_S)
-            progress.clear()
+        run = lambda es: engine.run(pool, es, mutant=args.mutant,  # noqa: E731
+                                    timeout_s=args.timeout or engine.DEFAULT_TIMEOUT_S)
+        for i, v in _each(scenarios, lambda es: es.describe(), run):
             print(engine.verdict_line(i, len(scenarios), v), flush=True)
             print(engine.steps_text(v), flush=True)
             if not v.passed or v.known:
@@ -599,15 +609,11 @@ def _mutants(args) -> int:
     # An engine's matrix on the FlashInfer it pins; impl's, each scenario on its own.
     scenarios = on_integration(args.integration, engine.pinned_profile if engine else None)[0]
     started = time.monotonic()
-    progress = report.Progress()
     hunts = []
     print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
     with runner.scenario_pool() as pool:
-        for i, name in enumerate(names, 1):
-            progress.show(f"[{i}/{len(names)}] {name}")
-            h = runner.hunt(pool, name, scenarios, timeout_s=args.timeout)
-            progress.clear()
-            print(f"{name:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
+        for _, h in _each(names, str, lambda name: runner.hunt(pool, name, scenarios, timeout_s=args.timeout)):
+            print(f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
             hunts.append(h)
     killed = sum(h.killed for h in hunts)
     if args.junit_xml:

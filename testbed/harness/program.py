@@ -122,6 +122,19 @@ def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range,
                          packed_routing=sc.expert_kernel == "trtllm-packed")
 
 
+def _start_rank(ctx, sc: Scenario, log_dir: str, integration_module: str, mutant: Optional[str]):
+    """What every rank program starts with: its event log, the integration registered (and
+    mutated), the POSIX shared memory it creates and its FlashInfer recorded; returns
+    ``(log, integration, api)``."""
+    log = EventLog(f"{log_dir}/rank{ctx.rank}.jsonl")
+    ctx.add_cleanup(log.close)
+    integrations.register(integration_module)
+    if mutant:
+        ctx.add_cleanup(mutants.apply(mutant))
+    ctx.add_cleanup(record_posix_shm(log))
+    return log, integrations.get(sc.integration), _install(ctx, sc, log)
+
+
 def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
                  integration_module: str = "testbed.integrations.impl") -> dict:
     """Rank program: this rank's stage's layers, built by the scenario's integration
@@ -133,14 +146,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     FlashInfer the layers run on this rank's GPU.
     """
     device = rank_device(ctx, sc.flashinfer_backend)
-    log = EventLog(f"{log_dir}/rank{ctx.rank}.jsonl")
-    ctx.add_cleanup(log.close)
-    integrations.register(integration_module)
-    if mutant:
-        ctx.add_cleanup(mutants.apply(mutant))
-    ctx.add_cleanup(record_posix_shm(log))
-    integration = integrations.get(sc.integration)
-    api = _install(ctx, sc, log)
+    log, integration, api = _start_rank(ctx, sc, log_dir, integration_module, mutant)
     session = integration.start(ctx, sc, api, log)  # the engine's own set-up is not audited
     ctx.add_cleanup(audit.install(log, ctx.world_size, integration.traits(sc).code))
     stage, dp_rank, tp = ctx.coords.pp_rank, ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
@@ -183,13 +189,6 @@ def run_engine(ctx, sc: Scenario, es, model_dir: str, log_dir: str, integration_
     integration's engine generating from the checkpoint in ``model_dir``, its FlashInfer
     recorded as a layer scenario's is (``sc``: the run as a layer scenario) and the MoE
     layer's collectives audited; ``reference``: one rank, expert parallel off."""
-    log = EventLog(f"{log_dir}/rank{ctx.rank}.jsonl")
-    ctx.add_cleanup(log.close)
-    integrations.register(integration_module)
-    if mutant:
-        ctx.add_cleanup(mutants.apply(mutant))
-    ctx.add_cleanup(record_posix_shm(log))
-    integration = integrations.get(sc.integration)
-    _install(ctx, sc, log)
+    log, integration, _ = _start_rank(ctx, sc, log_dir, integration_module, mutant)
     ctx.add_cleanup(audit.install(log, ctx.world_size, integration.engine_code()))
     return integration.run_engine(ctx, sc, es, model_dir, log, reference)
