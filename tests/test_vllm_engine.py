@@ -54,12 +54,13 @@ def test_engine_matrix_entry_passes_or_reproduces_its_finding(no_leaks, es):
 @pytest.mark.usefixtures("vllm_installed")
 @pytest.mark.parametrize("mutant, entry, invariant", [
     ("r-routed-scale-dropped", "DeepSeek-V2", "logprobs"),
-    ("v-one-sided-not-reduced", "DP 2 + EP, one-sided", "reduce"),
+    ("r-shared-reduced-under-sp", "DeepSeek-V2 block's shared expert", "reduce"),
 ])
 def test_engine_catches_a_mutant_of_vllm(no_leaks, mutant, entry, invariant):
     """The engine run has the power to catch what a layer run catches: a lost routed scaling
-    moves the logprobs (nothing else sees it at this level), a finalize claiming the wrong
-    reduce fails the round invariant."""
+    moves the logprobs (nothing else sees it at this level); the runner all-reducing the
+    shared expert vLLM's model replicated under sequence parallel fails the round invariant
+    (and moves the logprobs)."""
     v = engine.run(no_leaks, _entry(entry), mutant=mutant, timeout_s=ENGINE_TIMEOUT_S)
     assert any(f.invariant == invariant for f in v.failures), engine.failure_text(v)
 

@@ -67,4 +67,7 @@ ENGINE_MATRIX: tuple[EngineScenario, ...] = (
                    label="vLLM's engine DP 2 + EP, two-sided"),
     EngineScenario(dp=2, prompts=((5, 11), (7,)), max_tokens=(3, 1), arch="deepseek-v2",
                    label="vLLM's engine DP 2 + EP, one-sided, DeepSeek-V2 block: grouped top-k, shared expert"),
+    # vLLM's model builds the shared expert itself: replicated under sequence parallel.
+    EngineScenario(dp=2, tp=2, prompts=((9,), (4, 6)), max_tokens=(1, 3), arch="deepseek-v2",
+                   label="vLLM's engine TP 2 x DP 2 + EP, sequence parallel, DeepSeek-V2 block's shared expert"),
 )
