@@ -28,7 +28,8 @@ import functools
 
 import torch
 
-# vLLM's CPU build's schemas (csrc/cpu/torch_bindings.cpp), as 0.33.0's Python calls them.
+# The schemas of vLLM's CPU build (csrc/cpu/torch_bindings.cpp, as the search index's snapshot of
+# upstream holds it; vLLM 0.33.0's Python calls each with these arguments, in this order).
 SCHEMAS = {
     "init_cpu_memory_env": "init_cpu_memory_env(SymInt[] node_ids) -> ()",
     "cpu_attn_has_isa": "cpu_attn_has_isa(str isa) -> bool",
