@@ -78,9 +78,9 @@ class VllmIntegration(Integration):
         return ENGINE_MATRIX
 
     def engine_code(self):
-        from testbed.integrations.vllm.llm import moe_code
+        from testbed.integrations.vllm.environment import MOE_CODE
 
-        return moe_code()
+        return code(MOE_CODE)
 
     def run_engine(self, ctx, sc, es, model_dir, log, reference):
         from testbed.integrations.vllm.llm import run_engine

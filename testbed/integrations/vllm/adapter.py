@@ -44,6 +44,7 @@ from testbed.integrations.vllm.experts import experts_class
 from testbed.integrations.vllm.layer import build_runner
 from testbed.scenario.reference import ACT_DTYPE
 
+BACKENDS = {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}
 # vLLM's CudaCommunicator (device_communicators/cuda_communicator.py) -> the manager it builds.
 MANAGERS = {"flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
             "flashinfer_nvlink_two_sided": "FlashInferNVLinkTwoSidedManager"}
@@ -151,7 +152,7 @@ def _forget_probes() -> None:
 
 
 def _backend(sc) -> str:
-    return {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}[sc.path]
+    return BACKENDS[sc.path]
 
 
 def quant_config(fmt: str, mx_alignment: int):

@@ -54,17 +54,23 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"))
 
 
+# vLLM's integration code: its distributed layer and its fused-MoE layer; at the engine level
+# only the MoE layer's (attention's TP all-reduce and the logits' gather are the model's).
+LAYER_CODE = ("distributed/", "model_executor/layers/fused_moe/")
+MOE_CODE = ("model_executor/layers/fused_moe/", "distributed/device_communicators/all2all.py")
+
+
 @functools.cache
-def code() -> tuple[tuple[str, str], ...]:
-    """vLLM's integration code: its distributed layer and its fused-MoE layer (none where vLLM
-    is not installed: the invariants then judge logs with no vLLM frames)."""
+def code(parts: tuple[str, ...] = LAYER_CODE) -> tuple[tuple[str, str], ...]:
+    """The (real path prefix, shown name) pairs of these ``parts`` of the installed vLLM
+    (folders end in ``/``); none where vLLM is not installed: the invariants then judge logs
+    with no vLLM frames."""
     prepare_environment()
     spec = importlib.util.find_spec("vllm")
     if spec is None:
         return ()
     root = Path(spec.origin).resolve().parent
-    return tuple((str(root / sub) + os.sep, f"vllm/{sub}/") for sub in
-                 ("distributed", "model_executor/layers/fused_moe"))
+    return tuple((str(root / part) + (os.sep if part.endswith("/") else ""), f"vllm/{part}") for part in parts)
 
 
 def stub_accelerator(ctx) -> None:

@@ -22,34 +22,17 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import os
 
 from testbed import patch
 from testbed.integrations import engine as support
+from testbed.integrations.vllm.adapter import BACKENDS, MANAGERS
 from testbed.integrations.vllm.environment import destroy_parallel_state, prepare_environment, stub_accelerator
 from testbed.scenario.events import ForwardEnd, ForwardStart, LayerBuilt
 
-BACKENDS = {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}
-MANAGERS = {"one_sided": "FlashInferNVLinkOneSidedManager", "two_sided": "FlashInferNVLinkTwoSidedManager"}
 PREPARES = {"one_sided": ("flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize"),
             "two_sided": ("flashinfer_nvlink_two_sided", "FlashInferNVLinkTwoSidedPrepareAndFinalize")}
 MAX_NUM_SEQS = 8
 KV_CACHE_BYTES = 16 << 20  # a tiny checkpoint's few sequences need a few hundred kB of it
-# The MoE layer's code, whose collectives the audit records (the rest of the model's, its
-# attention's TP all-reduce and the logits' gather, are not the all-to-all's to answer for).
-MOE_CODE = ("model_executor/layers/fused_moe", "distributed/device_communicators/all2all.py")
-
-
-def moe_code() -> tuple[tuple[str, str], ...]:
-    prepare_environment()
-    spec = importlib.util.find_spec("vllm")
-    if spec is None:
-        return ()
-    root = os.path.dirname(os.path.realpath(spec.origin))
-    return tuple((os.path.join(root, sub) + ("" if sub.endswith(".py") else os.sep), f"vllm/{sub}"
-                  + ("" if sub.endswith(".py") else "/")) for sub in MOE_CODE)
-
-
 def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dict:
     """This rank's ``LLM`` on ``model_dir``, deployed as ``es`` (``reference``: one rank, expert
     parallel off, every DP rank's prompts), generating greedily with prompt logprobs.
@@ -117,7 +100,8 @@ def _quiet(ctx) -> None:
 def _use_flashinfer_manager(ctx, path: str) -> None:
     from vllm.distributed.device_communicators import all2all, cpu_communicator
 
-    backend, manager = BACKENDS[path], MANAGERS[path]
+    backend = BACKENDS[path]
+    manager = MANAGERS[backend]
     original = cpu_communicator.CpuCommunicator.__init__
 
     def init(self, *a, **k):
