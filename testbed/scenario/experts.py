@@ -27,7 +27,8 @@ class Experts:
     own : range
         The experts this rank owns.
     weight : callable
-        ``weight(e) -> [H, H] fp32``: expert ``e`` is the linear map ``x @ W_e``.
+        ``weight(e) -> LinearMap``: expert ``e`` is the linear map ``x @ W_e``
+        (:class:`testbed.scenario.reference.LinearMap`).
     weighted : bool
         Apply the router weights (False when prepare already scaled the activations by them).
     shard : (int, int)
@@ -62,7 +63,7 @@ class Experts:
             for e in self.own:
                 n, lane = (ids_NK[rows] == e).nonzero(as_tuple=True)
                 if n.numel():
-                    y = x_nH[n] @ self.weight(e).to(device)[self.cols]
+                    y = self.weight(e)(x_nH[n], self.cols)
                     w = w_NK[rows[n], lane, None].float() if self.weighted else 1.0
                     out_NH.index_add_(0, rows[n], w * y)
                     rows_PH.append(y)

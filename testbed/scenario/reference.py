@@ -7,8 +7,9 @@ in the layer's format (values on the format's grid, one block maximum per scale 
 block scale a power of two), so quantizing them loses nothing and the reference is the plain
 fp32 MoE of the inputs as given: ``out[t] = s * sum_k w[t,k] * f_e(x[t]) + x[t] @ W_shared``
 with ``e = ids[t,k]``, ``s`` the routed scaling factor and the shared term only with shared
-experts. ``f_e`` is the linear map ``x @ W_e`` for the reference expert kernel and a SwiGLU
-MLP for the TRT-LLM kernels, whose weights are built directly on their format's grid (block
+experts. ``f_e`` is the linear map ``x @ W_e`` for the reference expert kernel (and the shared expert
+too), a :class:`LinearMap` whose cost is linear in H, and a SwiGLU MLP for the TRT-LLM kernels
+(intermediate size fixed per rank, so linear in H too), whose weights are built directly on their format's grid (block
 values times power-of-two scales), so the kernel's weights and the reference's are the same
 numbers. With the router weight on the input the expert sees ``w * x`` instead.
 """
@@ -106,18 +107,66 @@ def routing(sc: Scenario, T: int, dp_rank: int, g: torch.Generator) -> torch.Ten
     return ids.to(torch.int32).contiguous()
 
 
-@functools.lru_cache(maxsize=256)
-def expert_weight(seed: int, stage: int, layer_idx: int, expert: int, hidden: int) -> torch.Tensor:
-    """Expert ``e`` of a layer is the linear map ``x @ W_e``, fp32 ``[H, H]``."""
+# Rank of a linear map's low-rank part: enough that every output column mixes many input
+# columns (a wrong scale block or a shifted row spreads), small enough that a map costs O(H).
+MAP_RANK = 8
+
+
+@dataclass(frozen=True)
+class LinearMap:
+    """The linear map ``x @ W`` with ``W = S P + U V`` stored in O(H): input column ``j``
+    goes to output column ``perm[j]`` times ``sign[j]`` (a signed permutation, distinct per
+    expert, so a swapped expert, a dropped router weight or a lost row each move every output
+    entry by about the entry's size), plus a rank-:data:`MAP_RANK` mixing ``U [H, R] V [R, H]``
+    (each output column depends on every input column). fp32; entries of ``x @ W`` are of the
+    size of the entries of ``x``, at any H.
+
+    ``map(x_nC, cols)`` is the partial map over input columns ``cols`` (``x_nC`` holds only
+    those columns): summed over a partition of the columns (TP ranks' shards of the contraction
+    dimension) it is the whole map.
+    """
+
+    perm: torch.Tensor  # [H] int64
+    sign: torch.Tensor  # [H] fp32, +-1 scaled so the two parts have equal weight
+    u: torch.Tensor  # [H, R] fp32
+    v: torch.Tensor  # [R, H] fp32
+
+    @classmethod
+    def draw(cls, hidden: int, g: torch.Generator) -> "LinearMap":
+        perm = torch.randperm(hidden, generator=g)
+        sign = torch.where(torch.rand(hidden, generator=g) < 0.5, -1.0, 1.0) * 0.5 ** 0.5
+        u = torch.randn(hidden, MAP_RANK, generator=g) / hidden ** 0.5
+        v = torch.randn(MAP_RANK, hidden, generator=g) / (2 * MAP_RANK) ** 0.5
+        return cls(perm, sign, u, v)
+
+    @property
+    def hidden(self) -> int:
+        return self.perm.numel()
+
+    def __call__(self, x_nC: torch.Tensor, cols: slice = slice(None)) -> torch.Tensor:
+        x_nC = x_nC.float()
+        device = x_nC.device
+        y_nH = (x_nC @ self.u[cols].to(device)) @ self.v.to(device)
+        y_nH[:, self.perm[cols].to(device)] += x_nC * self.sign[cols].to(device)
+        return y_nH
+
+    def dense(self) -> torch.Tensor:
+        """``W`` as a dense fp32 ``[H, H]`` (for checks of the map itself; O(H^2))."""
+        return self(torch.eye(self.hidden))
+
+
+@functools.lru_cache(maxsize=1024)
+def expert_weight(seed: int, stage: int, layer_idx: int, expert: int, hidden: int) -> LinearMap:
+    """Expert ``e`` of a layer is the linear map ``x @ W_e`` (:class:`LinearMap`)."""
     g = torch.Generator().manual_seed(_seed(seed, stage, layer_idx, expert, 7))
-    return torch.randn(hidden, hidden, generator=g) / hidden ** 0.5
+    return LinearMap.draw(hidden, g)
 
 
 Expert = Callable[[int, torch.Tensor], torch.Tensor]  # (e, x_nH fp32) -> y_nH fp32
 
 
-def linear_expert(weight: Callable[[int], torch.Tensor]) -> Expert:
-    return lambda e, x_nH: x_nH @ weight(e)
+def linear_expert(weight: Callable[[int], LinearMap]) -> Expert:
+    return lambda e, x_nH: weight(e)(x_nH)
 
 
 def dense_moe(x_TH: torch.Tensor, ids_TK: torch.Tensor, w_TK: torch.Tensor, expert: Expert,
@@ -208,10 +257,10 @@ def intermediate_size(sc: Scenario) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def shared_weight(seed: int, stage: int, layer_idx: int, hidden: int) -> torch.Tensor:
-    """The layer's shared expert: the linear map ``x @ W``, fp32 ``[H, H]``."""
+def shared_weight(seed: int, stage: int, layer_idx: int, hidden: int) -> LinearMap:
+    """The layer's shared expert: the linear map ``x @ W`` (:class:`LinearMap`)."""
     g = torch.Generator().manual_seed(_seed(seed, stage, layer_idx, 11))
-    return torch.randn(hidden, hidden, generator=g) / hidden ** 0.5
+    return LinearMap.draw(hidden, g)
 
 
 @functools.lru_cache(maxsize=16)
@@ -230,7 +279,7 @@ def reference_outputs(sc: Scenario, pass_idx: int, stage: int, layer_idx: int) -
     out = sc.routed_scaling * dense_moe(x_TH, ids_TK, w_TK, layer_expert(sc, stage, layer_idx),
                                         sc.router_weight_on_input)
     if sc.shared_experts:
-        out += x_TH.float() @ shared_weight(sc.seed, stage, layer_idx, sc.hidden)
+        out += shared_weight(sc.seed, stage, layer_idx, sc.hidden)(x_TH)
     return list(out.split(counts))
 
 

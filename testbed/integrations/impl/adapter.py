@@ -13,7 +13,7 @@ from impl.formats import dispatch_layout
 from impl.forward_context import forward_context
 from impl.moe_layer import MoELayer, MoELayerConfig
 from testbed.scenario.rank import logged_token_counts, quant_config, rank_device
-from testbed.scenario.reference import ACT_DTYPE, shared_weight
+from testbed.scenario.reference import ACT_DTYPE, LinearMap, shared_weight
 
 
 class ImplSession:
@@ -36,7 +36,7 @@ class ImplSession:
                        self.parallel, pf, experts, tp_group=ctx.groups["tp"])
         if sc.shared_experts:  # sharded like the routed experts where the TP all-reduce completes them
             tp = (ctx.coords.tp_rank, sc.layout.tp)
-            moe.shared_experts = SharedExpert(shared_weight(sc.seed, ctx.coords.pp_rank, index, sc.hidden).to(self.device),
+            moe.shared_experts = SharedExpert(shared_weight(sc.seed, ctx.coords.pp_rank, index, sc.hidden),
                                               tp if sc.parts_partial else (0, 1))
         return _ImplLayer(moe)
 
@@ -54,12 +54,12 @@ class SharedExpert:
     """The shared expert ``x @ W`` in bf16; over this TP rank's slice of the hidden
     (contraction) dimension when the layer's reduce is still pending."""
 
-    def __init__(self, weight: torch.Tensor, shard: tuple[int, int]):
-        part = weight.size(0) // shard[1]
+    def __init__(self, weight: LinearMap, shard: tuple[int, int]):
+        part = weight.hidden // shard[1]
         self.weight, self.cols = weight, slice(shard[0] * part, (shard[0] + 1) * part)
 
     def __call__(self, x_TH: torch.Tensor) -> torch.Tensor:
-        return (x_TH.float()[:, self.cols] @ self.weight[self.cols]).to(ACT_DTYPE)
+        return self.weight(x_TH[:, self.cols], self.cols).to(ACT_DTYPE)
 
 
 class _ImplLayer:

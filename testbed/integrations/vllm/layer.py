@@ -27,7 +27,7 @@ import torch
 
 from testbed import patch
 from testbed.integrations.vllm.experts import experts_class
-from testbed.scenario.reference import ACT_DTYPE, NVFP4_GLOBAL_SCALE, padding_routing, shared_weight
+from testbed.scenario.reference import ACT_DTYPE, NVFP4_GLOBAL_SCALE, LinearMap, padding_routing, shared_weight
 
 class Format(NamedTuple):
     """How a layer of one activation format is built: the checkpoint's vLLM quantization
@@ -91,13 +91,13 @@ class SharedLinear(torch.nn.Module):
     layer is sequence parallel, where vLLM's models replicate it
     (``disable_tp=is_sequence_parallel``)."""
 
-    def __init__(self, weight_HH: torch.Tensor, shard: tuple[int, int]):
+    def __init__(self, weight: LinearMap, shard: tuple[int, int]):
         super().__init__()
-        part = weight_HH.size(0) // shard[1]
-        self.weight_HH, self.cols = weight_HH, slice(shard[0] * part, (shard[0] + 1) * part)
+        part = weight.hidden // shard[1]
+        self.weight, self.cols = weight, slice(shard[0] * part, (shard[0] + 1) * part)
 
     def forward(self, x_tH: torch.Tensor) -> torch.Tensor:
-        return (x_tH.float()[:, self.cols] @ self.weight_HH[self.cols]).to(x_tH.dtype)
+        return self.weight(x_tH[:, self.cols], self.cols).to(x_tH.dtype)
 
 
 def build_runner(session, index: int, fmt: str, experts):
