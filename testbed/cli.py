@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix-profile", metavar="RELEASE",
                      help="run the integration matrix moved to this FlashInfer release (e.g. 0.7.4: every "
                           "FlashInfer path through flashinfer.moe_ep); scenarios it cannot run are listed with the rule")
+    run.add_argument("--models", nargs="?", const="", metavar="NAME,...",
+                     help="the model matrix: each real model (default all; --model names them) at EP 8 in each of "
+                          "its dispatch formats on every path of the pinned release, and on every FlashInfer path "
+                          "of the other releases; scenarios the kernels refuse are listed with the rule")
     run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -65,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                          help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
                               f"checkout's {engine.source_hint} on every rank ({engine.source_env}), so a branch is "
                               "tested as it stands")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print each scenario's estimated shared memory, memory per rank and in all, and whether "
+                          "it fits this machine; run nothing (exit 2 if one does not fit)")
     run.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     run.add_argument("--html", metavar="PATH", help="write one self-contained HTML page")
     run.add_argument("--junit-xml", metavar="PATH",
@@ -312,6 +319,19 @@ def _run(args) -> int:
     engine = integrations.get(args.integration).engine
     if engine is not None:
         _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
+    if args.models is not None:
+        if scenario_given(args) or args.layout or args.matrix_profile:
+            raise UsageError("--models runs the model matrix: give no scenario flags, --layout or --matrix-profile "
+                             "with it")
+        from testbed.harness.matrix import on_models
+
+        try:
+            scenarios, refused = on_models(tuple(filter(None, args.models.split(","))), args.integration)
+        except ValueError as e:
+            raise UsageError(f"--models: {e}") from None
+        for sc, rule in refused:
+            print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
+        return _judge(scenarios, args, refused)
     if not (scenario_given(args) or args.layout) and (engine is not None or args.matrix_profile is None):
         from testbed.harness.matrix import on_integration
 
@@ -398,9 +418,45 @@ def _scenarios(args) -> list:
     return list(MATRIX)
 
 
+def _fitting(scenarios, args, refused) -> tuple[list, list]:
+    """``scenarios`` that fit this machine, and ``refused`` with those that do not (one scenario
+    given by its flags that does not fit is a usage error); with ``--dry-run`` print each
+    estimate."""
+    from testbed.scenario import footprint
+
+    machine = footprint.Machine.here()
+    fitting, refused = [], list(refused)
+    for sc in scenarios:
+        why = footprint.refusal(sc, machine)
+        if getattr(args, "dry_run", False):
+            fp = footprint.estimate(sc)
+            print(f"{'FITS' if why is None else 'TOO BIG':8s} {sc.short()}  shm {fp.shm / footprint.GB:.3g} GB "
+                  f"({fp.workspace_per_rank / footprint.MIB:.4g} MiB workspace per rank), rank "
+                  f"{fp.per_rank / footprint.MIB:.4g} MiB, parent {fp.parent / footprint.MIB:.4g} MiB, in all "
+                  f"{fp.resident / footprint.GB:.3g} GB" + (f": {why}" if why else ""), flush=True)
+        if why is None:
+            fitting.append(sc)
+        elif len(scenarios) == 1 and not refused and not getattr(args, "dry_run", False):
+            raise UsageError(f"--stages / --tokens: the scenario {why}")
+        else:
+            refused.append((sc, why))
+    if getattr(args, "dry_run", False):
+        print(f"machine: {machine.shm_free / footprint.GB:.3g} GB free in /dev/shm, {machine.memory / footprint.GB:.3g} "
+              f"GB memory available; {len(fitting)} fit, {len(scenarios) - len(fitting)} do not")
+    return fitting, refused
+
+
 def _judge(scenarios, args, refused=()) -> int:
-    """Run and judge ``scenarios``; ``refused``: the ``(scenario, rule)`` pairs not run."""
+    """Run and judge ``scenarios``; ``refused``: the ``(scenario, rule)`` pairs not run. A
+    scenario that will not fit this machine is refused before any rank starts."""
     from testbed.cluster.launched import launch_env
+
+    before = len(refused)
+    scenarios, refused = _fitting(scenarios, args, refused)
+    if getattr(args, "dry_run", False):
+        return 2 if len(refused) > before else 0
+    for sc, rule in refused[before:]:
+        print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
 
     try:
         env = launch_env()

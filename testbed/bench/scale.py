@@ -21,23 +21,34 @@ the world is what the world costs, not the tokens.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from testbed.cluster.layout import ParallelLayout
 from testbed import integrations
 from testbed.harness import runner
-from testbed.scenario.model import Layer, Scenario
+from testbed.scenario import footprint
+from testbed.scenario.model import MAX_EP_RANKS, Layer, Scenario
+from testbed.scenario.models import MODELS
 
 DEFAULT_WORLDS = "8,16,32,64"
+MODEL_WORLDS = "8,16,32,72"
+MODEL_TOKENS = 16
 TIMEOUT_S = 300.0
 LOAD = (0, 5, 7, 9, 11, 13, 15, 16)  # tokens per rank, by rank modulo 8; the layers' budget is 16
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--worlds", default=DEFAULT_WORLDS, metavar="W,W,...",
-                        help="EP world sizes (default: %(default)s)")
+    parser.add_argument("--worlds", default=None, metavar="W,W,...",
+                        help=f"EP world sizes (default: {DEFAULT_WORLDS}; with --model {MODEL_WORLDS})")
     parser.add_argument("--repeats", type=int, default=3, metavar="N",
                         help="warm scenarios per world, after the first (default: %(default)s)")
+    parser.add_argument("--model", choices=tuple(MODELS), default=None,
+                        help="a real model's shape instead of the toy one: its hidden, top_k and first dispatch "
+                             "format, its experts rounded up to a multiple of the world (the redundant experts an "
+                             "EPLB deployment adds: DeepSeek-V3's 256 become 288 at EP 72), 16 tokens on every rank; "
+                             "FlashInfer 0.7.2 (MoeAlltoAll) up to its 64 ranks, 0.7.4's moe_ep beyond "
+                             "(default worlds then 8,16,32,72)")
     parser.add_argument("--integration", choices=integrations.names(), default="impl",
                         help="whose code runs the scenario: impl (default) or the installed vLLM's or SGLang's "
                              "classes (two bf16 layers: what both run on the CPU; the fork server imports the "
@@ -59,7 +70,15 @@ def uss_mb(pid: int) -> float:
     return sum(fields.values()) / 1024
 
 
-def scenario(world: int, seed: int = 0, integration: str = "impl") -> Scenario:
+def scenario(world: int, seed: int = 0, integration: str = "impl", model: str | None = None) -> Scenario:
+    if model is not None:
+        shape = MODELS[model]
+        return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=-(-shape.experts // world) * world,
+                             top_k=shape.top_k, hidden=shape.hidden, shared_experts=shape.shared > 0,
+                             routed_scaling=shape.routed_scaling, router_weight_on_input=shape.weight_on_input,
+                             mx_alignment=shape.mx_alignment, stages=((Layer(shape.formats[0], MODEL_TOKENS),),),
+                             passes=((MODEL_TOKENS,) * world,), profile="0.7.2" if world <= MAX_EP_RANKS else "0.7.4",
+                             label=f"scale {model}", seed=seed, integration=integration)
     first = "nvfp4" if integration == "impl" else "bf16"
     return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
                          stages=((Layer(first, 16), Layer("bf16", 16)),),
@@ -67,7 +86,42 @@ def scenario(world: int, seed: int = 0, integration: str = "impl") -> Scenario:
                          seed=seed, integration=integration)
 
 
-def measure(world: int, repeats: int, integration: str = "impl") -> dict:
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident set of ``pid`` in MiB (``VmHWM``: its shared pages included)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+class MemorySampler:
+    """The machine's memory in use at its peak while it runs, above what was in use when it
+    started (``MemAvailable`` every 20 ms): what the scenarios took, all processes and
+    ``/dev/shm`` together."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self.base = self.lowest = footprint.Machine.here().memory
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.lowest = min(self.lowest, footprint.Machine.here().memory)
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_mb(self) -> float:
+        return round((self.base - self.lowest) / (1 << 20), 1)
+
+
+def measure(world: int, repeats: int, integration: str = "impl", model: str | None = None) -> dict:
+    first = scenario(world, 0, integration, model)
+    sampler = MemorySampler().__enter__()
     started = time.perf_counter()
     with runner.scenario_pool() as pool:
         pool.start(world)
@@ -78,9 +132,11 @@ def measure(world: int, repeats: int, integration: str = "impl") -> dict:
         runs = []
         for seed in range(1 + repeats):
             started = time.perf_counter()
-            verdict = runner.run(pool, scenario(world, seed, integration), timeout_s=TIMEOUT_S)
+            verdict = runner.run(pool, scenario(world, seed, integration, model), timeout_s=TIMEOUT_S)
             runs.append((time.perf_counter() - started, verdict))
         uss = [uss_mb(pid) for pid in pool.worker_pids]
+        peak = [peak_rss_mb(pid) for pid in pool.worker_pids]
+    sampler.__exit__()
     failed = [v.failures for _, v in runs if not v.passed]
     if failed or any(v.known for _, v in runs):
         failed = failed or [v.known_failures for _, v in runs if v.known]
@@ -89,7 +145,11 @@ def measure(world: int, repeats: int, integration: str = "impl") -> dict:
             "scenario_s": round(runs[0][0], 3), "ranks_s": round(runs[0][1].seconds, 3),
             "warm_scenario_s": _median([s for s, _ in runs[1:]]),
             "warm_ranks_s": _median([v.seconds for _, v in runs[1:]]),
-            "rank_uss_mb": round(sum(uss) / len(uss), 1), "rank_uss_mb_max": round(max(uss), 1)}
+            "rank_uss_mb": round(sum(uss) / len(uss), 1), "rank_uss_mb_max": round(max(uss), 1),
+            "rank_peak_rss_mb_max": round(max(peak), 1), "machine_peak_mb": sampler.peak_mb,
+            "workspace_bytes_per_rank": max((b for stage in runs[0][1].builds for _, b in stage), default=0),
+            "profile": first.profile, "experts": first.experts,
+            "estimate": footprint.estimate(first).as_dict()}
 
 
 def _median(values: list[float]) -> float | None:
@@ -109,7 +169,7 @@ def scaling(worlds: list[dict]) -> dict:
 
 def run(args) -> dict:
     try:
-        worlds = [int(w) for w in args.worlds.split(",")]
+        worlds = [int(w) for w in (args.worlds or (MODEL_WORLDS if args.model else DEFAULT_WORLDS)).split(",")]
     except ValueError:
         raise SystemExit(f"--worlds: comma-separated integers, got {args.worlds!r}") from None
     if not worlds or min(worlds) < 1:
@@ -125,6 +185,6 @@ def run(args) -> dict:
     with runner.scenario_pool() as pool:
         pool.start(1)
     preload_s = time.perf_counter() - started
-    measured = [measure(w, args.repeats, args.integration) for w in worlds]
-    return {"bench": "scale", "integration": args.integration, "preload_s": round(preload_s, 2),
+    measured = [measure(w, args.repeats, args.integration, args.model) for w in worlds]
+    return {"bench": "scale", "integration": args.integration, "model": args.model, "preload_s": round(preload_s, 2),
             "worlds": measured, "scaling": scaling(measured)}

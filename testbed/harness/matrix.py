@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 
 from testbed import integrations
-from testbed.scenario.model import PROFILES, Scenario, ScenarioInputError, from_text
+from testbed.cluster.layout import ParallelLayout
+from testbed.scenario.model import PROFILES, Scenario, ScenarioInputError, from_text, parse_stages, parse_tokens
+from testbed.scenario.models import MODELS, ModelShape
 
 
 MATRIX: tuple[Scenario, ...] = (
@@ -136,4 +138,49 @@ def on_integration(integration: str, profile: str | None = None
             refused.append((sc, str(e)))
         else:
             runnable.append(moved)
+    return runnable, refused
+
+
+# -- the model matrix: real models at EP 8 ------------------------------------------------------
+MODEL_LAYOUT = "8,1,8,1"  # DP attention over 8 ranks, the experts over the same 8 (a DeepSeek-style deployment)
+# A prefill-sized pass with an idle rank and uneven loads, then a decode pass.
+MODEL_PASSES = ("16,0,7,16,3,12,1,9", "1,1,0,1,1,1,1,1")
+MODEL_PATHS = ("one_sided", "two_sided", "allgather_reducescatter")
+
+
+def model_scenario(shape: ModelShape, fmt: str, path: str, profile: str, layout: str = MODEL_LAYOUT,
+                   passes: tuple[str, ...] = MODEL_PASSES, integration: str = "impl") -> Scenario:
+    """``shape`` as the scenario of one deployment, not validated."""
+    lay = ParallelLayout.parse(layout)
+    return Scenario(layout=lay, stages=parse_stages(shape.stages(lay.pp, fmt)),
+                    passes=tuple(map(parse_tokens, passes)), path=path, profile=profile, experts=shape.experts,
+                    top_k=shape.top_k, hidden=shape.hidden, shared_experts=shape.shared > 0,
+                    routed_scaling=shape.routed_scaling, router_weight_on_input=shape.weight_on_input,
+                    mx_alignment=shape.mx_alignment if fmt == "mxfp8" else 0, integration=integration,
+                    label=f"{shape.name} {fmt} {path} on {profile}")
+
+
+def on_models(names: tuple[str, ...] = (), integration: str = "impl"
+              ) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
+    """The model matrix: each model (``names``, default all) at EP 8 in each of its dispatch
+    formats on every all-to-all path of the pinned release, and in its first format on every
+    FlashInfer path of every other release; the scenarios that run, and those the kernels or the
+    integration refuse with the rule."""
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model {unknown[0]!r}: expected one of {', '.join(MODELS)}")
+    runnable, refused = [], []
+    for shape in (MODELS[n] for n in names or MODELS):
+        runs = [(fmt, path, "0.7.2") for fmt in shape.formats for path in MODEL_PATHS
+                if fmt == shape.formats[0] or path != "allgather_reducescatter"]
+        runs += [(shape.formats[0], path, profile) for profile in PROFILES if profile != "0.7.2"
+                 for path in MODEL_PATHS[:2]]
+        for fmt, path, profile in runs:
+            sc = model_scenario(shape, fmt, path, profile, integration=integration)
+            try:
+                sc.validate()
+            except ScenarioInputError as e:
+                refused.append((sc, str(e)))
+            else:
+                runnable.append(sc)
     return runnable, refused

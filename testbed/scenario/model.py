@@ -566,6 +566,12 @@ PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario flags of ``a2a-testbed run`` (all default to None: "not given")."""
+    from testbed.scenario.models import MODELS
+
+    parser.add_argument("--model", metavar="NAME",
+                        help=f"a real model's MoE shape: {', '.join(MODELS)} (hidden, experts, top_k, shared "
+                             "expert, scaling, router weight on input, its first dispatch format and its MTP "
+                             "layers; the layout defaults to EP 8: 8,1,8,1); any flag given overrides it")
     parser.add_argument("--path", help=f"all-to-all path: {', '.join(PATHS)} (none: expert parallel off), or "
                                        f"vLLM's backend name ({', '.join(PATH_NAMES)}) (default one_sided)")
     parser.add_argument("--profile", help=f"FlashInfer release the fake imitates: {', '.join(PROFILES)} "
@@ -635,20 +641,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def scenario_given(args: argparse.Namespace) -> bool:
     """Whether the flags describe one scenario (``--integration`` alone picks whose code runs
     the matrix)."""
-    return any(getattr(args, name) is not None for name in SCENARIO_FLAGS if name != "integration")
+    return getattr(args, "model", None) is not None or \
+        any(getattr(args, name) is not None for name in SCENARIO_FLAGS if name != "integration")
 
 
 def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
-    """The scenario the flags describe; :class:`ScenarioInputError` for a bad one."""
+    """The scenario the flags describe (over ``--model``'s preset, if given);
+    :class:`ScenarioInputError` for a bad one."""
+    from testbed.scenario.models import model as model_shape
+
+    preset, default_layout = {}, "4,2,2,1"
+    if getattr(args, "model", None) is not None:
+        try:
+            shape = model_shape(args.model)
+        except KeyError as e:
+            raise ScenarioInputError("--model", e.args[0]) from None
+        preset = {"experts": shape.experts, "top_k": shape.top_k, "hidden": shape.hidden,
+                  "shared_experts": shape.shared > 0, "routed_scaling": shape.routed_scaling,
+                  "router_weight_on_input": shape.weight_on_input, "mx_alignment": shape.mx_alignment}
+        default_layout = "8,1,8,1"
     try:
-        layout = ParallelLayout.parse(layout_text or "4,2,2,1")
+        layout = ParallelLayout.parse(layout_text or default_layout)
     except ValueError as e:
         raise ScenarioInputError("--layout", str(e)) from None
-    value = {name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
+    value = {name: preset.get(name, DEFAULTS[name]) if getattr(args, name) is None else getattr(args, name)
              for name in SCENARIO_FLAGS if name not in ("stages", "tokens")}
     value["path"] = PATH_NAMES.get(value["path"], value["path"])
-    stages = parse_stages(args.stages) if args.stages is not None else \
-        tuple((Layer("nvfp4", 16), Layer("bf16", 16)) for _ in range(layout.pp))
+    if args.stages is not None:
+        stages = parse_stages(args.stages)
+    elif preset:
+        stages = parse_stages(shape.stages(layout.pp))
+    else:
+        stages = tuple((Layer("nvfp4", 16), Layer("bf16", 16)) for _ in range(layout.pp))
     biggest = max((ly.max_num_tokens for st in stages for ly in st), default=1)
     passes = tuple(parse_tokens(t) for t in args.tokens) if args.tokens else \
         (tuple(0 if d == 0 and layout.dp > 1 else min(4 + d, biggest) for d in range(layout.dp)),)

@@ -22,6 +22,10 @@ from dataclasses import dataclass
 # where the base model verifies the request's token and the draft.
 BASE_BUDGET = 16
 MTP_BUDGET = BASE_BUDGET // 2
+# vLLM's TRT-LLM MXFP4 x MXFP8 MoE rounds gpt-oss's hidden up to 256 and quantizes the dispatched
+# activations with mx_alignment 256 (vllm 0.33.0 fused_moe/oracle/mxfp4.py, the TRTLLM branch of
+# the hidden rounding and of the quant config): 2880 values carry 3072 / 32 = 96 scale bytes.
+GPT_OSS_MX_ALIGNMENT = 256
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class ModelShape:
         The dispatch formats its deployments use, the native checkpoint's first.
     formats_source : str
         Where each format comes from (the checkpoints that carry it).
+    mx_alignment : int
+        What an mxfp8 dispatch pads its scale columns to (vLLM's ``mx_alignment``).
     """
 
     name: str
@@ -66,6 +72,7 @@ class ModelShape:
     mtp_layers: int
     formats: tuple[str, ...]
     formats_source: str
+    mx_alignment: int = 0
 
     def stages(self, pp: int, fmt: str | None = None) -> str:
         """``--stages`` of a ``pp``-stage deployment: one ``fmt`` MoE layer per stage (the
@@ -105,10 +112,10 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     # MXFP4 weights; the engines' FlashInfer TRT-LLM MoE takes them with bf16 or mxfp8 activations.
     ModelShape("gpt-oss-120b", "openai/gpt-oss-120b", 2880, 128, 4, 0, 1.0, False, 36, 0,
                ("mxfp8", "bf16"), "mxfp4 weights: the checkpoint; activations mxfp8 or bf16 (the engines' "
-               "FlashInfer MXFP4 MoE backends)"),
+               "FlashInfer MXFP4 MoE backends)", GPT_OSS_MX_ALIGNMENT),
     # config.json: hidden_size 2880, num_local_experts 32, experts_per_token 4, num_hidden_layers 24.
     ModelShape("gpt-oss-20b", "openai/gpt-oss-20b", 2880, 32, 4, 0, 1.0, False, 24, 0,
-               ("mxfp8", "bf16"), "as gpt-oss-120b"),
+               ("mxfp8", "bf16"), "as gpt-oss-120b", GPT_OSS_MX_ALIGNMENT),
     # config.json (text_config): hidden_size 5120, num_local_experts 128, num_experts_per_tok 1,
     # interleave_moe_layer_step 2 of num_hidden_layers 48, a shared expert per MoE layer; the top-1
     # sigmoid router weight scales the expert's input. NVFP4: nvidia/Llama-4-Maverick-17B-128E-Instruct-FP4.
@@ -116,10 +123,9 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
                24, 0, ("bf16", "nvfp4"), "bf16: the checkpoint; nvfp4: nvidia/Llama-4-Maverick-17B-128E-Instruct-FP4"),
     # config.json: hidden_size 5120, n_routed_experts 160, n_shared_experts 1, num_experts_per_tok 8,
     # routed_scaling_factor 2.5, num_hidden_layers 92, first_k_dense_replace 3, num_nextn_predict_layers 1.
-    # FP8: zai-org/GLM-4.5-FP8; NVFP4: nvidia/GLM-4.5-FP4 is not published, the format is what its
-    # engines run for the family (nvidia/GLM-4.6-FP4).
+    # FP8: zai-org/GLM-4.5-FP8 (its block size not read from its config here).
     ModelShape("glm-4.5", "zai-org/GLM-4.5", 5120, 160, 8, 1, 2.5, False, 89, 1,
-               ("bf16", "fp8_block", "nvfp4"), "bf16: the checkpoint; fp8_block: zai-org/GLM-4.5-FP8"),
+               ("bf16", "fp8_block"), "bf16: the checkpoint; fp8_block: zai-org/GLM-4.5-FP8"),
 )}
 
 
