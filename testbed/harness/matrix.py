@@ -88,6 +88,13 @@ MATRIX: tuple[Scenario, ...] = (
        label="odd EP 33: 100 experts split 4/3 per rank"),
     from_text("72,1,72,1", "nvfp4:16,bf16:16", ",".join(str(d % 17) for d in range(72)), profile="0.7.4", experts=288,
        top_k=8, label="EP 72, a whole NVL72 (0.7.4's moe_ep kernels take 256 ranks): 288 experts, top_k 8"),
+    # -- real models' shapes (testbed/scenario/models.py) -----------------------------------------
+    from_text("8,1,8,1", "mxfp8:16,bf16:8", "16,0,7,16,3,12,1,9 1,1,0,1,1,1,1,1", hidden=2880, experts=128, top_k=4,
+       mx_alignment=256, label="gpt-oss-120b's shape: hidden 2880 in mxfp8 with vLLM's mx_alignment 256 (90 scale "
+       "blocks padded to 96)"),
+    from_text("8,2,4,1", "fp8_block:16,nvfp4:8", "16,3,0,9", experts=256, top_k=8, hidden=7168, shared_experts=True,
+       routed_scaling=2.5, label="DeepSeek-V3's shape at TP 2 x DP 4: hidden 7168, 256 experts, a shared expert, "
+       "scaling 2.5; its MTP layer in nvfp4"),
 )
 
 

@@ -20,6 +20,7 @@ from testbed.harness import findings, invariants, mutants
 from testbed.harness.audit import certain_mismatch
 from testbed.harness.invariants import Failure, Verdict
 from testbed.harness.program import run_scenario
+from testbed.scenario import footprint
 from testbed.scenario.events import Event, LogTail, SharedMemoryCreated
 from testbed.scenario.model import Scenario
 
@@ -47,6 +48,7 @@ def process_group_backend(backend: str) -> str:
 def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
         timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
     """Run ``sc`` (optionally against ``mutant`` of impl) and check every invariant."""
+    machine = footprint.Machine.here()  # before the ranks take theirs
     log_dir = tempfile.mkdtemp(prefix="a2atb-log-")
     started = time.monotonic()
     try:
@@ -65,11 +67,30 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
         shutil.rmtree(log_dir, ignore_errors=True)
     verdict = invariants.check(sc, logs, results, error)
     verdict.seconds = seconds
+    killed = killed_note(sc, error, machine)
+    if killed:
+        verdict.failures.append(Failure("completes", killed))
     leaks = "; ".join(filter(None, (_leaks(), _posix_shm_left(logs, counted=error is None))))
     if leaks:
         verdict.failures.append(Failure("no-leaks", leaks))
     findings.judge(verdict)
     return verdict
+
+
+def killed_note(sc: Scenario, error, machine: "footprint.Machine") -> str | None:
+    """What to say of ranks killed by SIGKILL (what the kernel's out-of-memory killer sends):
+    which, and the scenario's estimated needs against what the machine had when it started."""
+    if error is None:
+        return None
+    killed = sorted(r for r, rep in error.reports.items() if rep.status == "died" and "SIGKILL" in rep.summary)
+    if not killed:
+        return None
+    fp = footprint.estimate(sc)
+    return (f"ranks {killed} were killed by SIGKILL, as the kernel's out-of-memory killer kills: the scenario was "
+            f"estimated at ~{fp.resident / footprint.GB:.3g} GB in all ({fp.shm / footprint.GB:.3g} GB of shared "
+            f"memory, {fp.per_rank / footprint.MIB:.4g} MiB per rank), and this machine had "
+            f"{machine.memory / footprint.GB:.3g} GB available and {machine.shm_free / footprint.GB:.3g} GB free in "
+            "/dev/shm when it started (`a2a-testbed run ... --dry-run` prints the estimate)")
 
 
 def run_launched(env, sc: Scenario, *, index: int, mutant: Optional[str] = None,

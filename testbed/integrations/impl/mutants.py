@@ -113,6 +113,14 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("mxfp8-scale-floor", "the mxfp8 scale exponent rounds down, so block maxima saturate",
        "impl.quant:quantize_mxfp8", "exp = torch.ceil(torch.log2(", "exp = torch.floor(torch.log2(",
        ("output", "")),
+    # -- what shows only at a real model's hidden size (gpt-oss's 2880: 90 mxfp8 scale blocks,
+    # padded to 96 by mx_alignment 256; the toy sizes' scale columns need no padding) ----------
+    _m("mx-alignment-ignored", "the mxfp8 layout leaves out mx_alignment's padding of the scale columns",
+       "impl.formats:mx_scale_columns", "padded = -(-hidden // mx_alignment) * mx_alignment if mx_alignment else hidden",
+       "padded = hidden", ("completes", "to be a multiple of 4 bytes"), ("workspace", "does not cover")),
+    _m("mx-scales-right-aligned", "the mxfp8 quantizer writes the scales at the end of the padded columns",
+       "impl.quant:quantize_mxfp8", "sf[:, : H // MX_BLOCK] =", "sf[:, cols - H // MX_BLOCK:] =",
+       ("output", "")),
     # -- runtime max tokens and 0-token ranks ------------------------------------------------
     _m("rtm-local-count", "the runtime max tokens per rank is the local count, not the DP max",
        "impl.forward_context:runtime_max_tokens_per_rank",
