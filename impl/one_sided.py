@@ -193,7 +193,7 @@ class OneSidedLayer:
     ``invalid_expert_id`` marks received lanes without a token: -1 (what vLLM passes) or
     ``num_experts`` (the two-sided path's sentinel); the expert kernels skip both.
     ``packed_payloads``: the payloads lie back to back in the workspace (``MoeAlltoAll``), so
-    the int32 ids after the activations need those to be a multiple of 4 bytes.
+    at an odd EP size the int32 ids after the activations need those to be a multiple of 4 bytes.
     """
 
     def __init__(self, manager: EPGroupManager, *, max_num_tokens: int, top_k: int, num_experts: int,
@@ -201,7 +201,7 @@ class OneSidedLayer:
                  invalid_expert_id: int, packed_payloads: bool):
         check_invalid_expert_id(invalid_expert_id, num_experts)
         if packed_payloads:
-            check_activation_alignment(layout, hidden_size)
+            check_activation_alignment(layout, hidden_size, manager.world_size)
         self.manager = manager
         self.max_num_tokens = max_num_tokens
         self.top_k = top_k
@@ -311,16 +311,17 @@ def check_invalid_expert_id(invalid_expert_id: int, num_experts: int) -> None:
                          f"and skipped by the expert kernels), got {invalid_expert_id!r}")
 
 
-def check_activation_alignment(layout: DispatchLayout, hidden_size: int) -> None:
+def check_activation_alignment(layout: DispatchLayout, hidden_size: int, ep_size: int) -> None:
     activation = layout.x_bytes_per_token + layout.x_sf_bytes_per_token
-    if activation % ID_BYTES:
+    if activation % ID_BYTES and ep_size % 2:
         # FlashInfer packs each payload right behind the previous one and requires every
-        # payload to start aligned to its element size; the int32 ids follow [x, x_sf], so
-        # an odd total fails whenever ep_size * runtime_max_tokens_per_rank is odd.
+        # payload to end aligned to its element size (ep_size * S rows of it); the int32 ids
+        # follow [x, x_sf], so an activation row of 2 mod 4 bytes fails whenever
+        # ep_size * runtime_max_tokens_per_rank is odd: at an odd EP size, every odd step.
         raise ValueError(
-            f"hidden_size={hidden_size}: the one-sided dispatch needs the activation payload "
-            f"(values + scales = {layout.x_bytes_per_token} + {layout.x_sf_bytes_per_token} bytes per "
-            f"token) to be a multiple of {ID_BYTES} bytes, the int32 ids come right after it; "
+            f"hidden_size={hidden_size}: the one-sided dispatch at an odd EP size ({ep_size}) needs the "
+            f"activation payload (values + scales = {layout.x_bytes_per_token} + {layout.x_sf_bytes_per_token} "
+            f"bytes per token) to be a multiple of {ID_BYTES} bytes, the int32 ids come right after it; "
             "choose a hidden size that gives one (or pad the scales, e.g. mx_alignment)")
 
 

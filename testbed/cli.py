@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                          help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
                               f"checkout's {engine.source_hint} on every rank ({engine.source_env}), so a branch is "
                               "tested as it stands")
+    _ray_arguments(run)
     run.add_argument("--dry-run", action="store_true",
                      help="print each scenario's estimated shared memory, memory per rank and in all, and whether "
                           "it fits this machine; run nothing (exit 2 if one does not fit)")
@@ -94,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
     mu.add_argument("--list", action="store_true", help="list the mutants and exit")
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
+    _ray_arguments(mu)
     mu.add_argument("--json", metavar="PATH", help="write the table as JSON")
     mu.add_argument("--junit-xml", metavar="PATH",
                     help="write JUnit XML: a test case per mutant, a survivor a failure with why")
@@ -149,6 +152,15 @@ def _parser() -> argparse.ArgumentParser:
     ct.add_argument("--write-excerpt", metavar="DIR",
                     help="also write the excerpt of each release read (DIR/<version>/flashinfer/...)")
     return parser
+
+
+def _ray_arguments(parser) -> None:
+    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                        help="fan the campaign out over a Ray cluster, each scenario on one machine's rank pool: "
+                             "local (the default) starts one on this machine; an address joins a running one "
+                             "(auto, HEAD:6379, ray://HEAD:10001); needs the ray extra")
+    parser.add_argument("--ray-hosts", type=int, metavar="N",
+                        help="with --ray: rank pools to spread over the cluster (default: one per node)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -467,20 +479,45 @@ def _judge(scenarios, args, refused=()) -> int:
     from testbed.harness import report, runner
 
     started = time.monotonic()
-    verdicts = []
-    with runner.scenario_pool() as pool:
-        run = lambda sc: runner.run(pool, sc, mutant=args.mutant,  # noqa: E731
-                                    timeout_s=args.timeout or runner.DEFAULT_TIMEOUT_S)
-        for i, v in _each(scenarios, lambda sc: sc.short(), run):
-            print(report.verdict_line(i, len(scenarios), v), flush=True)
-            if not v.passed:
-                print(report.failure_text(v), flush=True)
-            elif v.known:
-                print(report.known_text(v), flush=True)
-            verdicts.append(v)
+    verdicts = {}
+    timeout_s = args.timeout or runner.DEFAULT_TIMEOUT_S
+
+    def show(i: int, v) -> None:
+        print(report.verdict_line(i, len(scenarios), v), flush=True)
+        if not v.passed:
+            print(report.failure_text(v), flush=True)
+        elif v.known:
+            print(report.known_text(v), flush=True)
+        verdicts[i] = v
+
+    if args.ray:
+        with _campaign(args) as hosts:
+            for i, v in hosts.run(scenarios, mutant=args.mutant, timeout_s=timeout_s):
+                show(i + 1, v)
+    else:
+        with runner.scenario_pool() as pool:
+            run = lambda sc: runner.run(pool, sc, mutant=args.mutant, timeout_s=timeout_s)  # noqa: E731
+            for i, v in _each(scenarios, lambda sc: sc.short(), run):
+                show(i, v)
     seconds = time.monotonic() - started
-    _reports(args, verdicts, refused, seconds)
-    return _summary(verdicts, len(refused), seconds)
+    ordered = [verdicts[i] for i in sorted(verdicts)]
+    _reports(args, ordered, refused, seconds)
+    return _summary(ordered, len(refused), seconds, f" on Ray ({args.ray})" if args.ray else "")
+
+
+@contextlib.contextmanager
+def _campaign(args):
+    """The Ray hosts of ``--ray`` / ``--ray-hosts``, announced in one line."""
+    from testbed.harness import campaign
+
+    if args.ray_hosts is not None:
+        _positive("--ray-hosts", args.ray_hosts)
+    try:
+        with campaign.cluster(args.ray, args.ray_hosts) as hosts:
+            print(f"ray: {hosts.hosts} hosts on {len(set(hosts.nodes()))} node(s) of {args.ray}", flush=True)
+            yield hosts
+    except campaign.RayUnavailable as e:
+        raise UsageError(str(e)) from None
 
 
 def _reports(args, verdicts, refused, seconds: float) -> None:
@@ -667,10 +704,18 @@ def _mutants(args) -> int:
     started = time.monotonic()
     hunts = []
     print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
-    with runner.scenario_pool() as pool:
-        for _, h in _each(names, str, lambda name: runner.hunt(pool, name, scenarios, timeout_s=args.timeout)):
-            print(f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
-            hunts.append(h)
+    def show(h) -> None:
+        print(f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
+        hunts.append(h)
+
+    if args.ray:
+        with _campaign(args) as hosts:
+            for _, h in hosts.hunt(names, scenarios, timeout_s=args.timeout):
+                show(h)
+    else:
+        with runner.scenario_pool() as pool:
+            for _, h in _each(names, str, lambda name: runner.hunt(pool, name, scenarios, timeout_s=args.timeout)):
+                show(h)
     killed = sum(h.killed for h in hunts)
     if args.junit_xml:
         from testbed.harness import junit

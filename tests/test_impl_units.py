@@ -291,17 +291,23 @@ def test_runtime_max_tokens_is_max_over_dp_and_at_least_one():
     (33, QuantConfig(), "66 + 0"),
 ])
 def test_one_sided_layer_rejects_activation_bytes_that_misalign_the_ids(hidden, qc, sizes):
-    """FlashInfer packs [x, x_sf, ids, weights] back to back and requires each payload aligned
-    to its element size: an activation payload that is not a multiple of 4 bytes per token
-    fails in dispatch whenever ep_size * runtime max tokens is odd, so the layer refuses it."""
+    """FlashInfer packs [x, x_sf, ids, weights] back to back and requires each payload to end
+    aligned to its element size: an activation payload that is not a multiple of 4 bytes per
+    token fails in dispatch whenever ep_size * runtime max tokens is odd, so at an odd EP size
+    the layer refuses it; at an even one every step's product is even and the kernels take it."""
     import types
 
     from impl.one_sided import OneSidedPrepareFinalize
 
-    with pytest.raises(ValueError, match=rf"hidden_size={hidden}: .*= {re.escape(sizes)} bytes per token\) "
-                                          r"to be a multiple of 4 bytes"):
-        OneSidedPrepareFinalize(types.SimpleNamespace(world_size=2), max_num_tokens=4, top_k=2, num_experts=4,
-                                hidden_size=hidden, layout=dispatch_layout(hidden, qc, torch.bfloat16))
+    def build(ep_size):
+        return OneSidedPrepareFinalize(types.SimpleNamespace(world_size=ep_size), max_num_tokens=4, top_k=2,
+                                       num_experts=6, hidden_size=hidden,
+                                       layout=dispatch_layout(hidden, qc, torch.bfloat16))
+
+    with pytest.raises(ValueError, match=rf"hidden_size={hidden}: the one-sided dispatch at an odd EP size \(3\) "
+                                          rf".*= {re.escape(sizes)} bytes per token\) to be a multiple of 4 bytes"):
+        build(3)
+    assert build(2).layout.x_bytes_per_token == int(sizes.split()[0])
 
 
 def test_supports_kw_positional_only_is_not_a_keyword():

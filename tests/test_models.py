@@ -107,3 +107,18 @@ def test_output_tells_a_double_reduce_a_dropped_weight_and_a_wrong_expert_apart(
     qwen = model_scenario(MODELS["qwen3-30b-a3b"], "bf16", "one_sided", "0.7.2", passes=("9,0,3,1,2,5,1,4",))
     wrong = caught(dataclasses.replace(qwen, expert_kernel="trtllm"), "trtllm-offset-zero")
     assert all(f < 0.9 for f in wrong), wrong
+
+
+def test_gpt_oss_unpadded_mxfp8_refused_only_where_moealltoall_fails():
+    """2880 mxfp8 values and 90 scales (2970 bytes, 2 mod 4) before the int32 ids: MoeAlltoAll's
+    host check fails each step whose ep_size * runtime max is odd, so only an odd EP size is
+    refused (with the rule); at EP 8 the kernels take it, padded (vLLM's 256) or not."""
+    shape = MODELS["gpt-oss-120b"]
+    for alignment in (0, 256):
+        dataclasses.replace(model_scenario(shape, "mxfp8", "one_sided", "0.7.2"), mx_alignment=alignment).validate()
+    odd = dataclasses.replace(model_scenario(shape, "mxfp8", "one_sided", "0.7.2", layout="3,1,3,1",
+                                             passes=("1,2,3",)), experts=6, mx_alignment=0)
+    with pytest.raises(ScenarioInputError, match=r"--hidden: the one-sided dispatch at an odd EP size \(3\) needs "
+                                                 r"mxfp8 values \+ scales of a token \(2970 bytes at hidden 2880\)"):
+        odd.validate()
+    dataclasses.replace(odd, mx_alignment=256).validate()

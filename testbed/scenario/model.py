@@ -424,7 +424,10 @@ class Scenario:
                                          f"got {self.hidden}")
 
     def _check_hidden(self, fmt: str) -> None:
-        broken = hidden_rule(fmt, self.hidden, self.path, self.mx_alignment)
+        # 0.7.4's own moe_ep kernels take any row, but impl's moe_ep layer cannot tell them from
+        # 0.7.2's (MoeAlltoAll underneath) and refuses such a row at an odd EP size on both;
+        # vLLM and SGLang cannot run 0.7.4 (VLLM-001, SGL-002): the rule stays the packed one.
+        broken = hidden_rule(fmt, self.hidden, self.path, self.mx_alignment, self.ep_size)
         if broken:
             raise ScenarioInputError("--hidden", broken)
 
@@ -505,16 +508,23 @@ def api_for(path: str, profile: str, a2a_api: str) -> str | None:
     return a2a_api if a2a_api != "auto" else available_apis(path, profile)[0]
 
 
-def hidden_rule(fmt: str, hidden: int, path: str, mx_alignment: int = 0) -> str | None:
+def hidden_rule(fmt: str, hidden: int, path: str, mx_alignment: int = 0, ep_size: int = 1) -> str | None:
     """The rule ``hidden`` breaks for ``fmt`` on ``path`` (mxfp8 scales padded to
-    ``mx_alignment``), or None."""
+    ``mx_alignment``) at EP size ``ep_size``, or None. The one-sided payloads lie back to back
+    (``MoeAlltoAll``'s host code, 0.7.2.post1 ``csrc/trtllm_moe_alltoall.cu`` lines 264-271:
+    ``totalBytesNeeded % elementSize == 0`` after each payload of ``epSize *
+    runtimeMaxTokensPerRank`` rows), so the int32 ids after an activation row of 2 mod 4 bytes
+    fail every step where ``ep_size * S`` is odd: never at an even EP size, every odd step at an
+    odd one. (0.7.4's own moe_ep kernels start each payload on a 128-byte line,
+    ``csrc/nvlink_one_sided_alltoall.cu`` line 897, and would take any row; see ``_check_hidden``.)"""
     block = BLOCK[fmt]
     if hidden % block:
         return f"{fmt} needs hidden divisible by {block} (one scale per {block} values), got {hidden}"
     per_token = sum(row_bytes(fmt, hidden, mx_alignment).values())
-    if path == "one_sided" and per_token % 4:
-        return (f"the one-sided dispatch needs {fmt} values + scales of a token ({per_token} bytes at hidden "
-                f"{hidden}) to be a multiple of 4: the int32 ids follow them")
+    if path == "one_sided" and per_token % 4 and ep_size % 2:
+        return (f"the one-sided dispatch at an odd EP size ({ep_size}) needs {fmt} values + scales of a token "
+                f"({per_token} bytes at hidden {hidden}) to be a multiple of 4: the int32 ids follow them, and "
+                "MoeAlltoAll fails every step whose ep_size * runtime max tokens is odd")
     if path == "two_sided":
         for what, nbytes in row_bytes(fmt, hidden, mx_alignment).items():
             if nbytes % TWO_SIDED_ROW_UNIT:
