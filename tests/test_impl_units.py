@@ -297,17 +297,15 @@ def test_one_sided_layer_rejects_activation_bytes_that_misalign_the_ids(hidden, 
     the layer refuses it; at an even one every step's product is even and the kernels take it."""
     import types
 
-    from impl.one_sided import OneSidedPrepareFinalize
+    from impl.one_sided import OneSidedPrepareFinalize, check_activation_alignment
 
-    def build(ep_size):
-        return OneSidedPrepareFinalize(types.SimpleNamespace(world_size=ep_size), max_num_tokens=4, top_k=2,
-                                       num_experts=6, hidden_size=hidden,
-                                       layout=dispatch_layout(hidden, qc, torch.bfloat16))
-
+    layout = dispatch_layout(hidden, qc, torch.bfloat16)
     with pytest.raises(ValueError, match=rf"hidden_size={hidden}: the one-sided dispatch at an odd EP size \(3\) "
                                           rf".*= {re.escape(sizes)} bytes per token\) to be a multiple of 4 bytes"):
-        build(3)
-    assert build(2).layout.x_bytes_per_token == int(sizes.split()[0])
+        OneSidedPrepareFinalize(types.SimpleNamespace(world_size=3), max_num_tokens=4, top_k=2, num_experts=6,
+                                hidden_size=hidden, layout=layout)
+    for ep_size in (2, 4, 8):
+        check_activation_alignment(layout, hidden, ep_size)
 
 
 def test_supports_kw_positional_only_is_not_a_keyword():

@@ -122,3 +122,17 @@ def test_gpt_oss_unpadded_mxfp8_refused_only_where_moealltoall_fails():
                                                  r"mxfp8 values \+ scales of a token \(2970 bytes at hidden 2880\)"):
         odd.validate()
     dataclasses.replace(odd, mx_alignment=256).validate()
+
+
+def test_model_matrix_under_an_engine_is_built_as_the_engine_builds_it(vllm_installed, cluster):
+    """Under vLLM every layer, the MTP layer too, takes the scheduler's one budget and vLLM's
+    quant method decides the mxfp8 padding; the release is vLLM's pin. DeepSeek-V3's fp8 blocks
+    one-sided then pass through vLLM's own MoE layer at hidden 7168."""
+    scenarios, refused = on_models(("deepseek-v3", "gpt-oss-20b"), "vllm")
+    assert {sc.profile for sc in scenarios} == {"0.7.2"}
+    assert all(len({ly.max_num_tokens for st in sc.stages for ly in st}) == 1 for sc in scenarios)
+    assert all(sc.mx_alignment == 0 for sc in scenarios) and refused
+    (fp8,) = [sc for sc in scenarios if sc.label == "deepseek-v3 fp8_block one_sided on 0.7.2"]
+    assert [str(ly) for ly in fp8.stages[0]] == ["fp8_block:16", "fp8_block:16"]
+    v = runner.run(cluster, fp8, timeout_s=120)
+    assert v.passed and not v.known, failure_text(v)

@@ -170,24 +170,48 @@ def model_scenario(shape: ModelShape, fmt: str, path: str, profile: str, layout:
 def on_models(names: tuple[str, ...] = (), integration: str = "impl"
               ) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
     """The model matrix: each model (``names``, default all) at EP 8 in each of its dispatch
-    formats on every all-to-all path of the pinned release, and in its first format on every
-    FlashInfer path of every other release; the scenarios that run, and those the kernels or the
-    integration refuse with the rule."""
+    formats on every all-to-all path of the pinned release (an engine's own pin), and, driven by
+    impl, in its first format on every FlashInfer path of every other release; the scenarios
+    that run (as the integration builds the model), and those the kernels or the integration
+    refuse with the rule."""
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         raise ValueError(f"unknown model {unknown[0]!r}: expected one of {', '.join(MODELS)}")
+    engine = integrations.get(integration).engine
+    pinned = engine.pinned_profile if engine else "0.7.2"
+    # An engine runs on the release it pins (its matrix's rule); impl on every release.
+    others = () if engine else tuple(p for p in PROFILES if p != pinned)
     runnable, refused = [], []
     for shape in (MODELS[n] for n in names or MODELS):
-        runs = [(fmt, path, "0.7.2") for fmt in shape.formats for path in MODEL_PATHS
+        runs = [(fmt, path, pinned) for fmt in shape.formats for path in MODEL_PATHS
                 if fmt == shape.formats[0] or path != "allgather_reducescatter"]
-        runs += [(shape.formats[0], path, profile) for profile in PROFILES if profile != "0.7.2"
-                 for path in MODEL_PATHS[:2]]
+        runs += [(shape.formats[0], path, profile) for profile in others for path in MODEL_PATHS[:2]]
         for fmt, path, profile in runs:
             sc = model_scenario(shape, fmt, path, profile, integration=integration)
             try:
-                sc.validate()
+                runnable.append(_as_integration_builds(sc))
             except ScenarioInputError as e:
                 refused.append((sc, str(e)))
-            else:
-                runnable.append(sc)
     return runnable, refused
+
+
+def _as_integration_builds(sc: Scenario) -> Scenario:
+    """``sc`` as its integration builds the model, validated: where it refuses a preset's
+    choice that its own engine makes (one token budget for every layer, the MTP layer's too;
+    the mxfp8 scale padding its quant method decides), the engine's choice instead; the first
+    refusal otherwise."""
+    one_budget = tuple(tuple(dataclasses.replace(ly, max_num_tokens=max(x.max_num_tokens for x in st)) for ly in st)
+                       for st in sc.stages)
+    tries = (sc, dataclasses.replace(sc, stages=one_budget), dataclasses.replace(sc, mx_alignment=0),
+             dataclasses.replace(sc, stages=one_budget, mx_alignment=0))
+    first = None
+    for candidate in tries:
+        try:
+            candidate.validate()
+        except ScenarioInputError as e:
+            first = first or e
+            if e.flag not in ("--stages", "--mx-alignment"):
+                raise
+        else:
+            return candidate
+    raise first

@@ -27,7 +27,14 @@ import torch
 
 from testbed import patch
 from testbed.integrations.vllm.experts import experts_class
-from testbed.scenario.reference import ACT_DTYPE, NVFP4_GLOBAL_SCALE, LinearMap, padding_routing, shared_weight
+from testbed.scenario.reference import (
+    ACT_DTYPE,
+    NVFP4_GLOBAL_SCALE,
+    LinearMap,
+    intermediate_size,
+    padding_routing,
+    shared_weight,
+)
 
 class Format(NamedTuple):
     """How a layer of one activation format is built: the checkpoint's vLLM quantization
@@ -122,7 +129,10 @@ def build_runner(session, index: int, fmt: str, experts):
         config.kernel_config.moe_backend = form.moe_backend
         with set_current_vllm_config(config):
             runner = FusedMoEFactory(
-                num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden, intermediate_size=sc.hidden,
+                num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden,
+                # The weights are never read (the testbed's experts compute): the smallest
+                # size every quant method takes, so a real hidden size costs O(H) per expert.
+                intermediate_size=intermediate_size(sc),
                 params_dtype=ACT_DTYPE, renormalize=False, quant_config=checkpoint_quant_config(form.kind),
                 prefix=f"model.layers.{ctx.coords.pp_rank}.{index}.mlp.experts",
                 custom_routing_function=handed_routing, routed_scaling_factor=sc.routed_scaling,
