@@ -198,20 +198,17 @@ def on_models(names: tuple[str, ...] = (), integration: str = "impl"
 def _as_integration_builds(sc: Scenario) -> Scenario:
     """``sc`` as its integration builds the model, validated: where it refuses a preset's
     choice that its own engine makes (one token budget for every layer, the MTP layer's too;
-    the mxfp8 scale padding its quant method decides), the engine's choice instead; the first
-    refusal otherwise."""
+    the mxfp8 scale padding its quant method decides), the engine's choice instead; the
+    refusal of the engine's choices otherwise."""
     one_budget = tuple(tuple(dataclasses.replace(ly, max_num_tokens=max(x.max_num_tokens for x in st)) for ly in st)
                        for st in sc.stages)
     tries = (sc, dataclasses.replace(sc, stages=one_budget), dataclasses.replace(sc, mx_alignment=0),
              dataclasses.replace(sc, stages=one_budget, mx_alignment=0))
-    first = None
     for candidate in tries:
         try:
             candidate.validate()
         except ScenarioInputError as e:
-            first = first or e
-            if e.flag not in ("--stages", "--mx-alignment"):
+            if e.flag not in ("--stages", "--mx-alignment") or candidate is tries[-1]:
                 raise
         else:
             return candidate
-    raise first
