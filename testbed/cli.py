@@ -113,7 +113,12 @@ def _parser() -> argparse.ArgumentParser:
     en.add_argument("--dp", type=int, metavar="N", help="data-parallel ranks (each its own engine)")
     en.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel ranks per DP rank (default 1)")
     en.add_argument("--path", default="one_sided", help="the all-to-all: one_sided (default) or two_sided")
-    en.add_argument("--arch", default="qwen3-moe", help="the checkpoint: qwen3-moe (default) or deepseek-v2")
+    en.add_argument("--arch", default=None, help="the checkpoint: qwen3-moe (default) or deepseek-v2")
+    en.add_argument("--model", metavar="NAME",
+                    help="a checkpoint at a real model's MoE shape (hidden, experts, top_k, its shared expert and "
+                         "scaling) on one layer, in its family's architecture, so the engine's own block of the "
+                         "family runs it: qwen3-235b-a22b, qwen3-30b-a3b (qwen3-moe), deepseek-v3, deepseek-r1, "
+                         "kimi-k2 (deepseek-v2's block)")
     en.add_argument("--prompts", metavar="LENGTHS", help="per DP rank (space-separated) its prompts' lengths "
                     "(comma-separated; - for none), e.g. '5,11 7'")
     en.add_argument("--max-tokens", metavar="N,N", help="per DP rank, the tokens each of its prompts generates")
@@ -639,7 +644,7 @@ def _engine(args) -> int:
         raise UsageError(f"--mutant: unknown {args.integration} mutant {args.mutant!r} (a2a-testbed mutants "
                          f"--integration {args.integration} --list)")
     if args.dp is None:
-        given = [flag for flag in ("prompts", "max_tokens") if getattr(args, flag) is not None]
+        given = [flag for flag in ("prompts", "max_tokens", "model") if getattr(args, flag) is not None]
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} goes with --dp (one engine scenario)")
         scenarios = integration.engine_matrix()
@@ -647,7 +652,13 @@ def _engine(args) -> int:
         if args.prompts is None or args.max_tokens is None:
             raise UsageError("--dp: give --prompts and --max-tokens too (per DP rank)")
         try:
-            scenarios = (EngineScenario(dp=args.dp, tp=args.tp, path=args.path, arch=args.arch,
+            if args.model and args.arch:
+                raise UsageError("--arch goes without --model (the model's family decides the checkpoint)")
+            from testbed.scenario.models import MODELS
+
+            shape = MODELS.get(args.model or "")
+            arch = args.arch or (shape.checkpoint_arch if shape and shape.checkpoint_arch else "qwen3-moe")
+            scenarios = (EngineScenario(dp=args.dp, tp=args.tp, path=args.path, arch=arch, model=args.model or "",
                                         prompts=parse_prompts(args.prompts),
                                         max_tokens=tuple(int(n) for n in args.max_tokens.split(",")),
                                         integration=args.integration, budget=args.budget, dtype=args.dtype,

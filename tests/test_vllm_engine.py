@@ -65,6 +65,29 @@ def test_engine_catches_a_mutant_of_vllm(no_leaks, mutant, entry, invariant):
     assert any(f.invariant == invariant for f in v.failures), engine.failure_text(v)
 
 
+@pytest.mark.usefixtures("vllm_installed")
+def test_engine_runs_a_real_model_shape_through_its_familys_block(no_leaks):
+    """DeepSeek-V3's MoE shape (hidden 7168, 256 experts, top_k 8) on one layer in the
+    deepseek-v2 architecture: vLLM's own DeepseekV2MoE decides the shared expert and the
+    scaling (2.5, the model's), DP 2 + EP one-sided on the fake, against the DP 1 run."""
+    es = EngineScenario(dp=2, prompts=((5, 11), (7,)), max_tokens=(3, 2), arch="deepseek-v2", model="deepseek-v3")
+    v = engine.run(no_leaks, es, timeout_s=ENGINE_TIMEOUT_S)
+    assert v.passed and not v.known, engine.failure_text(v)
+    sc = v.scenario
+    assert (sc.hidden, sc.experts, sc.top_k, sc.shared_experts, sc.routed_scaling) == (7168, 256, 8, True, 2.5)
+    assert v.events["dispatch"] == v.events["combine"] == v.events["forward"] >= 2 * es.layout.world_size
+
+
+def test_engine_model_names_what_it_can_build():
+    with pytest.raises(ScenarioInputError, match=r"--model: the engine level writes checkpoints of deepseek-v3, "
+                                                 r"deepseek-r1, kimi-k2, qwen3-235b-a22b, qwen3-30b-a3b .*'gpt-oss-120b'"):
+        EngineScenario(dp=2, prompts=((5,), (7,)), max_tokens=(1, 1), model="gpt-oss-120b")
+    with pytest.raises(ScenarioInputError, match=r"--arch: qwen3-30b-a3b is a qwen3-moe checkpoint"):
+        EngineScenario(dp=2, prompts=((5,), (7,)), max_tokens=(1, 1), model="qwen3-30b-a3b", arch="deepseek-v2")
+    ck = EngineScenario(dp=2, prompts=((5,), (7,)), max_tokens=(1, 1), model="qwen3-30b-a3b").checkpoint()
+    assert (ck.hidden, ck.experts, ck.top_k, ck.layers, ck.head_dim, ck.shared_experts) == (2048, 128, 8, 1, 128, 0)
+
+
 def test_engine_steps_the_model_would_change_fail():
     """A forward context giving a DP rank 0 tokens is what vLLM's step rule says cannot
     happen: the engine run then fails ``engine-steps`` instead of judging rounds the scenario

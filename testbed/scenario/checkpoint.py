@@ -11,6 +11,11 @@ Two architectures, the MoE blocks NVLink all-to-all deployments run:
 
 Every weight is drawn from one seeded generator, so every rank writes (or reads) the same
 checkpoint; a DP 1 run of it is the reference of an expert-parallel run.
+
+:func:`at_model_shape` gives a real model's MoE shape (hidden, experts, top_k, its shared expert
+and scaling through the family's block) on one layer with 128-wide heads, a small vocabulary and
+a small expert intermediate size: what the all-to-all moves is the model's, the rest is as small
+as the engine takes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class Checkpoint:
     moe_intermediate: int = 256
     vocab: int = 512
     seed: int = 0
+    routed_scaling_factor: float | None = None  # deepseek-v2: the family's 2.5 unless a model gives its own
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
@@ -56,7 +62,23 @@ class Checkpoint:
 
     @property
     def routed_scaling(self) -> float:
-        return 2.5 if self.arch == "deepseek-v2" else 1.0
+        if self.arch != "deepseek-v2":
+            return 1.0
+        return 2.5 if self.routed_scaling_factor is None else self.routed_scaling_factor
+
+
+HEAD_DIM = 128  # a real model's attention head width
+MODEL_SHAPE_INTERMEDIATE = 64  # the experts' width at a model's shape (the all-to-all never sees it)
+
+
+def at_model_shape(shape, seed: int = 0) -> Checkpoint:
+    """One MoE layer of ``shape`` (a :class:`testbed.scenario.models.ModelShape` whose family
+    has a ``checkpoint_arch``): its hidden, routed experts, top_k and scaling, 128-wide heads."""
+    heads = shape.hidden // HEAD_DIM
+    return Checkpoint(arch=shape.checkpoint_arch, layers=1, hidden=shape.hidden, heads=heads,
+                      kv_heads=4 if heads % 4 == 0 else 1, experts=shape.experts, top_k=shape.top_k,
+                      moe_intermediate=MODEL_SHAPE_INTERMEDIATE, seed=seed,
+                      routed_scaling_factor=shape.routed_scaling if shape.checkpoint_arch == "deepseek-v2" else None)
 
 
 def config(ck: Checkpoint) -> dict:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario.checkpoint import ARCHITECTURES, Checkpoint
+from testbed.scenario.checkpoint import ARCHITECTURES, Checkpoint, at_model_shape
+from testbed.scenario.models import MODELS
 from testbed.scenario.model import PROFILES, Layer, Scenario, ScenarioInputError
 
 ENGINE_PATHS = ("one_sided", "two_sided")
@@ -38,6 +39,7 @@ class EngineScenario:
     tp: int = 1
     path: str = "one_sided"
     arch: str = "qwen3-moe"
+    model: str = ""  # a real model's MoE shape (testbed.scenario.models) in its family's arch, or none
     integration: str = "vllm"
     budget: int = 64  # the scheduler's max_num_batched_tokens: every MoE layer's max_num_tokens
     dtype: str = "float32"  # the model's activations, and so the dispatched rows (or "bfloat16")
@@ -57,6 +59,15 @@ class EngineScenario:
             raise ScenarioInputError("--dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.arch not in ARCHITECTURES:
             raise ScenarioInputError("--arch", f"must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}")
+        if self.model:
+            built = [name for name, m in MODELS.items() if m.checkpoint_arch]
+            shape = MODELS.get(self.model)
+            if shape is None or shape.checkpoint_arch is None:
+                raise ScenarioInputError("--model", f"the engine level writes checkpoints of {', '.join(built)} (their "
+                                         f"families' blocks: {', '.join(ARCHITECTURES)}), got {self.model!r}")
+            if self.arch != shape.checkpoint_arch:
+                raise ScenarioInputError("--arch", f"{self.model} is a {shape.checkpoint_arch} checkpoint, got "
+                                         f"{self.arch!r}")
         if len(self.prompts) != self.dp or len(self.max_tokens) != self.dp:
             raise ScenarioInputError("--prompts", f"one prompt list and one --max-tokens per DP rank ({self.dp}), got "
                                      f"{len(self.prompts)} and {len(self.max_tokens)}")
@@ -78,6 +89,8 @@ class EngineScenario:
         return ParallelLayout(world_size=self.dp * self.tp, tp=self.tp, dp=self.dp, pp=1)
 
     def checkpoint(self) -> Checkpoint:
+        if self.model:
+            return at_model_shape(MODELS[self.model], self.seed)
         return Checkpoint(arch=self.arch, seed=self.seed)
 
     def prompt_ids(self, dp_rank: int) -> tuple[tuple[int, ...], ...]:
@@ -103,13 +116,14 @@ class EngineScenario:
         """The ``a2a-testbed engine`` line that runs this scenario."""
         prompts = " ".join(",".join(map(str, p)) or "-" for p in self.prompts)
         line = (f"a2a-testbed engine --integration {self.integration} --dp {self.dp} --tp {self.tp} --path {self.path} "
-                f"--arch {self.arch} --prompts '{prompts}' --max-tokens {','.join(map(str, self.max_tokens))} "
+                f"{f'--model {self.model}' if self.model else f'--arch {self.arch}'} --prompts '{prompts}' "
+                f"--max-tokens {','.join(map(str, self.max_tokens))} "
                 f"--dtype {self.dtype} --budget {self.budget} --seed {self.seed}")
         return line + (f" --profile {self.profile}" if self.profile != EngineScenario.profile else "")
 
     def describe(self) -> str:
         lengths = " | ".join(",".join(map(str, p)) or "-" for p in self.prompts)
-        return (f"{self.arch} {self.dtype} DP{self.dp} TP{self.tp} {self.path}: prompts {lengths}, max_tokens "
+        return (f"{self.model or self.arch} {self.dtype} DP{self.dp} TP{self.tp} {self.path}: prompts {lengths}, max_tokens "
                 f"{','.join(map(str, self.max_tokens))}")
 
 

@@ -58,6 +58,10 @@ class ModelShape:
         Where each format comes from (the checkpoints that carry it).
     mx_alignment : int
         What an mxfp8 dispatch pads its scale columns to (vLLM's ``mx_alignment``).
+    checkpoint_arch : str or None
+        The architecture of the tiny checkpoint ``a2a-testbed engine --model`` writes at this
+        shape (:mod:`testbed.scenario.checkpoint`), so the engine's own MoE block of the family
+        runs it; None where the testbed writes none for the family.
     """
 
     name: str
@@ -73,6 +77,7 @@ class ModelShape:
     formats: tuple[str, ...]
     formats_source: str
     mx_alignment: int = 0
+    checkpoint_arch: str | None = None
 
     def stages(self, pp: int, fmt: str | None = None) -> str:
         """``--stages`` of a ``pp``-stage deployment: one ``fmt`` MoE layer per stage (the
@@ -88,26 +93,30 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     # routed_scaling_factor 2.5, num_hidden_layers 61, first_k_dense_replace 3, num_nextn_predict_layers 1;
     # quantization_config fp8 weight_block_size [128, 128]. NVFP4: nvidia/DeepSeek-V3-0324-FP4.
     ModelShape("deepseek-v3", "deepseek-ai/DeepSeek-V3", 7168, 256, 8, 1, 2.5, False, 58, 1,
-               ("fp8_block", "nvfp4", "bf16"), "fp8_block: the checkpoint; nvfp4: nvidia/DeepSeek-V3-0324-FP4"),
+               ("fp8_block", "nvfp4", "bf16"), "fp8_block: the checkpoint; nvfp4: nvidia/DeepSeek-V3-0324-FP4",
+               checkpoint_arch="deepseek-v2"),
     # DeepSeek-R1 is DeepSeek-V3's architecture and config.json. NVFP4: nvidia/DeepSeek-R1-FP4.
     ModelShape("deepseek-r1", "deepseek-ai/DeepSeek-R1", 7168, 256, 8, 1, 2.5, False, 58, 1,
-               ("fp8_block", "nvfp4", "bf16"), "fp8_block: the checkpoint; nvfp4: nvidia/DeepSeek-R1-FP4"),
+               ("fp8_block", "nvfp4", "bf16"), "fp8_block: the checkpoint; nvfp4: nvidia/DeepSeek-R1-FP4",
+               checkpoint_arch="deepseek-v2"),
     # config.json: hidden_size 7168, n_routed_experts 384, n_shared_experts 1, num_experts_per_tok 8,
     # routed_scaling_factor 2.827, num_hidden_layers 61, first_k_dense_replace 1, num_nextn_predict_layers 0;
     # fp8 weight_block_size [128, 128].
     ModelShape("kimi-k2", "moonshotai/Kimi-K2-Instruct", 7168, 384, 8, 1, 2.827, False, 60, 0,
-               ("fp8_block", "bf16"), "fp8_block: the checkpoint"),
+               ("fp8_block", "bf16"), "fp8_block: the checkpoint", checkpoint_arch="deepseek-v2"),
     # config.json: hidden_size 4096, num_experts 128, num_experts_per_tok 8, num_hidden_layers 94,
     # decoder_sparse_step 1, mlp_only_layers []. FP8: Qwen/Qwen3-235B-A22B-FP8 (weight_block_size
     # [128, 128]); NVFP4: nvidia/Qwen3-235B-A22B-FP4.
     ModelShape("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 4096, 128, 8, 0, 1.0, False, 94, 0,
                ("bf16", "fp8_block", "nvfp4"),
-               "bf16: the checkpoint; fp8_block: Qwen/Qwen3-235B-A22B-FP8; nvfp4: nvidia/Qwen3-235B-A22B-FP4"),
+               "bf16: the checkpoint; fp8_block: Qwen/Qwen3-235B-A22B-FP8; nvfp4: nvidia/Qwen3-235B-A22B-FP4",
+               checkpoint_arch="qwen3-moe"),
     # config.json: hidden_size 2048, num_experts 128, num_experts_per_tok 8, num_hidden_layers 48.
     # FP8: Qwen/Qwen3-30B-A3B-FP8 (weight_block_size [128, 128]); NVFP4: nvidia/Qwen3-30B-A3B-FP4.
     ModelShape("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 2048, 128, 8, 0, 1.0, False, 48, 0,
                ("bf16", "fp8_block", "nvfp4"),
-               "bf16: the checkpoint; fp8_block: Qwen/Qwen3-30B-A3B-FP8; nvfp4: nvidia/Qwen3-30B-A3B-FP4"),
+               "bf16: the checkpoint; fp8_block: Qwen/Qwen3-30B-A3B-FP8; nvfp4: nvidia/Qwen3-30B-A3B-FP4",
+               checkpoint_arch="qwen3-moe"),
     # config.json: hidden_size 2880, num_local_experts 128, experts_per_token 4, num_hidden_layers 36.
     # MXFP4 weights; the engines' FlashInfer TRT-LLM MoE takes them with bf16 or mxfp8 activations.
     ModelShape("gpt-oss-120b", "openai/gpt-oss-120b", 2880, 128, 4, 0, 1.0, False, 36, 0,
