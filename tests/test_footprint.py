@@ -77,14 +77,21 @@ def test_footprint_refuses_what_does_not_fit_with_the_numbers():
                                        top_k=8), SMALL) is None
 
 
-def test_cli_refuses_a_scenario_too_big_before_any_rank_starts():
-    before = set(Path("/dev/shm").glob("a2atb-*"))
-    done = subprocess.run([str(SCRIPT), "run", *TOO_BIG], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stdout == ""
-    (line,) = done.stderr.splitlines()
+def test_cli_refuses_a_scenario_too_big_before_any_rank_starts(monkeypatch, capsys):
+    """The command exits 2 with one line of numbers; no rank pool was ever asked for."""
+    from testbed import cli
+    from testbed.harness import runner
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a rank pool was started for a scenario that does not fit")
+
+    monkeypatch.setattr(runner, "scenario_pool", no_pool)
+    assert cli.main(["run", *TOO_BIG]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
     assert line.startswith("a2a-testbed run: error: --stages / --tokens: the scenario needs ~")
     assert "GB of shared memory" in line and "tokens per rank fit" in line
-    assert set(Path("/dev/shm").glob("a2atb-*")) == before
 
 
 def test_cli_dry_run_prints_the_estimate_and_runs_nothing():
