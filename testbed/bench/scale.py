@@ -73,12 +73,10 @@ def uss_mb(pid: int) -> float:
 def scenario(world: int, seed: int = 0, integration: str = "impl", model: str | None = None) -> Scenario:
     if model is not None:
         shape = MODELS[model]
-        return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=-(-shape.experts // world) * world,
-                             top_k=shape.top_k, hidden=shape.hidden, shared_experts=shape.shared > 0,
-                             routed_scaling=shape.routed_scaling, router_weight_on_input=shape.weight_on_input,
-                             mx_alignment=shape.mx_alignment, stages=((Layer(shape.formats[0], MODEL_TOKENS),),),
+        fields = shape.fields() | {"experts": -(-shape.experts // world) * world}
+        return Scenario.make(layout=ParallelLayout(world, 1, world, 1), stages=((Layer(shape.formats[0], MODEL_TOKENS),),),
                              passes=((MODEL_TOKENS,) * world,), profile="0.7.2" if world <= MAX_EP_RANKS else "0.7.4",
-                             label=f"scale {model}", seed=seed, integration=integration)
+                             label=f"scale {model}", seed=seed, integration=integration, **fields)
     first = "nvfp4" if integration == "impl" else "bf16"
     return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
                          stages=((Layer(first, 16), Layer("bf16", 16)),),
@@ -121,9 +119,8 @@ class MemorySampler:
 
 def measure(world: int, repeats: int, integration: str = "impl", model: str | None = None) -> dict:
     first = scenario(world, 0, integration, model)
-    sampler = MemorySampler().__enter__()
     started = time.perf_counter()
-    with runner.scenario_pool() as pool:
+    with MemorySampler() as sampler, runner.scenario_pool() as pool:
         pool.start(world)
         start_s = time.perf_counter() - started
         started = time.perf_counter()
@@ -136,7 +133,6 @@ def measure(world: int, repeats: int, integration: str = "impl", model: str | No
             runs.append((time.perf_counter() - started, verdict))
         uss = [uss_mb(pid) for pid in pool.worker_pids]
         peak = [peak_rss_mb(pid) for pid in pool.worker_pids]
-    sampler.__exit__()
     failed = [v.failures for _, v in runs if not v.passed]
     if failed or any(v.known for _, v in runs):
         failed = failed or [v.known_failures for _, v in runs if v.known]

@@ -160,11 +160,8 @@ def model_scenario(shape: ModelShape, fmt: str, path: str, profile: str, layout:
     """``shape`` as the scenario of one deployment, not validated."""
     lay = ParallelLayout.parse(layout)
     return Scenario(layout=lay, stages=parse_stages(shape.stages(lay.pp, fmt)),
-                    passes=tuple(map(parse_tokens, passes)), path=path, profile=profile, experts=shape.experts,
-                    top_k=shape.top_k, hidden=shape.hidden, shared_experts=shape.shared > 0,
-                    routed_scaling=shape.routed_scaling, router_weight_on_input=shape.weight_on_input,
-                    mx_alignment=shape.mx_alignment if fmt == "mxfp8" else 0, integration=integration,
-                    label=f"{shape.name} {fmt} {path} on {profile}")
+                    passes=tuple(map(parse_tokens, passes)), path=path, profile=profile, integration=integration,
+                    label=f"{shape.name} {fmt} {path} on {profile}", **shape.fields(fmt))
 
 
 def on_models(names: tuple[str, ...] = (), integration: str = "impl"

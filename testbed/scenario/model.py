@@ -666,9 +666,7 @@ def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
             shape = model_shape(args.model)
         except KeyError as e:
             raise ScenarioInputError("--model", e.args[0]) from None
-        preset = {"experts": shape.experts, "top_k": shape.top_k, "hidden": shape.hidden,
-                  "shared_experts": shape.shared > 0, "routed_scaling": shape.routed_scaling,
-                  "router_weight_on_input": shape.weight_on_input, "mx_alignment": shape.mx_alignment}
+        preset = shape.fields()
         default_layout = "8,1,8,1"
     try:
         layout = ParallelLayout.parse(layout_text or default_layout)

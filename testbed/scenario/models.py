@@ -79,6 +79,15 @@ class ModelShape:
     mx_alignment: int = 0
     checkpoint_arch: str | None = None
 
+    def fields(self, fmt: str | None = None) -> dict:
+        """The :class:`testbed.scenario.model.Scenario` fields of this model's MoE layers
+        dispatched in ``fmt`` (the model's first format by default): the mxfp8 padding only
+        with mxfp8."""
+        return {"experts": self.experts, "top_k": self.top_k, "hidden": self.hidden,
+                "shared_experts": self.shared > 0, "routed_scaling": self.routed_scaling,
+                "router_weight_on_input": self.weight_on_input,
+                "mx_alignment": self.mx_alignment if (fmt or self.formats[0]) == "mxfp8" else 0}
+
     def stages(self, pp: int, fmt: str | None = None) -> str:
         """``--stages`` of a ``pp``-stage deployment: one ``fmt`` MoE layer per stage (the
         model's first format by default), the MTP layers on the last."""
