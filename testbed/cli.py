@@ -223,16 +223,21 @@ def _contract(args) -> int:
         if args.write_annotations:
             raise UsageError("--write-annotations goes with --flashinfer alone (it writes each release's table)")
         return _contract_consumers(args)
+    if args.profile is not None:
+        _served("--profile", args.profile)
+    for spec in args.flashinfer:  # a release number is refused before any download
+        if args.profile is None and not _is_path(spec):
+            _served("--flashinfer", spec)
     failed = 0
     for spec in args.flashinfer:
         try:
             source = open_source(spec)
             tree = RealTree(source)
-            report = compare(source, args.profile, tree)
-        except (SourceError, ValueError) as e:
+        except SourceError as e:
             print(f"--flashinfer {spec}: {e}", flush=True)
             failed += 1
             continue
+        report = compare(source, args.profile or _served(f"--flashinfer {spec}", source.version), tree)
         if args.write_annotations:
             from testbed.contract.annotations import release_annotations, write_table
             from fakes.flashinfer.annotations import table
@@ -253,7 +258,7 @@ def _contract_consumers(args) -> int:
     from pathlib import Path
 
     from testbed.contract import SourceError, compare, open_source, profile_for
-    from testbed.contract.compare import IMITATED
+    from testbed.contract.compare import served
     from testbed.contract.tree import RealTree
     from testbed.contract.consumer import check, format_consumer_report, parse_consumer, pinned_flashinfer, \
         write_consumer_excerpt
@@ -298,16 +303,46 @@ def _contract_consumers(args) -> int:
         if args.write_excerpt:
             write_consumer_excerpt(source, consumer, Path(args.write_excerpt) / f"{consumer.name}-{source.version}")
     for tree in trees.values():
-        report = compare(tree.source, args.profile, tree)
-        imitated = IMITATED[report.profile] == report.version
-        note = "" if imitated else f"; profile {report.profile} imitates {IMITATED[report.profile]}, so not counted"
-        print(f"flashinfer {report.version} against fake profile {report.profile}: {report.compared} entries "
+        try:
+            report = compare(tree.source, args.profile or profile_for(tree.source.version), tree)
+        except ValueError as e:
+            print(f"flashinfer {tree.source.version}: {e}", flush=True)
+            failed += 1
+            continue
+        own = _serving(tree.source.version) == report.profile
+        note = "" if own else f"; profile {report.profile} does not serve it, so not counted"
+        print(f"flashinfer {report.version} against fake profile {served(report)}: {report.compared} entries "
               f"compared, {len(report.differences)} differ (a2a-testbed contract --flashinfer {report.version}"
               f"{note})", flush=True)
-        failed += imitated and bool(report.differences)
-        if args.write_excerpt and imitated:
+        failed += own and bool(report.differences)
+        if args.write_excerpt and own:
             write_excerpt(tree, Path(args.write_excerpt) / tree.source.version)
     return 1 if failed else 0
+
+
+def _is_path(spec: str) -> bool:
+    return "/" in spec or spec.endswith(".whl")
+
+
+def _served(flag: str, release: str) -> str:
+    """The profile serving FlashInfer ``release``; one no profile serves is a usage error of
+    ``flag`` naming what is served."""
+    from fakes.flashinfer.profiles import UnservedRelease, resolve
+
+    try:
+        return resolve(release).name
+    except UnservedRelease as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
+def _serving(version: str):
+    """The profile serving ``version``, or None."""
+    from fakes.flashinfer.profiles import UnservedRelease, resolve
+
+    try:
+        return resolve(version).name
+    except UnservedRelease:
+        return None
 
 
 def _run(args) -> int:

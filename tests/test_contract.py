@@ -24,14 +24,15 @@ EXCERPTS = Path(__file__).parent / "data" / "flashinfer_excerpts"
 RELEASES = {p.name: p for p in excerpt_dirs(EXCERPTS)}
 
 
-def test_contract_excerpts_cover_every_profile():
-    assert {re.sub(r"\.post\d+$", "", v) for v in RELEASES} == set(profiles.PROFILES)
+def test_contract_excerpts_cover_every_served_release():
+    assert set(RELEASES) == set(profiles.served_releases())
+    assert set(profiles.PROFILES) <= set(RELEASES)
 
 
-@pytest.mark.parametrize("version", sorted(RELEASES))
-def test_contract_release_matches_its_profile(version):
+@pytest.mark.parametrize("version", sorted(RELEASES, key=profiles.release_key))
+def test_contract_release_matches_the_profile_serving_it(version):
     report = compare(open_source(str(RELEASES[version])))
-    assert report.version == version
+    assert report.version == version and report.profile == profiles.resolve(version).name
     assert report.compared > 100  # an empty comparison must not pass
     assert not report.differences, "\n".join(f"{d.key}: real {d.real} / fake {d.fake}" for d in report.differences)
 
@@ -79,6 +80,12 @@ MUTATIONS = [  # (what changes in the release, file, old, new, the entry that mu
      "invalid_token_expert_id", "flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll.dispatch annotations"),
     ("module the fake has, gone from the release", "comm/comm_backend.py", None, None,
      "flashinfer.comm.comm_backend (module)"),
+    ("barrier after the workspace memset removed", A2A, "            MnnvlMemory.allocated_map[mnnvl_mem.ptr].comm.barrier()\n", "",
+     "flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll workspace set-up: barrier after moe_a2a_initialize"),
+    ("class deprecation removed", A2A, '@deprecated("MoeAlltoAll is', '@_kept("MoeAlltoAll is',
+     "flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll"),
+    ("deprecation message changed", "comm/trtllm_alltoall.py", "Its implementation will move into that class.",
+     "It is gone in 0.8.", "flashinfer.comm.trtllm_alltoall.MnnvlMoe.get_moe_workspaces"),
     ("set-up call added", "comm/mnnvl.py", "all_rank_allocate_sizes = comm.allgather(size)",
      "all_rank_allocate_sizes = comm.allgather(size)\n        comm.barrier()",
      "flashinfer.comm.mnnvl.MnnvlMemory.open_mnnvl_memory communicator calls"),
@@ -90,6 +97,32 @@ def test_contract_finds_a_changed_release(tmp_path, what, rel, old, new, key):
     report = compare(open_source(_mutated(tmp_path, "0.7.2.post1", rel, old, new)))
     differing = {d.key for d in report.differences}
     assert key in differing, f"{what}: {key} not among {sorted(differing)}"
+
+
+def test_contract_finds_an_edited_wheel(tmp_path):
+    """0.7.2.post1 as a wheel with the barrier after the workspace memset and every
+    ``@deprecated`` decorator taken out: each removal is a difference."""
+    import zipfile
+
+    root = RELEASES["0.7.2.post1"]
+    wheel = tmp_path / "flashinfer_python-0.7.2.post1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            text = path.read_text()
+            text = re.sub(r"^\s*MnnvlMemory\.allocated_map\[mnnvl_mem\.ptr\]\.comm\.barrier\(\)\n", "", text,
+                          flags=re.M)
+            text = re.sub(r"^\s*@deprecated\(.*\)\n", "", text, flags=re.M)
+            zf.writestr(str(path.relative_to(root)), text)
+    original = {d.key: d for d in compare(open_source(str(root))).entries}
+    report = compare(open_source(str(wheel)))
+    assert report.profile == "0.7.2.post1" and report.compared == len(original)
+    a2a, two_sided = "flashinfer.comm.trtllm_moe_alltoall", "flashinfer.comm.trtllm_alltoall"
+    assert {d.key for d in report.differences} == {
+        f"{a2a}.MoeAlltoAll workspace set-up: barrier after moe_a2a_initialize", f"{a2a}.MoeAlltoAll",
+        f"{two_sided}.MnnvlMoe", f"{two_sided}.MnnvlMoe.get_moe_workspaces",
+        f"{two_sided}.MnnvlMoe.get_moe_prepare_workspace"}
+    assert all(original[d.key].real.endswith(d.real + " deprecated: " + original[d.key].fake.split(" deprecated: ")[1])
+               for d in report.differences if "deprecated" in d.fake)
 
 
 def test_contract_finds_a_fake_that_drifted(monkeypatch):
@@ -123,7 +156,7 @@ def test_contract_bad_source_is_a_clear_error(tmp_path):
         open_source(str(tmp_path))
     with pytest.raises(SourceError, match="expected a release number"):
         open_source("latest")
-    with pytest.raises(ValueError, match="no fake profile imitates flashinfer 0.7.3"):
+    with pytest.raises(ValueError, match="FlashInfer release '0.7.3' is not served by the fake: it serves 0.6.8, "):
         from testbed.contract import profile_for
 
         profile_for("0.7.3")
@@ -164,7 +197,7 @@ def test_install_refuses_what_the_release_does_not_ship():
         with pytest.raises(RuntimeError, match="already active"):
             with install("0.7.2"):
                 pass
-    with pytest.raises(ValueError, match="unknown FlashInfer profile"):
+    with pytest.raises(ValueError, match="'0.9' is not served by the fake"):
         with install("0.9"):
             pass
 

@@ -8,6 +8,7 @@ from fakes.flashinfer._reexport import forwarding
 from fakes.flashinfer.aliases import install  # noqa: F401 - the testbed's own (__fake_only__)
 from fakes.flashinfer.fused_moe import reorder_rows_for_gated_act_gemm
 from fakes.flashinfer.profiles import PROFILES, active, set_profile  # noqa: F401 - as install
+from fakes.flashinfer.profiles import release as _release
 from fakes.flashinfer.quantization.fp4_quantization import shuffle_matrix_a, shuffle_matrix_sf_a
 
 # The real root exports hundreds of names; these are the ones the fake imitates.
@@ -36,5 +37,5 @@ def __dir__() -> list[str]:
 
 def __getattr__(name: str):
     if name == "__version__":
-        return active().name
+        return _release()
     return _forward(name)

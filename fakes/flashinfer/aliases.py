@@ -46,7 +46,7 @@ def install(profile: str) -> Iterator[profiles.Profile]:
     Parameters
     ----------
     profile : str
-        A name in ``fakes.flashinfer.PROFILES`` (e.g. ``"0.7.2"``).
+        A FlashInfer release a profile serves, as pip prints it (``"0.7.2.post1"``).
 
     Yields
     ------
@@ -55,17 +55,16 @@ def install(profile: str) -> Iterator[profiles.Profile]:
 
     Raises
     ------
-    ValueError
-        Unknown ``profile``.
+    UnservedRelease
+        A release no profile serves (a ``ValueError``; the message names those served).
     RuntimeError
         Already inside an ``install`` block.
     """
-    if profile not in profiles.PROFILES:
-        raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {sorted(profiles.PROFILES)}")
+    served = profiles.resolve(profile)  # UnservedRelease (a ValueError) names what is served
     if any(isinstance(f, _RefuseRealFlashInfer) for f in sys.meta_path):
         raise RuntimeError("fakes.flashinfer.install is already active; leave that block first")
     modules = _fake_modules()
-    absent = set(profiles.PROFILES[profile].absent_modules) | set(modules[""].__fake_only_modules__)
+    absent = set(served.absent_modules) | set(modules[""].__fake_only_modules__)
     saved = {n: m for n, m in sys.modules.items() if n == REAL or n.startswith(REAL + ".")}
     for name in saved:
         del sys.modules[name]

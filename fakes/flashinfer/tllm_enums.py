@@ -21,6 +21,7 @@ class WeightLayout(IntEnum):
 
 # The per-release enums: members were added between releases and shifted the values after
 # them (0.6.8's Unspecified is 8, 0.7.2's is 10), so an integer means what its release says.
+# A release without an entry has its base's.
 _ROUTING = ["Default", "Renormalize", "DeepSeekV3", "Llama4", "RenormalizeNaive", "TopK", "SigmoidRenorm", "MiniMax2"]
 _ACTIVATION = ["Gelu", "Relu", "Silu", "Swiglu", "Geglu", "SwigluBias", "Relu2"]
 _GATED = ("Swiglu", "Geglu", "SwigluBias", "SwigluStep", "GegluTanh", "Situ")
@@ -40,6 +41,16 @@ _MEMBERS = {
         "RoutingMethodType": _ROUTING + ["Sigmoid", "Unspecified"],
         "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "Situ", "InvalidType"],
         "Fp8QuantizationType": _FP8,
+    },
+    "0.6.18": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "TopKSigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "Situ", "InvalidType"],
+        "Fp8QuantizationType": _FP8,
+    },
+    "0.7.0": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "TopKSigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "Situ", "InvalidType"],
+        "Fp8QuantizationType": _FP8 + ["PerTensorFp8", "PerChannelFp8"],
     },
     "0.7.2": {
         "RoutingMethodType": _ROUTING + ["Sigmoid", "TopKSigmoid", "Unspecified"],
@@ -64,9 +75,12 @@ def _is_gated(self) -> bool:
     return self.name in _GATED
 
 
+_PLAIN = ("0.6.8",)
+
+
 def _build(profile: str, name: str) -> type:
     cls = IntEnum(name, [(m, i) for i, m in enumerate(_MEMBERS[profile][name])], module=__name__)
-    if profile != "0.6.8":  # eval-safe repr and is_gated from 0.6.14 on
+    if profile not in _PLAIN:  # eval-safe repr and is_gated from 0.6.14 on
         cls.__repr__ = _repr
         if name == "ActivationType":
             cls.is_gated = property(_is_gated)
@@ -77,11 +91,11 @@ _BY_PROFILE = {p: {n: _build(p, n) for n in members} for p, members in _MEMBERS.
 
 
 def __getattr__(name: str):
-    table = _BY_PROFILE[profiles.active().name]
+    table = profiles.pick(_BY_PROFILE)
     if name in table:
         return table[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_BY_PROFILE[profiles.active().name]))
+    return sorted(set(globals()) | set(profiles.pick(_BY_PROFILE)))

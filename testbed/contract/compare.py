@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from testbed.contract.source import Source
-from testbed.contract.surface import describe_fake, describe_real
+from testbed.contract.surface import DEPRECATED, describe_fake, describe_real
 from testbed.contract.tree import RealTree
 
 
@@ -92,20 +92,12 @@ class Report:
         return len(self.entries)
 
 
-# The release each profile imitates where several releases share its name (0.7.2 is 0.7.2.post1,
-# which added block_scale_interleave(out=)).
-IMITATED = {"0.6.8": "0.6.8.post1", "0.6.14": "0.6.14", "0.6.16": "0.6.16", "0.7.2": "0.7.2.post1",
-            "0.7.4": "0.7.4"}
-
-
 def profile_for(version: str) -> str:
-    """The fake profile that imitates release ``version`` (``0.7.2.post1`` -> ``0.7.2``)."""
-    from fakes.flashinfer.profiles import PROFILES
+    """The fake profile that serves release ``version`` (its own, or one it is identical to);
+    :class:`~fakes.flashinfer.profiles.UnservedRelease` (a ``ValueError``) when none does."""
+    from fakes.flashinfer.profiles import resolve
 
-    name = re.sub(r"(\.post\d+|rc\d+)$", "", version)
-    if name not in PROFILES:
-        raise ValueError(f"no fake profile imitates flashinfer {version}: profiles are {sorted(PROFILES)}")
-    return name
+    return resolve(version).name
 
 
 def compare(source: Source, profile: Optional[str] = None, tree: Optional[RealTree] = None) -> Report:
@@ -113,7 +105,7 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional[RealTr
     ``tree`` is where the release's modules are parsed (given, it keeps what was read)."""
     from fakes.flashinfer import install
 
-    profile = profile or profile_for(source.version)
+    profile = profile_for(profile or source.version)
     loader = tree or RealTree(source)
     rows: dict[str, tuple[str, str]] = {}
     fake_only: list[str] = []
@@ -127,6 +119,7 @@ def compare(source: Source, profile: Optional[str] = None, tree: Optional[RealTr
             _compare_imported_names(scope, loader, rows)
         from fakes.flashinfer.profiles import active
         _compare_kernel_constants(source, active(), rows)
+        _compare_workspace_barrier(loader, active(), rows)
     _compare_annotations(profile, loader, rows)
     _compare_setup_calls(profile, loader, rows)
     entries = tuple(Difference(k, r, f) for k, (r, f) in sorted(rows.items()))
@@ -147,12 +140,12 @@ def _compare_annotations(profile: str, loader: RealTree, rows: dict) -> None:
 def _compare_setup_calls(profile: str, loader: RealTree, rows: dict) -> None:
     """The communicator calls of the release's MNNVL set-up against the testbed's record of
     them, which the fake is held to in every scenario."""
-    from testbed.contract.setup_calls import SETUP_CALLS, release_setup_calls
+    from testbed.contract.setup_calls import expected, release_setup_calls
 
     real = release_setup_calls(loader)
     if real is not None:
         rows["flashinfer.comm.mnnvl.MnnvlMemory.open_mnnvl_memory communicator calls"] = (
-            ", ".join(map(str, real)), ", ".join(SETUP_CALLS.get(profile, (MISSING,))))
+            ", ".join(map(str, real)), ", ".join(expected(profile)))
 
 
 def _annotations_text(params: Optional[dict]) -> str:
@@ -173,11 +166,11 @@ def _import_fake(dotted: str):
 
 def _compare_module(scope: Scope, profile: str, loader: RealTree, rows: dict, fake_only: list,
                     not_imitated: list) -> None:
-    from fakes.flashinfer.profiles import PROFILES
+    from fakes.flashinfer.profiles import release_key
 
     dotted = f"flashinfer.{scope.module}".rstrip(".")
     real = loader(dotted)
-    if scope.imitated_from and list(PROFILES).index(profile) < list(PROFILES).index(scope.imitated_from):
+    if scope.imitated_from and release_key(profile) < release_key(scope.imitated_from):
         if real is not None:
             not_imitated.append(f"{dotted}: the fake imitates it from profile {scope.imitated_from} on")
         return
@@ -218,10 +211,12 @@ def _unknown_form_matches(real: str, fake: str) -> str:
     must match exactly."""
     if " -> " not in real or " -> " not in fake:
         return fake
+    (real, _), (fake, fake_note) = (x.partition(DEPRECATED)[::2] for x in (real, fake))
+    note = DEPRECATED + fake_note if fake_note else ""
     real_forms, fake_forms = (set(x.rsplit(" -> ", 1)[1].split("|")) for x in (real, fake))
     if real_forms == {"value"} or "value" in real_forms and fake_forms <= real_forms:
-        return fake.rsplit(" -> ", 1)[0] + " -> " + real.rsplit(" -> ", 1)[1]
-    return fake
+        return fake.rsplit(" -> ", 1)[0] + " -> " + real.rsplit(" -> ", 1)[1] + note
+    return fake + note
 
 
 def _fake_public(module) -> set[str]:
@@ -331,6 +326,29 @@ def _compare_kernel_constants(source: Source, profile, rows: dict) -> None:
     rows["csrc SWITCH_TOP_K cases"] = (repr(cases), repr(sorted(profile.top_k_kernels)))
 
 
+def _compare_workspace_barrier(loader: RealTree, profile, rows: dict) -> None:
+    """Whether ``MoeAlltoAll``'s workspace set-up (the method that allocates the MNNVL memory
+    and initializes it) barriers after ``moe_a2a_initialize``, so no peer publishes into a
+    row before its memset is done, against what the profile's fake does."""
+    module = loader("flashinfer.comm.trtllm_moe_alltoall")
+    found = module.resolve("MoeAlltoAll") if module is not None else None
+    if found is None or not isinstance(found[1], ast.ClassDef):
+        return  # a release without the one-sided MoeAlltoAll
+    home, cls = found
+    home.whole.add("MoeAlltoAll")  # the method bodies are read: an excerpt keeps them
+    real = MISSING
+    for method in cls.body:
+        if not isinstance(method, ast.FunctionDef):
+            continue
+        calls = [(n.lineno, ast.unparse(n.func).split(".")[-1]) for n in ast.walk(method) if isinstance(n, ast.Call)]
+        names = {c for _, c in calls}
+        if "MnnvlMemory" in names and "moe_a2a_initialize" in names:
+            first = min(line for line, c in calls if c == "moe_a2a_initialize")
+            real = "yes" if any(c == "barrier" and line > first for line, c in calls) else "no"
+    rows["flashinfer.comm.trtllm_moe_alltoall.MoeAlltoAll workspace set-up: barrier after moe_a2a_initialize"] = (
+        real, "yes" if profile.init_barrier else "no")
+
+
 def _fake_metainfo_fields(profile) -> tuple[str, ...]:
     if profile.moe_ep_kernels:
         from fakes.flashinfer.moe_ep import one_sided_ops
@@ -341,10 +359,21 @@ def _fake_metainfo_fields(profile) -> tuple[str, ...]:
     return moe_a2a_kernels.metainfo_fields(profile)
 
 
+def served(report: Report) -> str:
+    """The profile compared, and whether it is the release's own or one serving it."""
+    if report.profile == report.version:
+        return report.profile
+    try:
+        serves = profile_for(report.version) == report.profile
+    except ValueError:
+        serves = False
+    return f"{report.profile} ({'which serves' if serves else 'chosen for'} {report.version})"
+
+
 def format_report(report: Report, everything: bool = False) -> str:
     """A verdict line, the differences (``everything``: every entry) as a table with the
     real value over the fake's, then the fake-only and not-imitated names."""
-    lines = [f"flashinfer {report.version} against fake profile {report.profile}: "
+    lines = [f"flashinfer {report.version} against fake profile {served(report)}: "
              f"{report.compared} entries compared, {len(report.differences)} differ"]
     shown = report.entries if everything else report.differences
     if shown:

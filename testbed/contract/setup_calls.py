@@ -22,7 +22,7 @@ COMM_METHODS = ("Get_rank", "Get_size", "allgather", "bcast", "barrier", "Split"
 _MAX_DEPTH = 8
 
 # What each release's source says (the contract re-reads it and compares): the steps of one
-# open_mnnvl_memory, FABRIC path. 0.6.16 added the fabric-support vote (cached per process)
+# open_mnnvl_memory, FABRIC path (a release without an entry: its profile's base's). 0.6.16 added the fabric-support vote (cached per process)
 # and moved the handle export into _create_and_map_handles (which asks rank and size again);
 # 0.7.4 votes on the handle type at every allocation and agrees on errors before and after the
 # import.
@@ -31,9 +31,15 @@ SETUP_CALLS: dict[str, tuple[str, ...]] = {
     "0.6.8": _OPEN + ("Get_size (maybe)", "allgather"),
     "0.6.14": _OPEN + ("Get_size (maybe)", "allgather"),
     "0.6.16": _OPEN + ("allgather (once)", "Get_size (maybe)", "Get_rank", "Get_size", "allgather"),
-    "0.7.2": _OPEN + ("allgather (once)", "Get_size (maybe)", "Get_rank", "Get_size", "allgather"),
     "0.7.4": _OPEN + ("Get_size (maybe)", "allgather", "Get_rank", "Get_size", "allgather", "allgather", "allgather"),
 }
+
+
+def expected(release: str) -> tuple[str, ...]:
+    """The steps the fake must make under ``release`` (a profile, or a release one serves)."""
+    from fakes.flashinfer.profiles import pick, resolve
+
+    return pick(SETUP_CALLS, resolve(release))
 
 
 @dataclass(frozen=True)

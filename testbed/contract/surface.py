@@ -8,7 +8,9 @@ is returned), never in how it is written:
   ``method``, ``classmethod``, ``staticmethod``; ``property`` alone for a property;
 - class: ``"class <traits>"`` (``abc``, ``protocol``, ``runtime_checkable``,
   ``dataclass(frozen)``), its members under ``Class.member`` keys;
-- constant: its ``repr``.
+- constant: its ``repr``;
+- a class, function or method under ``@deprecated(message)`` (``typing_extensions``, which
+  sets ``__deprecated__`` and warns where it is used) ends in ``deprecated: <message>``.
 
 ``<form>`` is the set of shapes of the ``return`` statements (``None``, ``tuple[n]``,
 ``value``): a release that returns a 3-tuple where another returns a list differs there.
@@ -112,7 +114,7 @@ def describe_real(module: RealModule, name: str) -> Describe:
         return {}
     home, node = found
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return {name: f"def {_ast_params(node.args, home)} -> {_return_form(node)}"}
+        return {name: f"def {_ast_params(node.args, home)} -> {_return_form(node)}{_ast_deprecated(node, home)}"}
     if isinstance(node, ast.Assign):
         alias = home.resolve(node.value.id) if isinstance(node.value, ast.Name) else None
         if alias is not None and isinstance(alias[1], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -122,7 +124,7 @@ def describe_real(module: RealModule, name: str) -> Describe:
             return {name: repr(ast.literal_eval(node.value))}
         except ValueError:
             return {name: ast.unparse(node.value)}
-    out = {name: "class " + _ast_class_traits(node)}
+    out = {name: "class " + _ast_class_traits(node) + _ast_deprecated(node, home)}
     for member, desc in _ast_members(home, node).items():
         out[f"{name}.{member}"] = desc
     return out
@@ -150,7 +152,8 @@ def _ast_members(home: RealModule, node: ast.ClassDef) -> dict[str, str]:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_public_member(item.name) and not accessor:
             kind = _ast_method_kind(item)
             form = "None" if item.name == "__init__" else _return_form(item)
-            members[item.name] = "property" if kind == "property" else f"{kind} {_ast_params(item.args, home)} -> {form}"
+            members[item.name] = "property" if kind == "property" else \
+                f"{kind} {_ast_params(item.args, home)} -> {form}{_ast_deprecated(item, home)}"
         elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
             if "ClassVar" not in ast.unparse(item.annotation):
                 fields.append(item)
@@ -216,6 +219,29 @@ def _ast_class_traits(node: ast.ClassDef) -> str:
     if frozen is not None:
         traits.append("dataclass(frozen)" if frozen else "dataclass")
     return " ".join(traits) or "plain"
+
+
+def _ast_deprecated(node: ast.AST, home: "RealModule") -> str:
+    """`` deprecated: <message>`` for a definition under ``@deprecated(message)``, else ``""``."""
+    for dec in node.decorator_list:
+        if isinstance(dec, ast.Call) and ast.unparse(dec.func).split(".")[-1] == "deprecated" and dec.args:
+            return DEPRECATED + _ast_message(dec.args[0], home)
+    return ""
+
+
+def _ast_message(node: ast.expr, home: "RealModule") -> str:
+    """A decorator's message: a literal, or a module constant holding one."""
+    if isinstance(node, ast.Name):
+        found = home.resolve(node.id)
+        if found is not None and isinstance(found[1], ast.Assign):
+            node = found[1].value
+    try:
+        return str(ast.literal_eval(node))
+    except ValueError:
+        return ast.unparse(node)
+
+
+DEPRECATED = " deprecated: "
 
 
 def _ast_method_kind(node: ast.FunctionDef) -> str:
@@ -309,12 +335,12 @@ def _is_public_member(name: str) -> bool:
 def describe_fake(name: str, obj: object) -> Describe:
     """The description of the fake's ``obj`` exported as ``name``, in :func:`describe_real`'s form."""
     if inspect.isclass(obj):
-        out = {name: "class " + _class_traits(obj)}
+        out = {name: "class " + _class_traits(obj) + _deprecated(vars(obj).get("__deprecated__"))}
         for member in sorted(_members(obj)):
             out[f"{name}.{member}"] = _member(obj, member)
         return out
     if callable(obj):
-        return {name: f"def {_params(obj)} -> {_source_return_form(obj)}"}
+        return {name: f"def {_params(obj)} -> {_source_return_form(obj)}{_deprecated(getattr(obj, '__deprecated__', None))}"}
     return {name: repr(obj)}
 
 
@@ -340,7 +366,11 @@ def _member(cls: type, name: str) -> str:
     if isinstance(raw, (classmethod, staticmethod)):
         kind, fn = type(raw).__name__, raw.__func__
     form = "None" if name == "__init__" else _source_return_form(fn)
-    return f"{kind} {_params(fn)} -> {form}"
+    return f"{kind} {_params(fn)} -> {form}{_deprecated(getattr(fn, '__deprecated__', None))}"
+
+
+def _deprecated(message: Optional[str]) -> str:
+    return "" if message is None else DEPRECATED + message
 
 
 def _class_traits(cls: type) -> str:

@@ -598,10 +598,10 @@ def _arguments(logs, v: Verdict) -> None:
 
 
 def _setup_calls(sc: Scenario, logs, v: Verdict) -> None:
-    from testbed.contract.setup_calls import SETUP_CALLS, matches
+    from testbed.contract.setup_calls import expected, matches
 
     f = _Findings(v, "setup-calls")
-    pattern = SETUP_CALLS[sc.profile]
+    pattern = expected(sc.profile)
     for rank, events in sorted(logs.items()):
         for n, e in enumerate(ev for ev in events if isinstance(ev, MnnvlSetup)):
             if not matches(pattern, e.calls, first=n == 0):

@@ -16,7 +16,8 @@ import dataclasses
 
 from testbed import integrations
 from testbed.cluster.layout import ParallelLayout
-from testbed.scenario.model import PROFILES, Scenario, ScenarioInputError, from_text, parse_stages, parse_tokens
+from fakes.flashinfer.profiles import distinct_alltoalls, resolve
+from testbed.scenario.model import Scenario, ScenarioInputError, from_text, parse_stages, parse_tokens
 from testbed.scenario.models import MODELS, ModelShape
 
 
@@ -106,8 +107,7 @@ def on_release(profile: str, backend: str = "fake", gpus: int | None = None, int
     by the EP size, ...). On the real FlashInfer a scenario already of ``profile`` keeps its
     API, and one of more ranks than ``gpus`` is refused (a rank per GPU). ``integration``
     drives them (one that is not an engine: an engine's matrix is :func:`on_integration`'s)."""
-    if profile not in PROFILES:
-        raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    resolve(profile)  # UnservedRelease, a ValueError naming what is served
     runnable, refused = [], []
     for sc in MATRIX:
         keep_api = backend != "fake" and sc.profile == profile
@@ -131,8 +131,8 @@ def on_integration(integration: str, profile: str | None = None
     """The integration's own entries, then the matrix, driven by ``integration`` on FlashInfer
     ``profile`` (None: each scenario's own): the scenarios it can run, and those it refuses
     with the rule."""
-    if profile is not None and profile not in PROFILES:
-        raise ValueError(f"unknown FlashInfer profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    if profile is not None:
+        resolve(profile)  # UnservedRelease, a ValueError naming what is served
     runnable, refused = [], []
     for sc in integrations.get(integration).matrix() + MATRIX:
         moved = sc if profile is None and sc.integration == integration else dataclasses.replace(
@@ -168,7 +168,8 @@ def on_models(names: tuple[str, ...] = (), integration: str = "impl"
               ) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
     """The model matrix: each model (``names``, default all) at EP 8 in each of its dispatch
     formats on every all-to-all path of the pinned release (an engine's own pin), and, driven by
-    impl, in its first format on every FlashInfer path of every other release; the scenarios
+    impl, in its first format on every FlashInfer path of every other release with an all-to-all of
+    its own (:func:`~fakes.flashinfer.profiles.distinct_alltoalls`); the scenarios
     that run (as the integration builds the model), and those the kernels or the integration
     refuse with the rule."""
     unknown = [n for n in names if n not in MODELS]
@@ -177,7 +178,7 @@ def on_models(names: tuple[str, ...] = (), integration: str = "impl"
     engine = integrations.get(integration).engine
     pinned = engine.pinned_profile if engine else "0.7.2"
     # An engine runs on the release it pins (its matrix's rule); impl on every release.
-    others = () if engine else tuple(p for p in PROFILES if p != pinned)
+    others = () if engine else tuple(p for p in distinct_alltoalls() if p != resolve(pinned).name)
     runnable, refused = [], []
     for shape in (MODELS[n] for n in names or MODELS):
         runs = [(fmt, path, pinned) for fmt in shape.formats for path in MODEL_PATHS

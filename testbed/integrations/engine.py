@@ -34,7 +34,7 @@ class Engine:
     capabilities: tuple[tuple[str, str], ...]
     prepare_environment: Callable[[], None]  # what must hold before the engine is imported
     preload_extra: tuple[str, ...] = ()  # modules beyond the capabilities' that ranks should fork with
-    pinned_profile: str = "0.7.2"  # the fake's profile of the FlashInfer the tested releases pin
+    pinned_profile: str = "0.7.2"  # the FlashInfer release the tested releases pin
 
     @property
     def preload_module(self) -> str:
@@ -50,7 +50,7 @@ class Engine:
                     f"{', '.join(self.tested)} without its CUDA torch (or set {self.source_env} to a checkout)")
         import fakes.flashinfer
 
-        with fakes.flashinfer.install("0.7.2"):
+        with fakes.flashinfer.install(self.pinned_profile):
             for module, name in self.capabilities:
                 try:
                     mod = importlib.import_module(module)
@@ -86,7 +86,7 @@ class Engine:
             return
         import fakes.flashinfer
 
-        with fakes.flashinfer.install("0.7.2"):  # the modules an engine imports lazily stay unimported
+        with fakes.flashinfer.install(self.pinned_profile):  # the modules an engine imports lazily stay unimported
             for module in dict.fromkeys([module for module, _ in self.capabilities] + list(self.preload_extra)):
                 importlib.import_module(module)
 

@@ -21,7 +21,7 @@ import torch
 from testbed.cluster.layout import ParallelLayout
 from testbed.scenario.checkpoint import ARCHITECTURES, Checkpoint, at_model_shape
 from testbed.scenario.models import MODELS
-from testbed.scenario.model import PROFILES, Layer, Scenario, ScenarioInputError
+from testbed.scenario.model import Layer, Scenario, ScenarioInputError, check_release
 
 ENGINE_PATHS = ("one_sided", "two_sided")
 DTYPES = ("float32", "bfloat16")
@@ -53,8 +53,7 @@ class EngineScenario:
                 raise ScenarioInputError(flag, f"must be a positive integer, got {v!r}")
         if self.path not in ENGINE_PATHS:
             raise ScenarioInputError("--path", f"the engine runs {', '.join(ENGINE_PATHS)}, got {self.path!r}")
-        if self.profile not in PROFILES:
-            raise ScenarioInputError("--profile", f"must be one of {', '.join(PROFILES)}, got {self.profile!r}")
+        check_release("--profile", self.profile)
         if self.dtype not in DTYPES:
             raise ScenarioInputError("--dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.arch not in ARCHITECTURES:

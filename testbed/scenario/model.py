@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
+from fakes.flashinfer.profiles import UnservedRelease, resolve
 from impl import parallel as support
 from testbed.cluster.layout import ParallelLayout
 
@@ -38,8 +39,6 @@ INVALID_EXPERT_IDS = ("-1", "num_experts")
 ROUTER_ID_DTYPES = ("int32", "int64")
 MX_BLOCK = 32  # values per mxfp8 scale; mx_alignment is a multiple of it
 TRTLLM_FORMATS = support.TRTLLM_FORMATS  # the fake implements these kernels too
-# The releases whose routed TRT-LLM MoE declares the (ids, weights) pair in its annotation.
-PAIR_ROUTING_PROFILES = ("0.7.2", "0.7.4")
 MAX_ROUTED_SCALING = 1e6  # larger factors overflow the bf16 outputs
 TRTLLM_HIDDEN_BLOCK = 128  # fp8 weight blocks and the nvfp4 scale interleave need it
 INTERMEDIATE_PER_RANK = 128  # each rank's share of a SwiGLU expert's intermediate size
@@ -71,6 +70,16 @@ SUPPORTED_TOP_K = tuple(range(1, 33))
 TWO_SIDED_ROW_UNIT = 16
 BLOCK = {"bf16": 1, "nvfp4": 16, "mxfp8": 32, "fp8_block": 128}
 MAX_EP_RANKS = 64  # kMaxRanks of MoeAlltoAll's kernels and of MnnvlMoe; 0.7.4's one-sided moe_ep kernels' per profile
+
+
+def pair_routing(release: str) -> bool:
+    """Whether every routed TRT-LLM MoE entry of FlashInfer ``release`` declares ``topk_ids`` as
+    the (ids, weights) pair too, as the contract read it from the release's annotations."""
+    from fakes.flashinfer.annotations import table
+
+    routed = [params["topk_ids"] for name, params in table(release).items()
+              if name.startswith("fused_moe.") and name.endswith("_routed_moe")]
+    return bool(routed) and all("Tuple[" in a for a in routed)
 
 
 class IntegrationRules(Protocol):
@@ -242,7 +251,7 @@ class Scenario:
         if self.api == "moe_ep":
             return True  # moe_ep's combine takes output= in every release
         if self.combine_signature == "release":
-            return FAKE_PROFILES[self.profile].combine_output_kw
+            return resolve(self.profile).combine_output_kw
         return self.combine_signature == "kw-only"
 
     # -- validation ----------------------------------------------------------------------
@@ -250,7 +259,7 @@ class Scenario:
         """Raise :class:`ScenarioInputError` naming the flag and the rule it breaks."""
         lay = self.layout
         _choice("--path", self.path, PATHS)
-        _choice("--profile", self.profile, PROFILES)
+        check_release("--profile", self.profile)
         _choice("--routing", self.routing, ROUTINGS)
         _choice("--combine-signature", self.combine_signature, COMBINE_SIGNATURES)
         _choice("--slot-order", self.slot_order, SLOT_ORDERS)
@@ -278,7 +287,7 @@ class Scenario:
         self._check_backend()
         self._check_api()
         self._check_features()
-        kernels = FAKE_PROFILES[self.profile].top_k_kernels
+        kernels = resolve(self.profile).top_k_kernels
         if self.path == "one_sided" and self.top_k not in kernels:
             raise ScenarioInputError("--top-k", f"FlashInfer {self.profile}'s one-sided kernels are instantiated for "
                                      f"top_k in {{{', '.join(map(str, kernels))}}} (SWITCH_TOP_K), got {self.top_k}")
@@ -288,15 +297,15 @@ class Scenario:
         if self.routing in ("random", "spread", "local") and self.top_k > self.experts:
             raise ScenarioInputError("--top-k", f"routing {self.routing!r} picks {self.top_k} distinct experts "
                                      f"per token but there are only {self.experts}")
-        own_kernels = self.api == "moe_ep" and self.path == "one_sided" and FAKE_PROFILES[self.profile].moe_ep_kernels
-        max_ranks = FAKE_PROFILES[self.profile].k_max_ranks if own_kernels else MAX_EP_RANKS
+        own_kernels = self.api == "moe_ep" and self.path == "one_sided" and resolve(self.profile).moe_ep_kernels
+        max_ranks = resolve(self.profile).k_max_ranks if own_kernels else MAX_EP_RANKS
         if self.ep_size > max_ranks:
             raise ScenarioInputError("--layout", f"FlashInfer supports at most {max_ranks} EP ranks "
                                      f"(kMaxRanks), the layout has {self.ep_size}")
         if self.experts < self.ep_size:
             raise ScenarioInputError("--experts", f"the dispatch needs num_experts >= ep_size "
                                      f"({self.experts} < {self.ep_size})")
-        if self.path == "one_sided" and FAKE_PROFILES[self.profile].experts_divisible \
+        if self.path == "one_sided" and resolve(self.profile).experts_divisible \
                 and self.experts % self.ep_size:
             raise ScenarioInputError("--experts", f"FlashInfer {self.profile} needs num_experts divisible by "
                                      f"ep_size ({self.experts} % {self.ep_size} != 0; non-divisible since 0.6.16)")
@@ -411,7 +420,7 @@ class Scenario:
                 raise ScenarioInputError("--expert-kernel", f"the CPU fake implements the TRT-LLM kernels for "
                                          f"{', '.join(TRTLLM_FORMATS)}; layers of {', '.join(fmts)} need "
                                          "--expert-kernel reference")
-            if self.expert_kernel == "trtllm" and self.profile not in PAIR_ROUTING_PROFILES:
+            if self.expert_kernel == "trtllm" and not pair_routing(self.profile):
                 raise ScenarioInputError("--expert-kernel", f"FlashInfer {self.profile}'s routed MoE declares topk_ids: "
                                          "torch.Tensor (packed routing; 0.6.8 cannot take a pair at all); the (ids, "
                                          "weights) pair is declared from 0.7.2: use --expert-kernel trtllm-packed")
@@ -496,7 +505,7 @@ _API_HOME = {"comm": ("comm.trtllm_moe_alltoall", "comm.trtllm_alltoall"), "moe_
 
 def available_apis(path: str, profile: str) -> tuple[str, ...]:
     """The FlashInfer APIs release ``profile`` carries FlashInfer path ``path`` on, ``comm`` first."""
-    absent = FAKE_PROFILES[profile].absent_modules
+    absent = resolve(profile).absent_modules
     return tuple(api for api, homes in _API_HOME.items() if homes[path == "two_sided"] not in absent)
 
 
@@ -551,6 +560,14 @@ def first_given(sc: "Scenario", flags) -> str | None:
     return next((flag for flag, name, default in flags if getattr(sc, name) != default), None)
 
 
+def check_release(flag: str, release: str) -> None:
+    """A FlashInfer release no profile serves is a :class:`ScenarioInputError` of ``flag``."""
+    try:
+        resolve(release)
+    except UnservedRelease as e:
+        raise ScenarioInputError(flag, str(e)) from None
+
+
 def _choice(flag: str, value, choices) -> None:
     if value not in choices:
         raise ScenarioInputError(flag, f"must be one of {', '.join(choices)}; got {value!r}")
@@ -584,8 +601,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "layers; the layout defaults to EP 8: 8,1,8,1); any flag given overrides it")
     parser.add_argument("--path", help=f"all-to-all path: {', '.join(PATHS)} (none: expert parallel off), or "
                                        f"vLLM's backend name ({', '.join(PATH_NAMES)}) (default one_sided)")
-    parser.add_argument("--profile", help=f"FlashInfer release the fake imitates: {', '.join(PROFILES)} "
-                                          "(default 0.7.2)")
+    parser.add_argument("--profile", metavar="RELEASE",
+                        help=f"FlashInfer release the fake imitates, as pip prints it: a profile ({', '.join(PROFILES)}) "
+                             "or a release one serves (0.6.16.post3: 0.6.16) (default 0.7.2)")
     parser.add_argument("--experts", type=int, metavar="E", help="number of experts (default 8)")
     parser.add_argument("--top-k", type=int, metavar="K", help="experts per token (default 2)")
     parser.add_argument("--hidden", type=int, metavar="H", help="hidden size (default 256)")

@@ -27,8 +27,12 @@ from fakes.flashinfer import profiles
 
 @functools.lru_cache(maxsize=None)
 def table(profile: str) -> dict[str, dict[str, str]]:
-    path = Path(__file__).parent / f"{profile}.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The table of ``profile`` (a release it serves too), else its nearest base's."""
+    for p in profiles.chain(profiles.resolve(profile)):
+        path = Path(__file__).parent / f"{p.name}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    return {}
 
 
 def violations(qualname: str, fn, args: tuple, kwargs: dict, namespace: dict) -> list[tuple[str, str, str]]:

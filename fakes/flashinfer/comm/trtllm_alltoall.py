@@ -13,11 +13,12 @@ real buffers are uninitialised): code that reads them gets caught.
 
 from __future__ import annotations
 
-import warnings
+import types
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from typing_extensions import deprecated
 
 from fakes.flashinfer import profiles
 from fakes.flashinfer._check import check_input_type, icheck, icheck_eq
@@ -262,15 +263,8 @@ def moe_local_gather(recv_rank_cum_sum, local_gather_indices, gathered_expert_id
     local_scales[:n] = gathered_scales[rows]
 
 
-# 0.7.2 deprecates MnnvlMoe in favour of flashinfer.moe_ep; the class is never instantiated,
-# so the warning comes from the workspace getters every caller goes through first.
 _DEPRECATION = ("MnnvlMoe is deprecated; use flashinfer.moe_ep.NVLinkTwoSidedAlltoAll. "
                "Its implementation will move into that class.")
-
-
-def _warn_deprecated() -> None:
-    if profiles.active().backend_kw:  # 0.7.x
-        warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
 
 
 @dataclass
@@ -295,7 +289,6 @@ class _MnnvlMoe:
 
     @staticmethod
     def get_moe_workspaces(mapping: Mapping, config: Optional[MnnvlConfig] = None):
-        _warn_deprecated()
         if _MnnvlMoe.moe_workspace is not None:
             assert mapping == _MnnvlMoe.moe_mapping, "only one moe mapping supported now"
             return _MnnvlMoe.moe_workspace_tensor
@@ -308,7 +301,6 @@ class _MnnvlMoe:
 
     @staticmethod
     def get_moe_prepare_workspace(mapping: Mapping, config: Optional[MnnvlConfig] = None):
-        _warn_deprecated()
         if _MnnvlMoe.moe_prepare_workspace_tensor is not None:
             assert mapping == _MnnvlMoe.moe_mapping, "only one moe mapping supported now"
             return _MnnvlMoe.moe_prepare_workspace_tensor
@@ -386,11 +378,26 @@ on_scenario_end(_MnnvlMoe._forget_scenario)
 _MnnvlMoe.__name__ = _MnnvlMoe.__qualname__ = "MnnvlMoe"
 
 
+def _copy(fn: types.FunctionType) -> types.FunctionType:
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__, copy.__annotations__ = fn.__qualname__, dict(fn.__annotations__)
+    return copy
+
+# 0.7.2 deprecates MnnvlMoe in favour of flashinfer.moe_ep (typing_extensions.deprecated). The
+# class is never instantiated, so its workspace getters, which every caller goes through
+# first, carry the decorator too.
+# (typing_extensions marks the function it wraps too: each getter is wrapped as a copy.)
+_MnnvlMoe_deprecated = deprecated(_DEPRECATION)(type("MnnvlMoe", (_MnnvlMoe,), {
+    "__module__": __name__, "__doc__": _MnnvlMoe.__doc__,
+    **{n: staticmethod(deprecated(_DEPRECATION)(_copy(vars(_MnnvlMoe)[n].__func__)))
+       for n in ("get_moe_workspaces", "get_moe_prepare_workspace")}}))
+
+
 def __getattr__(name: str):
     if name == "MnnvlMoe":
         if "comm.trtllm_alltoall" in profiles.active().absent_modules:
             raise profiles.removed_module(__name__)
-        return _MnnvlMoe
+        return _MnnvlMoe_deprecated if profiles.active().comm_deprecated else _MnnvlMoe
     if name == "MnnvlMemory":  # imported from .mnnvl, as the real module does
         return mnnvl.MnnvlMemory
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

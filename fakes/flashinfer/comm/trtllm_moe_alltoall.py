@@ -13,6 +13,8 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Optional, Sequence
 
+from typing_extensions import deprecated
+
 import torch
 
 from fakes.flashinfer import profiles
@@ -25,8 +27,6 @@ if _TYPE_CHECKING:
     from fakes.flashinfer.comm.mnnvl import CommBackend
 from fakes.flashinfer.tllm_enums import SfLayout
 
-# 0.7.2 deprecates the class in favour of flashinfer.moe_ep (typing_extensions.deprecated:
-# a DeprecationWarning on every instantiation).
 _DEPRECATION = ("MoeAlltoAll is deprecated; use flashinfer.moe_ep.NVLinkOneSidedAlltoAll "
                "(CakeAlltoAll for backend='cake'). Its implementation will move into those classes.")
 
@@ -103,15 +103,26 @@ def moe_a2a_wrap_payload_tensor_in_workspace(
 
 
 def _dispatch(ids, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k, num_experts,
-              eplb_local_stats=None, enable_rank_mask=False, active_rank_mask=None):
+              eplb_local_stats=None, enable_rank_mask=False, active_rank_mask=None, recv_view_cache=None):
     offsets, sizes, combine_offset, eplb_offset, n_eplb = kernels.dispatch(
         ids, list(payloads), workspace, metainfo, rtm, ep_rank, ep_size, top_k, num_experts,
         eplb_local_stats, enable_rank_mask, active_rank_mask, profiles.active(),
     )
-    views = [
-        moe_a2a_wrap_payload_tensor_in_workspace(workspace, [ep_size, rtm], o, o + s, p.dtype)
-        for p, o, s in zip(payloads, offsets, sizes)
-    ]
+    # 0.7.0 on: a cache bound to one workspace hands back the same view objects for the same
+    # (ep_size, runtime max, offset, size, dtype); a view onto the workspace still sees this
+    # dispatch's bytes. A cache carried over from another workspace is cleared first.
+    if recv_view_cache is not None and recv_view_cache.get("_workspace") is not workspace:
+        recv_view_cache.clear()
+        recv_view_cache["_workspace"] = workspace
+    views = []
+    for p, o, s in zip(payloads, offsets, sizes):
+        key = (ep_size, rtm, int(o), int(s), p.dtype)
+        view = None if recv_view_cache is None else recv_view_cache.get(key)
+        if view is None:
+            view = moe_a2a_wrap_payload_tensor_in_workspace(workspace, [ep_size, rtm], o, o + s, p.dtype)
+            if recv_view_cache is not None:
+                recv_view_cache[key] = view
+        views.append(view)
     stats = None
     if eplb_offset >= 0:
         stats = moe_a2a_wrap_payload_tensor_in_workspace(
@@ -166,6 +177,16 @@ def _moe_a2a_dispatch_0_6_16(token_selected_experts, input_payloads, workspace, 
     return views, offset, stats
 
 
+def _moe_a2a_dispatch_0_7_0(token_selected_experts, input_payloads, workspace, metainfo,
+                            runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
+                            enable_pdl=None, eplb_local_stats=None, enable_rank_mask=False,
+                            active_rank_mask=None, recv_view_cache=None):
+    views, offset, stats = _dispatch(token_selected_experts, input_payloads, workspace, metainfo,
+                                     runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
+                                     eplb_local_stats, enable_rank_mask, active_rank_mask, recv_view_cache)
+    return views, offset, stats
+
+
 def _moe_a2a_dispatch_0_7(token_selected_experts, input_payloads, workspace, metainfo,
                           runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
                           enable_pdl=None, eplb_local_stats=None, enable_rank_mask=False,
@@ -173,7 +194,7 @@ def _moe_a2a_dispatch_0_7(token_selected_experts, input_payloads, workspace, met
     _check_backend(backend)
     views, offset, stats = _dispatch(token_selected_experts, input_payloads, workspace, metainfo,
                                      runtime_max_tokens_per_rank, ep_rank, ep_size, top_k, num_experts,
-                                     eplb_local_stats, enable_rank_mask, active_rank_mask)
+                                     eplb_local_stats, enable_rank_mask, active_rank_mask, recv_view_cache)
     return views, offset, stats
 
 
@@ -366,6 +387,8 @@ class _MoeAlltoAllBase:
         self.workspace = self._WORKSPACE["workspace"]
         self.metainfo = self._WORKSPACE["metainfo"]
         self._state = _A2AState()
+        # Instance-owned, so the views cannot outlive the workspace this object keeps alive.
+        self._recv_view_cache = {"_workspace": self.workspace} if profiles.active().recv_view_cache else None
 
     def _check_mask_allowed(self, active_rank_mask) -> None:
         if active_rank_mask is not None and not self.enable_rank_mask:
@@ -395,7 +418,7 @@ class _MoeAlltoAllBase:
         recv, combine_offset, stats = _dispatch(
             token_selected_experts, input_payloads, self.workspace, self.metainfo,
             runtime_max_tokens_per_rank, self.ep_rank, self.ep_size, self.top_k, self.num_experts,
-            eplb_local_stats, self.enable_rank_mask, active_rank_mask,
+            eplb_local_stats, self.enable_rank_mask, active_rank_mask, self._recv_view_cache,
         )
         self._state.local_num_tokens = token_selected_experts.size(0)
         self._state.combine_payload_offset = combine_offset
@@ -567,7 +590,7 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
         self._state = _A2AState()
 
 
-class _MoeAlltoAll_0_7_2(_MoeAlltoAll_0_6_16):
+class _MoeAlltoAll_0_7_1(_MoeAlltoAll_0_6_16):
     @classmethod
     def get_workspace(cls, workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
                       eplb_stats_num_experts=0, *, backend="trtllm") -> dict:
@@ -587,12 +610,15 @@ class _MoeAlltoAll_0_7_2(_MoeAlltoAll_0_6_16):
                  workspace_size_per_rank: int = None, hidden_size: int = None,
                  mnnvl_config: Optional[MnnvlConfig] = None, eplb_stats_num_experts: int = 0,
                  enable_rank_mask: bool = False, *, backend: str = "trtllm"):
-        warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=2)
         _check_backend(backend)
         self._setup(mapping, max_num_tokens, top_k, num_experts, workspace_size_per_rank,
                     hidden_size, mnnvl_config, eplb_stats_num_experts, enable_rank_mask)
 
 
+
+# 0.7.2 deprecates the class in favour of flashinfer.moe_ep, with typing_extensions.deprecated:
+# a DeprecationWarning where the class itself is instantiated or subclassed.
+_MoeAlltoAll_0_7_2 = deprecated(_DEPRECATION)(type("MoeAlltoAll", (_MoeAlltoAll_0_7_1,), {"__module__": __name__}))
 
 _COMMON = {"moe_a2a_wrap_payload_tensor_in_workspace": moe_a2a_wrap_payload_tensor_in_workspace}
 _0_6 = {
@@ -621,7 +647,8 @@ _BY_PROFILE = {
     "0.6.8": {**_0_6, "moe_a2a_combine": _moe_a2a_combine_0_6_8, "MoeAlltoAll": _MoeAlltoAll_0_6_8},
     "0.6.14": {**_0_6, "moe_a2a_combine": _moe_a2a_combine_0_6_14, "MoeAlltoAll": _MoeAlltoAll_0_6_14},
     "0.6.16": _0_6_16,
-    "0.7.2": {
+    "0.7.0": {**_0_6_16, "moe_a2a_dispatch": _moe_a2a_dispatch_0_7_0, "MoeAlltoAll": _MoeAlltoAll_0_6_16},
+    "0.7.1": {
         **_0_6_16,
         "get_moe_alltoall_module": _get_moe_alltoall_module_0_7,
         "moe_a2a_initialize": _moe_a2a_initialize_0_7,
@@ -629,15 +656,17 @@ _BY_PROFILE = {
         "moe_a2a_sanitize_expert_ids": _moe_a2a_sanitize_expert_ids_0_7,
         "moe_a2a_dispatch": _moe_a2a_dispatch_0_7,
         "moe_a2a_combine": _moe_a2a_combine_0_7,
-        "MoeAlltoAll": _MoeAlltoAll_0_7_2,
+        "MoeAlltoAll": _MoeAlltoAll_0_7_1,
     },
 }
+_BY_PROFILE["0.7.2"] = {**_BY_PROFILE["0.7.1"], "MoeAlltoAll": _MoeAlltoAll_0_7_2}
 for _names in _BY_PROFILE.values():
     for _name, _obj in _names.items():
         if callable(_obj):
             _obj.__name__ = _obj.__qualname__ = _name
 _NOT_IN_ALL = {"MOE_A2A_RANK_MASK_WORDS", "get_moe_alltoall_module"}
-_ALL_0_6_16 = sorted(set(_0_6_16) - _NOT_IN_ALL - {"moe_a2a_active_rank_mask"})
+_ALL = {"0.6.16": sorted(set(_0_6_16) - _NOT_IN_ALL - {"moe_a2a_active_rank_mask"}),
+        "0.7.1": sorted(set(_BY_PROFILE["0.7.1"]) - _NOT_IN_ALL)}
 __fake_only__ = ("custom_moe_alltoall",)
 
 
@@ -648,22 +677,25 @@ def custom_moe_alltoall(combine, base: str | None = None) -> type:
     output_dtype=None, output_scales=None, output=None, use_low_precision=False,
     active_rank_mask=None)``.
     """
-    parent = _BY_PROFILE[base or profiles.active().name]["MoeAlltoAll"]
-    return type("MoeAlltoAll", (parent,), {"combine": combine})
+    parent = profiles.pick(_BY_PROFILE, profiles.resolve(base) if base else None)["MoeAlltoAll"]
+    with warnings.catch_warnings():  # the testbed's subclass, not a caller's: no deprecation to report
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return type("MoeAlltoAll", (parent,), {"combine": combine})
 
 
 def _names() -> dict:
-    name = profiles.active().name
-    if name not in _BY_PROFILE:
-        raise profiles.removed_module(__name__)
-    return _BY_PROFILE[name]
+    try:
+        return profiles.pick(_BY_PROFILE)
+    except KeyError:
+        raise profiles.removed_module(__name__) from None
 
 
 def __getattr__(name: str):
     if name == "__all__":
-        if profiles.active().name == "0.6.16":
-            return _ALL_0_6_16
-        return sorted(set(_names()) - _NOT_IN_ALL)
+        try:
+            return profiles.pick(_ALL)
+        except KeyError:
+            return sorted(set(_names()) - _NOT_IN_ALL)
     if name in _names():
         return _names()[name]
     if name in _from_mnnvl():  # imported from .mnnvl, as the real module does
@@ -676,4 +708,8 @@ def _from_mnnvl() -> tuple[str, ...]:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_BY_PROFILE.get(profiles.active().name, ())) | set(_from_mnnvl()))
+    try:
+        own = set(profiles.pick(_BY_PROFILE))
+    except KeyError:
+        own = set()
+    return sorted(set(globals()) | own | set(_from_mnnvl()))

@@ -23,9 +23,9 @@ def reorder_rows_for_gated_act_gemm(x):
 
 
 def __getattr__(name: str):
-    # The real package re-exports the moe_ep payload formats here from 0.7.2 on (vLLM 0.33.0's
-    # layer builder imports them from this module).
-    if name == "QuantFormat" and "moe_ep" not in profiles.active().absent_modules:
+    # The real package re-exports fused_moe.api's payload formats here from 0.7.0 on (vLLM
+    # 0.33.0's layer builder imports them from this module).
+    if name == "QuantFormat" and profiles.active().quant_format:
         from fakes.flashinfer.fused_moe.api import QuantFormat
 
         return QuantFormat

@@ -382,7 +382,8 @@ _VALID = ("valid_hidden_size", "valid_intermediate_size")
 _FP4_NEW = ("gemm1_lora_delta",) + _VALID + ("num_fused_shared_experts", "hidden_states_scale_layout")
 _WS = ("workspace_buffer",)
 _FP4_0_7_4 = _WS + ("nvfp4_4over6", "routing_metadata")
-# Parameters each release lacks, against 0.7.4 (read from the flashinfer-python wheels).
+# Parameters each release lacks, against 0.7.4 (read from the flashinfer-python wheels); a
+# release without an entry lacks what its base lacks.
 _MISSING = {
     "0.6.8": {
         "trtllm_bf16_moe": _OA + ("output",) + _WS,
@@ -396,7 +397,10 @@ _MISSING = {
     "0.6.16": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
                "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
                "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},
-    "0.7.2": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS, "trtllm_fp8_block_scale_routed_moe": _WS,
+    "0.6.18": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
+               "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
+               "trtllm_fp4_block_scale_routed_moe": _FP4_NEW[1:] + _FP4_0_7_4},
+    "0.7.0": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS, "trtllm_fp8_block_scale_routed_moe": _WS,
               "trtllm_fp4_block_scale_routed_moe": _FP4_0_7_4},
     "0.7.4": {},
 }
@@ -420,13 +424,13 @@ def _for_release(name: str, release: str):
     return entry
 
 
-_BY_RELEASE = {(r, n): _for_release(n, r) for r in _MISSING for n in _LATEST}
+_BY_RELEASE = {r: {n: _for_release(n, r) for n in _LATEST} for r in _MISSING}
 ENTRY_POINTS = tuple(_LATEST)
 
 
 def entry_point(name: str):
     """``name`` as the active profile's release has it."""
-    return _BY_RELEASE[(profiles.active().name, name)]
+    return profiles.pick(_BY_RELEASE)[name]
 
 
 # The module's names are the release's entry points too (fused_moe re-exports these objects).

@@ -193,12 +193,12 @@ def communication_backend_name(backend: Any) -> str:
 
 def _registered() -> dict[str, type[_Communication]]:
     """The backends of the active release, by name."""
-    from fakes.flashinfer.profiles import active
+    from fakes.flashinfer.profiles import active, chain
 
-    release = active().name
+    releases = {p.name for p in chain(active())}
     found = {}
     for name, classes in _COMMUNICATION_REGISTRY.items():
-        mine = [c for c in classes if c._fake_profiles is None or release in c._fake_profiles]
+        mine = [c for c in classes if c._fake_profiles is None or releases & set(c._fake_profiles)]
         if mine:
             found[name] = mine[-1]
     return found

@@ -23,7 +23,6 @@ from testbed.scenario.model import (
     COMBINE_SIGNATURES,
     FORMATS,
     INVALID_EXPERT_IDS,
-    PAIR_ROUTING_PROFILES,
     PROFILES,
     ROUTER_ID_DTYPES,
     ROUTINGS,
@@ -37,6 +36,7 @@ from testbed.scenario.model import (
     api_for,
     available_apis,
     hidden_rule,
+    pair_routing,
 )
 from testbed.scenario.strategies import LAYOUTS, MAX_BUDGET, mx_alignments
 
@@ -82,7 +82,7 @@ def scenarios(draw) -> Scenario:
         defer_finalize=path == "none" and draw(st.booleans()),
         shared_experts=hidden % layout.tp == 0 and draw(st.booleans()),
         routed_scaling=draw(st.sampled_from((1.0, 2.5, 0.5))),
-        expert_kernel=draw(st.sampled_from(("trtllm", "trtllm-packed") if profile in PAIR_ROUTING_PROFILES
+        expert_kernel=draw(st.sampled_from(("trtllm", "trtllm-packed") if pair_routing(profile)
                                            else ("trtllm-packed",))) if trtllm else "reference",
         expert_output="workspace" if one_sided and signature == "release" and draw(st.booleans()) else "separate",
         invalid_expert_id=draw(st.sampled_from(INVALID_EXPERT_IDS)) if one_sided else "-1",

@@ -51,7 +51,7 @@ def prepare_environment() -> None:
 
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
-    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"))
+    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1")
 
 
 # vLLM's integration code: its distributed layer and its fused-MoE layer; at the engine level

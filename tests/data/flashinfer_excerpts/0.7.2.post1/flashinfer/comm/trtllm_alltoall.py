@@ -36,7 +36,7 @@ class MoEAlltoallInfo:
     recv_rank_local_indices: torch.Tensor
     backward_recv_rank_local_indices: torch.Tensor
     local_token_allocation_count: int
-_MNNVL_MOE_DEPRECATION = None
+_MNNVL_MOE_DEPRECATION = 'MnnvlMoe is deprecated; use flashinfer.moe_ep.NVLinkTwoSidedAlltoAll. Its implementation will move into that class.'
 
 @deprecated(_MNNVL_MOE_DEPRECATION)
 class MnnvlMoe:

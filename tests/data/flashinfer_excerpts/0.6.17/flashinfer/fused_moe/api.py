@@ -1,0 +1,66 @@
+# Excerpt of FlashInfer 0.6.17 (fused_moe/api.py), Apache-2.0, (c) the FlashInfer authors:
+# signatures, constants and return statements only, for the fake's contract test.
+class QuantVariant:
+    ...
+
+class RoutingConfig:
+    ...
+
+class QuantConfig:
+    ...
+
+class ActivationConfig:
+    ...
+
+class ExpertConfig:
+    ...
+
+class MoEFinalizeConfig:
+    ...
+
+class ExecutionConfig:
+    ...
+_TRTLLM_ROUTED_ARCHS = None
+_TRTLLM_ROUTED_FP8_ARCHS = None
+
+class TrtllmFp4Config:
+    ...
+
+class TrtllmFp8BlockConfig:
+    ...
+
+class TrtllmFp8PerTensorConfig:
+    ...
+
+class TrtllmBf16Config:
+    ...
+
+class TrtllmMxInt4Config:
+    ...
+
+class CutlassConfig:
+    ...
+
+class CuteDslConfig:
+    ...
+
+class B12xNvfp4Config:
+    ...
+
+class B12xW4A16Config:
+    ...
+BackendConfigType = None
+ALL_BACKEND_CONFIGS = None
+
+class BackendOptions:
+    ...
+_DEFAULT_BACKEND = None
+
+class MoEConfig:
+    ...
+
+class MoEActivationPack:
+    ...
+
+class MoEWeightPack:
+    ...

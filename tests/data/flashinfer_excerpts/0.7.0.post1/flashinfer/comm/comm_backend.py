@@ -1,0 +1,16 @@
+# Excerpt of FlashInfer 0.7.0.post1 (comm/comm_backend.py), Apache-2.0, (c) the FlashInfer authors:
+# signatures, constants and return statements only, for the fake's contract test.
+def lazy_import_mpi():
+    ...
+
+class MpiComm:
+    ...
+
+class MPIBackend:
+    ...
+
+def _split_partition():
+    ...
+
+class TorchDistBackend:
+    ...

@@ -1,0 +1,151 @@
+# Excerpt of FlashInfer 0.7.0.post1 (fused_moe/api.py), Apache-2.0, (c) the FlashInfer authors:
+# signatures, constants and return statements only, for the fake's contract test.
+MAX_SUPPORTED_TOP_EXPERTS = None
+MAX_SUPPORTED_TOTAL_EXPERTS = None
+
+class QuantFormat:
+    ...
+
+class RoutingConfig:
+    ...
+
+class QuantConfig:
+    ...
+
+class ActivationConfig:
+    ...
+
+def _validate_finite():
+    ...
+
+class SwiGLU:
+    ...
+
+class SiTU:
+    ...
+
+class GeGLU:
+    ...
+
+class ReLU2:
+    ...
+
+class GeGLUTanh:
+    ...
+
+class SwiGLUStep:
+    ...
+
+class Identity:
+    ...
+
+class GELU:
+    ...
+
+class ReLU:
+    ...
+
+class SiLU:
+    ...
+
+class ExpertConfig:
+    ...
+
+class MoEFinalizeConfig:
+    ...
+
+class ExecutionConfig:
+    ...
+_TRTLLM_ROUTED_ARCHS = None
+_TRTLLM_ROUTED_FP8_ARCHS = None
+_CUTLASS_BF16_ARCHS = None
+_CUTLASS_W4A16_ARCHS = None
+_CUTILE_BF16_ARCHS = None
+_CUTILE_NVFP4_ARCHS = None
+_CUTILE_SUPPORTED_ACTIVATIONS = None
+_CUTLASS_NVFP4_ARCHS = None
+_CUTLASS_FP8_ARCHS = None
+_CUTLASS_FP8_BLOCK_ARCHS = None
+_CUTLASS_MXFP8_MXFP4_ARCHS = None
+_CUTLASS_MXFP8_ARCHS = None
+_CUTLASS_W4A8_ARCHS = None
+_CUTLASS_HUMMING_ARCHS = None
+_NVFP4_NVFP4 = None
+
+class TrtllmFp4Config:
+    ...
+
+class CakeWarpDecodeConfig:
+    ...
+
+class TrtllmFp8BlockConfig:
+    ...
+
+class TrtllmFp8PerTensorConfig:
+    ...
+
+class TrtllmBf16Config:
+    ...
+
+class TrtllmMxInt4Config:
+    ...
+
+class CutlassBf16Config:
+    ...
+
+class CuTileBf16Config:
+    ...
+
+class CuTileNvfp4Config:
+    ...
+
+class CutlassW4A16Config:
+    ...
+
+class CutlassNvfp4Config:
+    ...
+
+class CutlassFp8PerTensorConfig:
+    ...
+
+class CutlassFp8BlockConfig:
+    ...
+
+class CutlassMxfp8Mxfp4Config:
+    ...
+
+class CutlassMxfp8Config:
+    ...
+
+class CutlassW4A8Config:
+    ...
+
+class CutlassHummingConfig:
+    ...
+
+class CuteDslConfig:
+    ...
+
+class B12xNvfp4Config:
+    ...
+
+class B12xW4A16Config:
+    ...
+BackendConfigType = None
+ALL_BACKEND_CONFIGS = None
+
+class BackendOptions:
+    ...
+_DEFAULT_BACKEND = None
+
+class MoEConfig:
+    ...
+
+def _tensor_summary():
+    ...
+
+class MoEActivationPack:
+    ...
+
+class MoEWeightPack:
+    ...
