@@ -5,21 +5,33 @@ option. The fake is installed before test collection and removed when the sessio
 
 from __future__ import annotations
 
-import re
+import os
+
+import pytest
+
+PROFILE_ENV = "A2A_FAKE_FLASHINFER_PROFILE"  # fakes.flashinfer.profiles.ENV, read without importing it
 
 
 def pytest_addoption(parser):
     parser.addoption(
         "--fake-flashinfer", metavar="VERSION", default=None,
-        help="resolve `import flashinfer` to the CPU fake of this release (0.6.8, 0.6.14, 0.6.16, 0.7.2)")
+        help="resolve `import flashinfer` to the CPU fake of this release, as pip prints it (e.g. 0.7.2.post1); "
+             "a release the fake does not serve is refused with the list of those it does")
 
 
 def pytest_configure(config):
     version = config.getoption("--fake-flashinfer")
+    if not version and not os.environ.get(PROFILE_ENV):
+        return  # inert: the fake is not imported
+    try:
+        from fakes.flashinfer import install  # reads PROFILE_ENV
+    except ValueError as e:  # a release no profile serves
+        pytest.exit(str(e), returncode=2)
     if version:
-        from fakes.flashinfer import install
-
-        block = install(re.sub(r"\.post\d+$", "", version))
+        try:
+            block = install(version)
+        except ValueError as e:
+            pytest.exit(f"--fake-flashinfer: {e}", returncode=2)
         block.__enter__()
         config._fake_flashinfer_block = block
 

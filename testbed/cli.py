@@ -20,7 +20,6 @@ import sys
 import time
 
 from testbed import __version__
-from testbed import integrations
 
 CLUSTER_FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
 # A hang must surface as a hang (the watchdog's report) before the fake's own flag wait
@@ -28,6 +27,14 @@ CLUSTER_FAULTS = ("crash", "stall", "sigkill", "wrong-group-barrier")
 MUTANT_TIMEOUT_S = 12.0
 # The real FlashInfer's first scenario compiles its kernels (a cold JIT cache takes minutes).
 REAL_TIMEOUT_S = 600.0
+
+
+def _integrations():
+    """The registry, imported when first needed: importing it imports the fake, which reads
+    ``A2A_FAKE_FLASHINFER_PROFILE`` (:func:`main` reports a release it does not serve)."""
+    from testbed import integrations
+
+    return integrations
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
-    for integration in integrations.engines():
+    for integration in _integrations().engines():
         engine = integration.engine
         run.add_argument(f"--{engine.name}-source", metavar="DIR",
                          help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
@@ -84,13 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     fz.add_argument("--seed", type=int, default=None, metavar="S",
                     help="random draw from this seed (default: derandomized, the same every time)")
     fz.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-scenario timeout")
-    fz.add_argument("--integration", choices=integrations.names(), default="impl",
+    fz.add_argument("--integration", choices=_integrations().names(), default="impl",
                     help="draw scenarios of impl (default) or of the installed vLLM's or SGLang's classes")
     fz.add_argument("--junit-xml", metavar="PATH",
                     help="write JUnit XML: a test case per example run (shrinking's included), failures with "
                          "their evidence and reproducing line")
     mu = sub.add_parser("mutants", help="run the catalogue of mutants of an integration; each must be killed")
-    mu.add_argument("--integration", choices=integrations.names(), default="impl",
+    mu.add_argument("--integration", choices=_integrations().names(), default="impl",
                     help="whose code the mutants change: impl (default) or the installed vLLM's or SGLang's, hunted "
                          "by its matrix")
     mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
@@ -108,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
             "the same checkpoint and prompts on one rank with expert parallel off; checks every invariant that "
             "judges the rounds it made, its prompt logprobs against that reference, and prints, per rank and "
             "forward, the token counts its prepare received. With no --dp: the integration's engine matrix."))
-    en.add_argument("--integration", choices=integrations.names(), default="vllm",
+    en.add_argument("--integration", choices=_integrations().names(), default="vllm",
                     help="whose engine (default: %(default)s)")
     en.add_argument("--dp", type=int, metavar="N", help="data-parallel ranks (each its own engine)")
     en.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel ranks per DP rank (default 1)")
@@ -129,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     en.add_argument("--mutant", metavar="NAME", help="run against this mutant of the integration's code")
     en.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run watchdog timeout (default 150)")
     en.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
-    for integration in integrations.engines():
+    for integration in _integrations().engines():
         engine = integration.engine
         en.add_argument(f"--{engine.name}-source", metavar="DIR",
                         help=f"import {engine.label}'s Python from this checkout's {engine.source_hint}")
@@ -169,6 +176,11 @@ def _ray_arguments(parser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        import fakes.flashinfer  # noqa: F401 - reads A2A_FAKE_FLASHINFER_PROFILE
+    except ValueError as e:  # a release no profile serves
+        print(f"a2a-testbed: error: {e}", file=sys.stderr)
+        return 2
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "version":
@@ -275,7 +287,7 @@ def _contract_consumers(args) -> int:
     given = list(trees)
     for spec in args.consumer:
         try:
-            consumer, where = parse_consumer(spec, {i.name: i.consumer() for i in integrations.engines()})
+            consumer, where = parse_consumer(spec, {i.name: i.consumer() for i in _integrations().engines()})
             try:
                 source = open_package(consumer.dist, where)
             except SourceError:
@@ -365,10 +377,10 @@ def _run(args) -> int:
     if args.backend not in (None, "fake"):
         return _judge_on(args.backend, args)
     args.integration = args.integration or "impl"
-    for other in integrations.engines():
+    for other in _integrations().engines():
         if getattr(args, f"{other.name}_source") and args.integration != other.name:
             raise UsageError(f"--{other.name}-source goes with --integration {other.name}")
-    engine = integrations.get(args.integration).engine
+    engine = _integrations().get(args.integration).engine
     if engine is not None:
         _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
     if args.models is not None:
@@ -412,7 +424,7 @@ def _run(args) -> int:
 
 def _need_engine(name: str, source: str | None = None) -> None:
     """Make the rank pools run engine ``name``, or a usage error saying why they cannot."""
-    why = integrations.get(name).engine.use(source)
+    why = _integrations().get(name).engine.use(source)
     if why:
         raise UsageError(why)
 
@@ -626,7 +638,7 @@ def _fuzz(args) -> int:
     from testbed.harness.fuzz import ScenarioFailed, fuzz
 
     _positive("--examples", args.examples)
-    if integrations.get(args.integration).engine is not None:
+    if _integrations().get(args.integration).engine is not None:
         _need_engine(args.integration)
     _positive("--timeout", args.timeout)
     progress = report.Progress()
@@ -640,7 +652,7 @@ def _fuzz(args) -> int:
 
         try:
             fuzz(check, examples=args.examples, seed=args.seed,
-                 strategy=integrations.get(args.integration).strategy())
+                 strategy=_integrations().get(args.integration).strategy())
         except ScenarioFailed as e:
             progress.clear()
             print(f"FAIL (shrunk) {e.verdict.scenario.short()}")
@@ -670,10 +682,10 @@ def _engine(args) -> int:
     from testbed.scenario.engine import EngineScenario, parse_prompts
     from testbed.scenario.model import ScenarioInputError
 
-    integration = integrations.get(args.integration)
+    integration = _integrations().get(args.integration)
     if not integration.engine_matrix():
         raise UsageError(f"--integration {args.integration}: has no engine level (engines with one: "
-                         + ", ".join(n for n in integrations.names() if integrations.get(n).engine_matrix()) + ")")
+                         + ", ".join(n for n in _integrations().names() if _integrations().get(n).engine_matrix()) + ")")
     _positive("--timeout", args.timeout)
     if args.mutant and args.mutant not in {m.name for m in catalogue(args.integration)}:
         raise UsageError(f"--mutant: unknown {args.integration} mutant {args.mutant!r} (a2a-testbed mutants "
@@ -742,7 +754,7 @@ def _mutants(args) -> int:
     from testbed.harness import report, runner
     from testbed.harness.matrix import on_integration
 
-    engine = integrations.get(args.integration).engine
+    engine = _integrations().get(args.integration).engine
     if engine is not None:
         _need_engine(args.integration)
     # An engine's matrix on the FlashInfer it pins; impl's, each scenario on its own.

@@ -9,7 +9,6 @@ POSIX file descriptors (``pidfd_getfd`` needs it; FABRIC handles, on GB200, do n
 from __future__ import annotations
 
 import itertools
-import re
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
@@ -77,31 +76,30 @@ def _fabric_handles(api) -> bool:
 
 
 def profile_of(version: str) -> Optional[str]:
-    """The fake's profile of FlashInfer release ``version`` (``0.7.2.post1`` -> ``0.7.2``), or
-    None when the fake imitates no such release."""
-    from fakes.flashinfer.profiles import PROFILES
+    """The fake's profile serving FlashInfer release ``version``, or None when none does."""
+    from fakes.flashinfer.profiles import UnservedRelease, resolve
 
-    base = re.match(r"\d+\.\d+\.\d+", version)
-    return base.group(0) if base and base.group(0) in PROFILES else None
+    try:
+        return resolve(version).name
+    except UnservedRelease:
+        return None
 
 
 def installed_profile() -> str:
-    """The profile of the installed ``flashinfer-python`` (what ``--backend flashinfer`` runs).
+    """The installed ``flashinfer-python`` release (what ``--backend flashinfer`` runs), as pip
+    prints it, when a profile serves it.
 
     Raises
     ------
     ValueError
-        The package is not installed, or the fake imitates no release of its number (the
-        invariants need the release's facts).
+        The package is not installed, or no profile serves its release (the invariants need
+        the release's facts); one line naming what is served.
     """
-    from fakes.flashinfer.profiles import PROFILES
+    from fakes.flashinfer.profiles import resolve
 
     try:
         version = metadata.version("flashinfer-python")
     except metadata.PackageNotFoundError:
         raise ValueError("flashinfer-python is not installed (pip install flashinfer-python)") from None
-    profile = profile_of(version)
-    if profile is None:
-        raise ValueError(f"flashinfer-python {version} is installed; the testbed knows the releases "
-                         f"{', '.join(PROFILES)} (a profile of the fake holds what the invariants expect of one)")
-    return profile
+    resolve(version, "the installed flashinfer-python")  # UnservedRelease, a ValueError: one line
+    return version

@@ -130,6 +130,12 @@ def resolve(release: str, what: str = "FlashInfer release") -> Profile:
                           f"{', '.join(served_releases())}")
 
 
+def served_by(release: str) -> str:
+    """``release`` as a report names it: ``0.6.16.post3 (served by 0.6.16)``, or the profile's own."""
+    name = resolve(release).name
+    return release if name == release else f"{release} (served by {name})"
+
+
 def chain(profile: Profile) -> Iterator[Profile]:
     """``profile``, then its base, then that one's, ..."""
     while True:
@@ -185,4 +191,7 @@ def fake_profile(name: str) -> Iterator[Profile]:
 
 ENV = "A2A_FAKE_FLASHINFER_PROFILE"
 _active, _release = PROFILES[DEFAULT_PROFILE], DEFAULT_PROFILE
-set_profile(os.environ.get(ENV, DEFAULT_PROFILE))
+try:
+    set_profile(os.environ.get(ENV, DEFAULT_PROFILE))
+except UnservedRelease as e:
+    raise UnservedRelease(f"{ENV}: {e}") from None

@@ -51,7 +51,7 @@ def _install(ctx, sc: Scenario, log: EventLog):
         from testbed.gpu_env import profile_of
 
         api = rank_api(ctx, sc.flashinfer_backend)
-        if profile_of(api.version) != sc.profile:
+        if profile_of(api.version) != profile_of(sc.profile):
             raise RuntimeError(f"--profile {sc.profile}: this machine's FlashInfer is {api.version} (profile "
                                f"{profile_of(api.version)}); the invariants hold the scenario's release to its facts")
     ep_ranks = ctx.group_ranks["ep"]

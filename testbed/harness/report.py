@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Sequence, TextIO
 
+from fakes.flashinfer.profiles import served_by
 from testbed.harness.invariants import Verdict
 
 
@@ -96,7 +97,7 @@ def write_html(path: str, verdicts: Sequence[Verdict], refused: Sequence[tuple] 
               + (f", {known} known" if known else "") + (f", {len(refused)} not run" if refused else "")
               + (f" in {seconds:.1f} s" if seconds else ""))
     scenarios = [v.scenario for v in verdicts] + [sc for sc, _ in refused]
-    facts = (f"<p>FlashInfer profiles: {html.escape(', '.join(sorted({sc.profile for sc in scenarios})))}; "
+    facts = (f"<p>FlashInfer profiles: {html.escape(', '.join(sorted({served_by(sc.profile) for sc in scenarios})))}; "
              f"integrations: {html.escape(', '.join(sorted({sc.integration for sc in scenarios})))}</p>"
              + (f"<p>command: {_copyable(command)}</p>" if command else ""))
     first = "".join(f"<article class='failure'><details{' open' if n < OPEN_FAILURES else ''}><summary><b>{i}. "

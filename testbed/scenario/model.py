@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
-from fakes.flashinfer.profiles import UnservedRelease, resolve
+from fakes.flashinfer.profiles import UnservedRelease, resolve, served_by
 from impl import parallel as support
 from testbed.cluster.layout import ParallelLayout
 
@@ -495,7 +495,7 @@ class Scenario:
         sig += f" level={self.level}" if self.level != "layer" else ""
         sig += " raw-passes" if self.raw_passes else ""
         sig += f" [{self.integration}]" if self.integration != "impl" else ""
-        return (f"{self.layout} {self.path} {self.profile} E{self.experts} K{self.top_k} H{self.hidden} "
+        return (f"{self.layout} {self.path} {served_by(self.profile)} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
 
 
