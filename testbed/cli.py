@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import json
 import shlex
@@ -35,6 +36,16 @@ def _integrations():
     from testbed import integrations
 
     return integrations
+
+
+def _source_arguments(parser) -> None:
+    for integration in _integrations().engines():
+        engine = integration.engine
+        parser.add_argument(f"--{engine.name}-source", metavar="DIR",
+                            help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
+                                 f"checkout's {engine.source_hint} or an unpacked wheel on every rank "
+                                 f"({engine.source_env}), so a branch or another release is tested as it stands; "
+                                 "the FlashInfer it runs on is the one its metadata pins")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,12 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
-    for integration in _integrations().engines():
-        engine = integration.engine
-        run.add_argument(f"--{engine.name}-source", metavar="DIR",
-                         help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
-                              f"checkout's {engine.source_hint} on every rank ({engine.source_env}), so a branch is "
-                              "tested as it stands")
+    _source_arguments(run)
     _ray_arguments(run)
     run.add_argument("--dry-run", action="store_true",
                      help="print each scenario's estimated shared memory, memory per rank and in all, and whether "
@@ -105,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
     _ray_arguments(mu)
     mu.add_argument("--json", metavar="PATH", help="write the table as JSON")
+    _source_arguments(mu)
     mu.add_argument("--junit-xml", metavar="PATH",
                     help="write JUnit XML: a test case per mutant, a survivor a failure with why")
     en = sub.add_parser(
@@ -132,14 +139,12 @@ def _parser() -> argparse.ArgumentParser:
     en.add_argument("--dtype", default="float32", help="the model's dtype: float32 (default) or bfloat16")
     en.add_argument("--budget", type=int, default=64, metavar="N", help="max_num_batched_tokens (default 64)")
     en.add_argument("--seed", type=int, default=0, metavar="S", help="the checkpoint's and the prompts' seed")
-    en.add_argument("--profile", default="0.7.2", help="the fake's FlashInfer release (default: 0.7.2, the pin)")
+    en.add_argument("--profile", metavar="RELEASE",
+                    help="the fake's FlashInfer release (default: the one the engine's metadata pins)")
     en.add_argument("--mutant", metavar="NAME", help="run against this mutant of the integration's code")
     en.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run watchdog timeout (default 150)")
     en.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
-    for integration in _integrations().engines():
-        engine = integration.engine
-        en.add_argument(f"--{engine.name}-source", metavar="DIR",
-                        help=f"import {engine.label}'s Python from this checkout's {engine.source_hint}")
+    _source_arguments(en)
     ct = sub.add_parser(
         "contract", help="compare the fake with a real FlashInfer release (CPU only, no CUDA import)",
         description=(
@@ -401,7 +406,7 @@ def _run(args) -> int:
 
         try:  # an engine's matrix on the FlashInfer it pins; impl's, each scenario on its own
             scenarios, refused = on_integration(args.integration, args.matrix_profile
-                                                or (engine.pinned_profile if engine else None))
+                                                or (engine.pinned() if engine else None))
         except ValueError as e:
             raise UsageError(f"--matrix-profile: {e}") from None
         for sc, rule in refused:
@@ -690,11 +695,13 @@ def _engine(args) -> int:
     if args.mutant and args.mutant not in {m.name for m in catalogue(args.integration)}:
         raise UsageError(f"--mutant: unknown {args.integration} mutant {args.mutant!r} (a2a-testbed mutants "
                          f"--integration {args.integration} --list)")
+    _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
+    profile = args.profile or integration.engine.pinned()  # the engine's own pin unless the flag says
     if args.dp is None:
         given = [flag for flag in ("prompts", "max_tokens", "model") if getattr(args, flag) is not None]
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} goes with --dp (one engine scenario)")
-        scenarios = integration.engine_matrix()
+        scenarios = [dataclasses.replace(es, profile=profile) for es in integration.engine_matrix()]
     else:
         if args.prompts is None or args.max_tokens is None:
             raise UsageError("--dp: give --prompts and --max-tokens too (per DP rank)")
@@ -709,13 +716,12 @@ def _engine(args) -> int:
                                         prompts=parse_prompts(args.prompts),
                                         max_tokens=tuple(int(n) for n in args.max_tokens.split(",")),
                                         integration=args.integration, budget=args.budget, dtype=args.dtype,
-                                        profile=args.profile, seed=args.seed),)
+                                        profile=profile, seed=args.seed),)
         except ScenarioInputError as e:
             raise UsageError(str(e)) from None
         except ValueError:
             raise UsageError(f"--max-tokens: comma-separated integers, one per DP rank, got {args.max_tokens!r}") \
                 from None
-    _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
     started = time.monotonic()
     verdicts = []
     with runner.scenario_pool() as pool:
@@ -756,9 +762,12 @@ def _mutants(args) -> int:
 
     engine = _integrations().get(args.integration).engine
     if engine is not None:
-        _need_engine(args.integration)
+        _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
+    for other in _integrations().engines():
+        if getattr(args, f"{other.name}_source") and args.integration != other.name:
+            raise UsageError(f"--{other.name}-source goes with --integration {other.name}")
     # An engine's matrix on the FlashInfer it pins; impl's, each scenario on its own.
-    scenarios = on_integration(args.integration, engine.pinned_profile if engine else None)[0]
+    scenarios = on_integration(args.integration, engine.pinned() if engine else None)[0]
     started = time.monotonic()
     hunts = []
     print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")

@@ -2,8 +2,8 @@
 
 Inside :func:`install`, ``flashinfer`` and every ``flashinfer.<module>`` the chosen release
 ships are the fake's modules (the same objects as ``fakes.flashinfer...``), a module the
-release does not ship fails to import as it does there, and nothing reaches a real FlashInfer
-that may be installed. Leaving the block restores ``sys.modules`` and the active profile.
+release does not ship fails to import (and ``importlib.util.find_spec`` finds nothing) as it
+does there, and nothing reaches a real FlashInfer that may be installed. Leaving the block restores ``sys.modules`` and the active profile.
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def install(profile: str) -> Iterator[profiles.Profile]:
             if leaf in vars(parent):  # `from flashinfer.comm import x` must fail too
                 detached.append((parent, leaf, vars(parent)[leaf]))
                 delattr(parent, leaf)
+            # None: `import` fails (ModuleNotFoundError) and importlib.util.find_spec answers
+            # None, as for a module the release does not ship (engines probe with find_spec).
+            sys.modules[f"{REAL}.{path}"] = None
             continue
         sys.modules[f"{REAL}.{path}" if path else REAL] = module
     finder = _RefuseRealFlashInfer()

@@ -68,10 +68,14 @@ _REMOVED_0_7_4 = ("comm.trtllm_moe_alltoall", "comm.trtllm_alltoall")
 _0_6_8 = Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, 1,
                  ("moe_ep", "fused_moe.api", "comm.comm_backend"),
                  serves=("0.6.8.post1", "0.6.9", "0.6.10", "0.6.10.post1"))
+_0_6_11 = derive(_0_6_8, "0.6.11", ("0.6.11.post1", "0.6.11.post2", "0.6.11.post3"))
+_0_6_12 = derive(_0_6_11, "0.6.12")
+_0_6_13 = derive(_0_6_12, "0.6.13")
 _0_6_14 = Profile("0.6.14", 22, 6, 64, True, True, False, False, False, _TOP_K_0_6_8, False, 1,
-                  ("moe_ep", "comm.comm_backend"), base="0.6.8")
+                  ("moe_ep", "comm.comm_backend"), base="0.6.13")
+_0_6_15 = derive(_0_6_14, "0.6.15", ("0.6.15.post1",))
 _0_6_16 = Profile("0.6.16", 22, 6, 64, False, True, True, True, False, _TOP_K_0_6_16, False, 1, ("moe_ep",),
-                  base="0.6.14", serves=("0.6.16.post1", "0.6.16.post2", "0.6.16.post3", "0.6.16.post4", "0.6.17"))
+                  base="0.6.15", serves=("0.6.16.post1", "0.6.16.post2", "0.6.16.post3", "0.6.16.post4", "0.6.17"))
 _0_6_18 = derive(_0_6_16, "0.6.18", ("0.6.18.post1",))
 _0_7_0 = derive(_0_6_18, "0.7.0", ("0.7.0.post1",), recv_view_cache=True, quant_format=True)
 _0_7_1 = derive(_0_7_0, "0.7.1", backend_kw=True, init_barrier=True)
@@ -79,7 +83,7 @@ _0_7_2 = derive(_0_7_1, "0.7.2", absent_modules=(), comm_deprecated=True)
 _0_7_2_post1 = derive(_0_7_2, "0.7.2.post1", interleave_out=True)
 _0_7_4 = Profile("0.7.4", 22, 4, 256, False, True, True, True, True, _TOP_K_0_7_4, True, 4, _REMOVED_0_7_4,
                  moe_ep_kernels=True, interleave_out=True, recv_view_cache=True, quant_format=True)
-PROFILES = {p.name: p for p in (_0_6_8, _0_6_14, _0_6_16, _0_6_18, _0_7_0, _0_7_1, _0_7_2, _0_7_2_post1, _0_7_4)}
+PROFILES = {p.name: p for p in (_0_6_8, _0_6_11, _0_6_12, _0_6_13, _0_6_14, _0_6_15, _0_6_16, _0_6_18, _0_7_0, _0_7_1, _0_7_2, _0_7_2_post1, _0_7_4)}
 # vLLM 0.33.0's pin, which the fake imitated before it had a profile per release.
 DEFAULT_PROFILE = "0.7.2.post1"
 

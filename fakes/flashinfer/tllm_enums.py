@@ -32,6 +32,16 @@ _MEMBERS = {
         "ActivationType": _ACTIVATION + ["Identity", "InvalidType"],
         "Fp8QuantizationType": _FP8,
     },
+    "0.6.11": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["Identity", "InvalidType"],
+        "Fp8QuantizationType": _FP8,
+    },
+    "0.6.13": {
+        "RoutingMethodType": _ROUTING + ["Sigmoid", "Unspecified"],
+        "ActivationType": _ACTIVATION + ["SwigluStep", "Identity", "InvalidType"],
+        "Fp8QuantizationType": _FP8,
+    },
     "0.6.14": {
         "RoutingMethodType": _ROUTING + ["Sigmoid", "Unspecified"],
         "ActivationType": _ACTIVATION + ["SwigluStep", "GegluTanh", "Identity", "InvalidType"],
@@ -75,12 +85,12 @@ def _is_gated(self) -> bool:
     return self.name in _GATED
 
 
-_PLAIN = ("0.6.8",)
+_EVAL_SAFE = {"0.6.8": False, "0.6.14": True, "0.7.4": True}  # eval-safe repr and is_gated from 0.6.14 on
 
 
 def _build(profile: str, name: str) -> type:
     cls = IntEnum(name, [(m, i) for i, m in enumerate(_MEMBERS[profile][name])], module=__name__)
-    if profile not in _PLAIN:  # eval-safe repr and is_gated from 0.6.14 on
+    if profiles.pick(_EVAL_SAFE, profiles.PROFILES[profile]):
         cls.__repr__ = _repr
         if name == "ActivationType":
             cls.is_gated = property(_is_gated)

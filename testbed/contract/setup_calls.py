@@ -22,14 +22,15 @@ COMM_METHODS = ("Get_rank", "Get_size", "allgather", "bcast", "barrier", "Split"
 _MAX_DEPTH = 8
 
 # What each release's source says (the contract re-reads it and compares): the steps of one
-# open_mnnvl_memory, FABRIC path (a release without an entry: its profile's base's). 0.6.16 added the fabric-support vote (cached per process)
-# and moved the handle export into _create_and_map_handles (which asks rank and size again);
-# 0.7.4 votes on the handle type at every allocation and agrees on errors before and after the
-# import.
+# open_mnnvl_memory, FABRIC path (a release without an entry: its profile's base's). 0.6.15 moved
+# the handle export into _create_and_map_handles (which asks rank and size again); 0.6.16 added
+# the fabric-support vote (cached per process); 0.7.4 votes on the handle type at every
+# allocation and agrees on errors before and after the import.
 _OPEN = ("Get_rank", "Get_size", "allgather")
 SETUP_CALLS: dict[str, tuple[str, ...]] = {
     "0.6.8": _OPEN + ("Get_size (maybe)", "allgather"),
     "0.6.14": _OPEN + ("Get_size (maybe)", "allgather"),
+    "0.6.15": _OPEN + ("Get_size (maybe)", "Get_rank", "Get_size", "allgather"),
     "0.6.16": _OPEN + ("allgather (once)", "Get_size (maybe)", "Get_rank", "Get_size", "allgather"),
     "0.7.4": _OPEN + ("Get_size (maybe)", "allgather", "Get_rank", "Get_size", "allgather", "allgather", "allgather"),
 }

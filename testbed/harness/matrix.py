@@ -176,7 +176,7 @@ def on_models(names: tuple[str, ...] = (), integration: str = "impl"
     if unknown:
         raise ValueError(f"unknown model {unknown[0]!r}: expected one of {', '.join(MODELS)}")
     engine = integrations.get(integration).engine
-    pinned = engine.pinned_profile if engine else "0.7.2"
+    pinned = engine.pinned() if engine else "0.7.2"
     # An engine runs on the release it pins (its matrix's rule); impl on every release.
     others = () if engine else tuple(p for p in distinct_alltoalls() if p != resolve(pinned).name)
     runnable, refused = [], []

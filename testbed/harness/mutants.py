@@ -1,7 +1,8 @@
 """Mutants applied at run time in the rank processes: each integration's catalogue
 (:meth:`testbed.integrations.base.Integration.mutants`), looked up by name and applied here.
 
-A mutant replaces one exact piece of one function's source and recompiles that function in
+A mutant replaces one exact piece of one function's source (or, where the integration's
+release writes that code differently, the same change in its form) and recompiles that function in
 its module (the file name and line numbers stay the real ones, so call sites and stacks still
 point into the integration's code). A replacement that does not match exactly once is a
 broken mutant (:class:`MutantError`), never a "killed" one. ``expect`` says how the testbed
@@ -59,10 +60,13 @@ def apply(name: str) -> Callable[[], None]:
     function = original.fget if isinstance(original, property) else original  # its source has @property
     lines, first = inspect.getsourcelines(function)
     source = "".join(lines)
-    count = source.count(m.old)
-    if count != 1:
-        raise MutantError(f"mutant {name}: {m.old!r} occurs {count} times in {m.target} (expected once)")
-    mutated = textwrap.dedent(source.replace(m.old, m.new))
+    counts = [(old, new, source.count(old)) for old, new in ((m.old, m.new),) + m.forms]
+    found = [(old, new) for old, new, count in counts if count == 1]
+    if not found:
+        raise MutantError(f"mutant {name}: " + "; ".join(f"{old!r} occurs {count} times" for old, _, count in counts)
+                          + f" in {m.target} (expected once)")
+    old, new = found[0]
+    mutated = textwrap.dedent(source.replace(old, new))
     if owner_path:  # a method: zero-argument super() needs the class cell a class body gives
         mutated = mutated.replace("super()", f"super({owner_path[-1]}, self)")
     namespace: dict = {}

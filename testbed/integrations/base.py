@@ -86,7 +86,8 @@ class Session(Protocol):
 class Mutant:
     """A small, realistic wrong change to one function of the integration's code, applied at
     run time in the rank processes (:mod:`testbed.harness.mutants`): ``old`` replaced by
-    ``new`` in ``target`` (``"module:Function"`` or ``"module:Class.method"``). ``expect``
+    ``new`` in ``target`` (``"module:Function"`` or ``"module:Class.method"``), or one of
+    ``forms``, the same change where another release writes the code otherwise. ``expect``
     says how the testbed must catch it: ``(invariant, piece of its evidence)`` pairs, any one
     kills it; ``("tests", piece)`` with ``tests`` the pytest ids that must fail instead, where
     scenarios cannot reach it (a refusal of bad input, a checkpoint)."""
@@ -98,11 +99,15 @@ class Mutant:
     new: str
     expect: tuple[tuple[str, str], ...]
     tests: tuple[str, ...] = ()
+    # The same change as other releases of the integration's code write it: ``(old, new)``
+    # pairs, the first whose ``old`` occurs once in the target taken (after ``old`` itself).
+    forms: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of(cls, name, description, target, old, new, *expect, tests=()) -> "Mutant":
-        """A catalogue entry as written: the ``expect`` pairs after the change, tests by keyword."""
-        return cls(name, description, target, old, new, tuple(expect), tuple(tests))
+    def of(cls, name, description, target, old, new, *expect, tests=(), forms=()) -> "Mutant":
+        """A catalogue entry as written: the ``expect`` pairs after the change, tests and
+        other releases' forms by keyword."""
+        return cls(name, description, target, old, new, tuple(expect), tuple(tests), tuple(forms))
 
     @property
     def needs_scenarios(self) -> bool:

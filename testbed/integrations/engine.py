@@ -3,18 +3,20 @@ drives, make the rank pools import the engine, take a checkout's Python.
 
 An engine is described by :class:`Engine`: its package, the flag and environment variable that
 point at a checkout, the releases the adapter is written for, the ``(module, name)`` pairs it
-reaches for, and what must hold before it is imported. Each is imported under the fake's 0.7.2
-(the engines' pinned release), so the names an engine binds from FlashInfer at import exist.
+reaches for, and what must hold before it is imported. Each is imported under the fake as the
+FlashInfer release the engine's metadata pins, so the names it binds from FlashInfer at import exist.
 An adapter module exposes its engine's :meth:`Engine.unavailable`, :meth:`Engine.use` and
 :meth:`Engine.preload` as its own.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -34,23 +36,59 @@ class Engine:
     capabilities: tuple[tuple[str, str], ...]
     prepare_environment: Callable[[], None]  # what must hold before the engine is imported
     preload_extra: tuple[str, ...] = ()  # modules beyond the capabilities' that ranks should fork with
-    pinned_profile: str = "0.7.2"  # the FlashInfer release the tested releases pin
+    default_pin: str = "0.7.2"  # the FlashInfer release to imitate where no metadata says (a git checkout)
 
     @property
     def preload_module(self) -> str:
         """What a rank pool's fork server imports to have the engine loaded (:meth:`preload`)."""
         return f"testbed.integrations.{self.name}.preload"
 
+    def release(self) -> tuple[str, str | None]:
+        """``(version, FlashInfer pin)`` of the copy in use: the checkout or unpacked wheel in
+        ``source_env``, else the installed one, read from its metadata (``unknown``, None
+        without any)."""
+        from testbed.contract.consumer import pinned_flashinfer
+        from testbed.contract.source import SourceError, open_package
+
+        try:
+            source = open_package(self.name, os.environ.get(self.source_env) or None)
+        except SourceError:
+            return "unknown", None
+        return source.version, pinned_flashinfer(source)
+
+    def pinned(self) -> str:
+        """The FlashInfer release this engine runs on: the one its metadata pins, as pip prints
+        it (``default_pin`` for a checkout without metadata).
+
+        Raises
+        ------
+        UnservedRelease
+            No profile serves the pin: one line naming the engine release, its pin and what
+            the fake serves.
+        """
+        from fakes.flashinfer.profiles import resolve
+
+        version, pin = self.release()
+        resolve(pin or self.default_pin, f"{self.label} {version} pins FlashInfer release")
+        return pin or self.default_pin
+
     def unavailable(self) -> str | None:
         """Why ``--integration NAME`` cannot run here (one line), or None: the engine missing,
-        or one without a class the adapter drives (a capability probe, not a version compare)."""
+        pinning a FlashInfer no profile serves, or without a class the adapter drives (a
+        capability probe, not a version compare)."""
+        from fakes.flashinfer.profiles import UnservedRelease
+
         self.prepare_environment()
         if importlib.util.find_spec(self.name) is None:
             return (f"{self.label} is not installed: `./dev setup --{self.name}` installs {self.label} "
                     f"{', '.join(self.tested)} without its CUDA torch (or set {self.source_env} to a checkout)")
+        try:
+            pin = self.pinned()
+        except UnservedRelease as e:
+            return str(e)
         import fakes.flashinfer
 
-        with fakes.flashinfer.install(self.pinned_profile):
+        with fakes.flashinfer.install(pin):
             for module, name in self.capabilities:
                 try:
                     mod = importlib.import_module(module)
@@ -86,9 +124,52 @@ class Engine:
             return
         import fakes.flashinfer
 
-        with fakes.flashinfer.install(self.pinned_profile):  # the modules an engine imports lazily stay unimported
+        with fakes.flashinfer.install(self.pinned()):  # the modules an engine imports lazily stay unimported
             for module in dict.fromkeys([module for module, _ in self.capabilities] + list(self.preload_extra)):
                 importlib.import_module(module)
+
+
+def guarded_flashinfer_imports(module) -> dict:
+    """Re-run ``module``'s guarded top-level ``from flashinfer... import`` blocks under the
+    FlashInfer now installed, as a fresh import of the module would: a ``try`` block binds its
+    names, or on ``ImportError`` sets the flags its ``except`` assigns; an ``if probe():`` block
+    binds its names where the probe now answers true. Returns ``{name: value}`` to set on the
+    module (empty where it has no such block). An engine binds these names when it is first
+    imported, under whatever FlashInfer was installed then; a scenario's release (and the
+    testbed's recording classes) reach it only through this."""
+    tree = ast.parse(inspect.getsource(module))
+    found: dict = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.Try, ast.If)):
+            continue
+        imports = [n for n in node.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer")]
+        if not imports:
+            continue
+        if isinstance(node, ast.If):
+            if eval(compile(ast.Expression(node.test), inspect.getsourcefile(module), "eval"), vars(module)):
+                found.update(_imported(imports))
+            continue
+        flags = [t.id for n in node.handlers for s in n.body if isinstance(s, ast.Assign) for t in s.targets
+                 if isinstance(t, ast.Name)]
+        try:
+            found.update(_imported(imports))
+        except ImportError:
+            found.update({flag: False for flag in flags})
+        else:
+            found.update({flag: True for flag in flags})
+    return found
+
+
+def _imported(imports: list) -> dict:
+    found = {}
+    for n in imports:
+        source = importlib.import_module(n.module)
+        for alias in n.names:
+            try:
+                found[alias.asname or alias.name] = getattr(source, alias.name)
+            except AttributeError:
+                raise ImportError(f"cannot import name {alias.name!r} from {n.module!r}") from None
+    return found
 
 
 def name_the_fake(ctx, sc) -> None:

@@ -421,9 +421,9 @@ class Scenario:
                                          f"{', '.join(TRTLLM_FORMATS)}; layers of {', '.join(fmts)} need "
                                          "--expert-kernel reference")
             if self.expert_kernel == "trtllm" and not pair_routing(self.profile):
-                raise ScenarioInputError("--expert-kernel", f"FlashInfer {self.profile}'s routed MoE declares topk_ids: "
-                                         "torch.Tensor (packed routing; 0.6.8 cannot take a pair at all); the (ids, "
-                                         "weights) pair is declared from 0.7.2: use --expert-kernel trtllm-packed")
+                raise ScenarioInputError("--expert-kernel", f"FlashInfer {self.profile}'s routed MoE entries do not all "
+                                         "declare topk_ids as the (ids, weights) pair (packed routing; every entry "
+                                         "declares it from 0.6.18): use --expert-kernel trtllm-packed")
             if self.top_k > self.experts:
                 raise ScenarioInputError("--top-k", f"the TRT-LLM MoE kernels need top_k between 1 and num_experts "
                                          f"(check_routing_common), got {self.top_k} > {self.experts}")

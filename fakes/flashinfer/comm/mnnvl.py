@@ -289,11 +289,7 @@ class _MnnvlMemory_0_6(_MnnvlMemory):
     pass
 
 
-class _MnnvlMemory_0_6_16(_MnnvlMemory):
-    @staticmethod
-    def _before_reserving(comm) -> None:
-        _MnnvlMemory._resolve_fabric_support(comm)
-
+class _MnnvlMemory_0_6_15(_MnnvlMemory):
     @staticmethod
     def _exchange_handles(comm, key):
         """``_create_and_map_handles``: rank and size again, then the FABRIC handles."""
@@ -304,6 +300,12 @@ class _MnnvlMemory_0_6_16(_MnnvlMemory):
     def mapped(self) -> bool:
         """False between ``MoeAlltoAll.checkpoint_prepare`` and ``checkpoint_restore``."""
         return _MnnvlMemory.allocated_map[self.ptr].mapped
+
+
+class _MnnvlMemory_0_6_16(_MnnvlMemory_0_6_15):
+    @staticmethod
+    def _before_reserving(comm) -> None:
+        _MnnvlMemory._resolve_fabric_support(comm)
 
 
 class _MnnvlMemory_0_7_4(_MnnvlMemory_0_6_16):
@@ -348,9 +350,13 @@ class _MnnvlMemory_0_7_4(_MnnvlMemory_0_6_16):
                                requestedHandleTypes=handle_type)
 
 
-for _cls in (_MnnvlMemory_0_6, _MnnvlMemory_0_6_16, _MnnvlMemory_0_7_4):
+for _cls in (_MnnvlMemory_0_6, _MnnvlMemory_0_6_15, _MnnvlMemory_0_6_16, _MnnvlMemory_0_7_4):
     _cls.__name__ = _cls.__qualname__ = "MnnvlMemory"
 
+# 0.6.15 asks rank and size again before exchanging the handles (its checkpoint remap shares
+# that code) and tells whether they are mapped; 0.6.16 first votes on FABRIC support.
+_MNNVL_MEMORY = {"0.6.8": _MnnvlMemory_0_6, "0.6.15": _MnnvlMemory_0_6_15, "0.6.16": _MnnvlMemory_0_6_16,
+                 "0.7.4": _MnnvlMemory_0_7_4}
 __fake_only__ = ("SIDE_SLOTS", "on_scenario_end", "side_channel")
 
 
@@ -363,9 +369,7 @@ def __getattr__(name: str):
 
         return TorchDistBackend
     if name == "MnnvlMemory":
-        if profiles.active().moe_ep_kernels:
-            return _MnnvlMemory_0_7_4
-        return _MnnvlMemory_0_6_16 if new else _MnnvlMemory_0_6
+        return profiles.pick(_MNNVL_MEMORY)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

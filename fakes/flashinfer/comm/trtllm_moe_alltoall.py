@@ -511,7 +511,49 @@ class _MoeAlltoAll_0_6_14(_MoeAlltoAll_0_6_8):
                              output_dtype, output_scales)
 
 
-class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
+class _Checkpoint:
+    """``checkpoint_prepare`` / ``checkpoint_restore`` (0.6.15 on)."""
+
+    def checkpoint_prepare(self) -> None:
+        """Unmap MNNVL handles for checkpointing; repeated calls are no-ops."""
+        record = _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
+        if not record.mapped:
+            return
+        if self._state.phase != "idle":
+            raise RuntimeError("Cannot unmap MNNVL handles during an active all-to-all phase")
+        record.comm.barrier()
+        record.mapped = False
+        record.comm.barrier()
+
+    def checkpoint_restore(self, comm_backend: CommBackend) -> None:
+        """Remap MNNVL handles after restore (initialize zeroes this rank's row again);
+        repeated calls are no-ops."""
+        record = _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
+        if record.mapped:
+            return
+        comm_size, comm_rank = comm_backend.Get_size(), comm_backend.Get_rank()
+        if comm_size != record.comm_size or comm_rank != record.comm_rank:
+            raise RuntimeError(
+                "Cannot remap MNNVL handles because the communicator does not match the "
+                f"graph-visible allocation layout: rank/size {comm_rank}/{comm_size} != "
+                f"{record.comm_rank}/{record.comm_size}"
+            )
+        record.comm = _MnnvlMemory.comm = comm_backend
+        record.mapped = True
+        refreshed = _initialize(self.workspace, self.ep_rank, self.ep_size, self.max_num_tokens,
+                                       self.eplb_stats_num_experts)
+        if not torch.equal(refreshed, self.metainfo):
+            raise RuntimeError("MoeAlltoAll metainfo changed during MNNVL handle remap; "
+                               "existing CUDA graphs are not safe to replay")
+        comm_backend.barrier()
+        self._state = _A2AState()
+
+
+class _MoeAlltoAll_0_6_15(_Checkpoint, _MoeAlltoAll_0_6_14):
+    pass
+
+
+class _MoeAlltoAll_0_6_16(_Checkpoint, _MoeAlltoAll_0_6_14):
     @classmethod
     def get_workspace(cls, workspace_size_per_rank, ep_rank, ep_size, max_num_tokens, mapping,
                       eplb_stats_num_experts=0) -> dict:
@@ -553,41 +595,6 @@ class _MoeAlltoAll_0_6_16(_MoeAlltoAll_0_6_14):
         return self._combine(payload, runtime_max_tokens_per_rank, payload_in_workspace,
                              output_dtype, output_scales, output, use_low_precision,
                              active_rank_mask)
-
-
-    def checkpoint_prepare(self) -> None:
-        """Unmap MNNVL handles for checkpointing; repeated calls are no-ops."""
-        record = _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
-        if not record.mapped:
-            return
-        if self._state.phase != "idle":
-            raise RuntimeError("Cannot unmap MNNVL handles during an active all-to-all phase")
-        record.comm.barrier()
-        record.mapped = False
-        record.comm.barrier()
-
-    def checkpoint_restore(self, comm_backend: CommBackend) -> None:
-        """Remap MNNVL handles after restore (initialize zeroes this rank's row again);
-        repeated calls are no-ops."""
-        record = _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr]
-        if record.mapped:
-            return
-        comm_size, comm_rank = comm_backend.Get_size(), comm_backend.Get_rank()
-        if comm_size != record.comm_size or comm_rank != record.comm_rank:
-            raise RuntimeError(
-                "Cannot remap MNNVL handles because the communicator does not match the "
-                f"graph-visible allocation layout: rank/size {comm_rank}/{comm_size} != "
-                f"{record.comm_rank}/{record.comm_size}"
-            )
-        record.comm = _MnnvlMemory.comm = comm_backend
-        record.mapped = True
-        refreshed = _initialize(self.workspace, self.ep_rank, self.ep_size, self.max_num_tokens,
-                                       self.eplb_stats_num_experts)
-        if not torch.equal(refreshed, self.metainfo):
-            raise RuntimeError("MoeAlltoAll metainfo changed during MNNVL handle remap; "
-                               "existing CUDA graphs are not safe to replay")
-        comm_backend.barrier()
-        self._state = _A2AState()
 
 
 class _MoeAlltoAll_0_7_1(_MoeAlltoAll_0_6_16):
@@ -646,6 +653,7 @@ _0_6_16 = {
 _BY_PROFILE = {
     "0.6.8": {**_0_6, "moe_a2a_combine": _moe_a2a_combine_0_6_8, "MoeAlltoAll": _MoeAlltoAll_0_6_8},
     "0.6.14": {**_0_6, "moe_a2a_combine": _moe_a2a_combine_0_6_14, "MoeAlltoAll": _MoeAlltoAll_0_6_14},
+    "0.6.15": {**_0_6, "moe_a2a_combine": _moe_a2a_combine_0_6_14, "MoeAlltoAll": _MoeAlltoAll_0_6_15},
     "0.6.16": _0_6_16,
     "0.7.0": {**_0_6_16, "moe_a2a_dispatch": _moe_a2a_dispatch_0_7_0, "MoeAlltoAll": _MoeAlltoAll_0_6_16},
     "0.7.1": {
@@ -703,8 +711,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+_FROM_MNNVL = {"0.6.8": ("MnnvlMemory",), "0.6.15": ("CommBackend", "MnnvlMemory"),
+               "0.6.16": ("CommBackend", "MnnvlMemory")}  # what the module imports from .mnnvl
+
+
 def _from_mnnvl() -> tuple[str, ...]:
-    return ("CommBackend", "MnnvlMemory") if profiles.active().eplb_and_rank_mask else ("MnnvlMemory",)
+    try:
+        return profiles.pick(_FROM_MNNVL)
+    except KeyError:  # a release without the module
+        return ()
 
 
 def __dir__() -> list[str]:

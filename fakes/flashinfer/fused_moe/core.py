@@ -45,6 +45,11 @@ _REQUIRED = inspect.Parameter.empty
 _ROUTING_TIER_MAX = (2048, 32)
 
 
+# Whether the routed entries read topk_ids as an (ids, weights) pair: from 0.6.12 on (its fp4
+# entry declares the pair first; the others' annotations refuse it until they do).
+_READS_PAIR = {"0.6.8": False, "0.6.12": True, "0.7.4": True}
+
+
 def _precomputed_routing(topk_ids, top_k: int, num_experts: int):
     """``(ids [T, K] long, weights [T, K] fp32)`` from a packed tensor or an (ids, weights) pair."""
     icheck(0 < top_k <= num_experts, "args->top_k > 0 && args->top_k <= args->num_experts",
@@ -53,8 +58,8 @@ def _precomputed_routing(topk_ids, top_k: int, num_experts: int):
         raise RuntimeError(f"runPostTopKPipeline: no compiled tier covers numExperts={num_experts} topK={top_k} "
                            "for the post-topK permutation")
     if isinstance(topk_ids, tuple):
-        if profiles.active().name == "0.6.8":  # the pair is read from 0.6.14 on
-            raise TypeError("flashinfer 0.6.8's routed MoE takes topk_ids as one packed int32 tensor "
+        if not profiles.pick(_READS_PAIR):
+            raise TypeError(f"flashinfer {profiles.release()}'s routed MoE takes topk_ids as one packed int32 tensor "
                             "((id << 16) | bf16 weight); it was given a tuple, which its C++ op cannot take")
         ids, weights = topk_ids
         icheck(ids.dtype == torch.int32, "topk_ids.dtype() == dl_int32", "topk_ids must be int32")
@@ -391,6 +396,15 @@ _MISSING = {
         "trtllm_fp8_block_scale_routed_moe": ("gemm1_lora_delta",) + _OA + _VALID + _WS,
         "trtllm_fp4_block_scale_routed_moe": ("per_token_scale",) + _FP4_NEW + _FP4_0_7_4,
     },
+    "0.6.11": {
+        "trtllm_bf16_moe": _OA + ("output",) + _WS,
+        "trtllm_bf16_routed_moe": ("gemm1_lora_delta",) + _OA + ("output",) + _WS,
+        "trtllm_fp8_block_scale_routed_moe": ("gemm1_lora_delta",) + _OA + _VALID + _WS,
+        "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4,
+    },
+    "0.6.13": {"trtllm_bf16_moe": ("output",) + _WS, "trtllm_bf16_routed_moe": ("output",) + _WS,
+               "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
+               "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},
     "0.6.14": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
                "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
                "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},

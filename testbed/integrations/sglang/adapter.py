@@ -53,7 +53,7 @@ import torch
 
 from testbed import patch
 from testbed.integrations import engine as support
-from testbed.integrations.sglang.environment import DISPATCHER, cpu_kernels, prepare_environment, rebind_guarded_imports
+from testbed.integrations.sglang.environment import DISPATCHER, ENGINE, cpu_kernels, prepare_environment
 from testbed.scenario.rank import logged_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE
 
@@ -93,7 +93,11 @@ class SglangSession:
         self.ps, self.dpa, self.rc = ps, dpa, rc
         self.sp_dispatcher = None
         dispatcher = importlib.import_module(DISPATCHER)
-        for name, value in rebind_guarded_imports(dispatcher).items():
+        rebound = support.guarded_flashinfer_imports(dispatcher)
+        if not rebound:
+            raise RuntimeError(f"{DISPATCHER} has no guarded flashinfer import block (not the layout of SGLang "
+                               f"{', '.join(ENGINE.tested)})")
+        for name, value in rebound.items():
             ctx.add_cleanup(patch.attribute(dispatcher, name, value))
         import flashinfer
         from sglang.srt.layers.quantization import fp4_utils

@@ -11,7 +11,6 @@ CUDA only. ``A2A_SGLANG_SOURCE`` puts a checkout's Python first on every rank's 
 
 from __future__ import annotations
 
-import ast
 import functools
 import importlib
 import importlib.machinery
@@ -135,30 +134,3 @@ def cpu_kernels() -> torch.library.Library:
         lib.impl(op, inspect.unwrap(getattr(importlib.import_module(module), name)), "CPU")
     return lib
 
-
-def rebind_guarded_imports(module) -> dict:
-    """Re-run ``module``'s guarded ``from flashinfer... import`` block under the FlashInfer now
-    installed: the names it binds and the flag its ``except ImportError`` sets, as a fresh
-    import of the module would have them. Returns ``{name: value}`` to set on the module."""
-    tree = ast.parse(inspect.getsource(module))
-    for node in tree.body:
-        if not isinstance(node, ast.Try):
-            continue
-        imports = [n for n in node.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("flashinfer")]
-        if not imports:
-            continue
-        flags = [t.id for n in node.handlers for s in n.body if isinstance(s, ast.Assign) for t in s.targets
-                 if isinstance(t, ast.Name)]
-        found = {}
-        try:
-            for n in imports:
-                source = importlib.import_module(n.module)
-                for alias in n.names:
-                    try:
-                        found[alias.asname or alias.name] = getattr(source, alias.name)
-                    except AttributeError:
-                        raise ImportError(f"cannot import name {alias.name!r} from {n.module!r}") from None
-        except ImportError:
-            return {flag: False for flag in flags}
-        return {**found, **{flag: True for flag in flags}}
-    raise RuntimeError(f"{module.__name__} has no guarded flashinfer import block (not the SGLang {TESTED[0]} layout)")

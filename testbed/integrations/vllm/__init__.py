@@ -22,8 +22,12 @@ class VllmIntegration(Integration):
     levels = ("layer", "kernel")
 
     def api(self, sc):
-        # vLLM 0.33.0's one-sided manager drives moe_ep, its two-sided one comm's MnnvlMoe.
-        return {"one_sided": "moe_ep", "two_sided": "comm"}.get(sc.path)
+        # The two-sided manager drives comm's MnnvlMoe; the one-sided one, what it is written for.
+        if sc.path == "one_sided":
+            from testbed.integrations.vllm.environment import one_sided_api
+
+            return one_sided_api()
+        return {"two_sided": "comm"}.get(sc.path)
 
     def refusal(self, sc):
         from testbed.integrations.vllm.rules import vllm_rule

@@ -61,6 +61,11 @@ class VllmSession:
         stub_accelerator(ctx)
         support.name_the_fake(ctx, sc)
         _forget_probes()
+        # Before 0.33 the managers' module binds FlashInfer's classes at import, under its probes.
+        from vllm.distributed.device_communicators import all2all
+
+        for name, value in support.guarded_flashinfer_imports(all2all).items():
+            ctx.add_cleanup(patch.attribute(all2all, name, value))
         # vLLM's external_launcher reads the launcher's variables (its DP rank from RANK).
         ctx.add_cleanup(patch.environment({"RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.rank),
                                            "WORLD_SIZE": str(ctx.world_size)}))
@@ -85,8 +90,6 @@ class VllmSession:
         self.ep = ep
         manager_name = MANAGERS[_backend(sc)]
         if type(ep.device_communicator.all2all_manager).__name__ != manager_name:
-            from vllm.distributed.device_communicators import all2all
-
             ep.device_communicator.all2all_manager = getattr(all2all, manager_name)(ep.cpu_group)
         self.manager = ep.device_communicator.all2all_manager
         ctx.add_cleanup(self.manager.cleanup)

@@ -54,6 +54,26 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1")
 
 
+@functools.cache
+def one_sided_api() -> str:
+    """The FlashInfer API vLLM's one-sided manager drives, by what it has (a capability probe):
+    ``get_communication`` (0.33: a ``moe_ep`` communication) or ``combine_into`` (0.31, 0.32:
+    ``MoeAlltoAll`` itself); ``moe_ep`` where vLLM is not installed (the release the adapter is
+    written for)."""
+    import fakes.flashinfer
+
+    module = sys.modules.get(ALL2ALL)  # a rank's fork server imported it (and a rank runs under install)
+    if module is None:
+        if ENGINE.unavailable() is not None:
+            return "moe_ep"
+        with fakes.flashinfer.install(ENGINE.pinned()):
+            module = importlib.import_module(ALL2ALL)
+    return "comm" if hasattr(module.FlashInferNVLinkOneSidedManager, "combine_into") else "moe_ep"
+
+
+ALL2ALL = "vllm.distributed.device_communicators.all2all"
+
+
 # vLLM's integration code: its distributed layer and its fused-MoE layer; at the engine level
 # only the MoE layer's (attention's TP all-reduce and the logits' gather are the model's).
 LAYER_CODE = ("distributed/", "model_executor/layers/fused_moe/")

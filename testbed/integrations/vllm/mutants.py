@@ -1,6 +1,7 @@
 """Mutants of the installed vLLM's own source (targets under ``vllm.``): small, realistic
 wrong changes the invariants must catch (applied at run time in the rank processes by
-:mod:`testbed.harness.mutants`)."""
+:mod:`testbed.harness.mutants`). Written against 0.33.0; ``forms`` give the same change where
+0.31.0 and 0.32.0 (whose one-sided manager drives ``MoeAlltoAll`` itself) write the code otherwise."""
 
 from __future__ import annotations
 
@@ -20,25 +21,30 @@ V_SP_CHUNK = "vllm.model_executor.models.utils:sequence_parallel_chunk"
 V_TP_GATHER = "vllm.distributed.communication_op:tensor_model_parallel_all_gather"
 V_SP_SIZES = "vllm.forward_context:_compute_sp_num_tokens"
 V_QUANT = "vllm.model_executor.layers.fused_moe.utils:_fp8_quantize"
+# 0.31 and 0.32 barrier after building MoeAlltoAll, below this comment.
+_BARRIER_0_32 = "would deadlock.\n        dist.barrier(group=self.cpu_group)"
 
 
 VLLM_CATALOGUE: tuple[Mutant, ...] = (
     # -- the shared communication's replacement rule (seed 001 in vLLM's manager) ----------------
     _m("v-first-layer-communication", "historical bug 2: the first layer's communication is kept whatever later "
        "layers need", f"{V_MGR}.initialize", "max_num_tokens <= previous_max", "True or max_num_tokens <= previous_max",
-       ("workspace", "does not cover"), ("completes", "insufficient")),
+       ("workspace", "does not cover"), ("completes", "insufficient"),
+       forms=(("needed_workspace_size <= self.workspace_size\n", "True or needed_workspace_size <= self.workspace_size\n"),)),
     _m("v-growth-ignores-dispatch-bytes", "the replacement rule compares tokens and hidden but not dispatch bytes",
        f"{V_MGR}.initialize", "                and dispatch_bytes <= previous_bytes\n", "",
-       ("workspace", "does not cover"), ("completes", "insufficient")),
+       ("workspace", "does not cover"), ("completes", "insufficient"),
+       forms=(("                needed_workspace_size <= self.workspace_size\n                and ", "                "),)),
     _m("v-replace-when-covered", "a layer the shared communication already covers replaces it anyway",
        f"{V_MGR}.initialize", "                return\n", "                pass\n", ("workspace", "build(s) for layer")),
     # -- barriers and communicator scope (seed 001's historical bug 3) ---------------------------
     _m("v-world-barrier-after-build", "historical bug 3: the barrier after a build runs on the world group",
        f"{V_MGR}.initialize", "        )\n        dist.barrier(group=self.cpu_group)", "        )\n        dist.barrier()",
-       ("collectives", "barrier on group"), ("completes", "")),
+       ("collectives", "barrier on group"), ("completes", ""),
+       forms=((_BARRIER_0_32, "would deadlock.\n        dist.barrier()"),)),
     _m("v-no-barrier-after-build", "no barrier after the communication is built",
        f"{V_MGR}.initialize", "        )\n        dist.barrier(group=self.cpu_group)", "        )\n        pass",
-       ("collectives", "not followed by a barrier")),
+       ("collectives", "not followed by a barrier"), forms=((_BARRIER_0_32, "would deadlock.\n        pass"),)),
     _m("v-world-mnnvl-communicator", "the MNNVL handles are exchanged over the world group",
        f"{V_MGR}.initialize", "comm_backend=CustomCommunicator(self.cpu_group),",
        "comm_backend=CustomCommunicator(dist.group.WORLD),",
@@ -60,10 +66,12 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     # -- payloads --------------------------------------------------------------------------------
     _m("v-weights-not-dispatched", "the router weights stay home: the experts weight received rows with local ones",
        f"{V_PF}.prepare", "            topk_weights,\n            hidden_states_scale=dispatch_x_sf,",
-       "            None,\n            hidden_states_scale=dispatch_x_sf,", ("completes", ""), ("output", "x the tolerance")),
+       "            None,\n            hidden_states_scale=dispatch_x_sf,", ("completes", ""), ("output", "x the tolerance"),
+       forms=(("payloads.append(topk_weights)", "payloads.append(torch.ones_like(topk_weights))"),)),
     _m("v-scales-not-dispatched", "the activation scales are not dispatched",
        f"{V_PF}.prepare", "hidden_states_scale=dispatch_x_sf,", "hidden_states_scale=None,",
-       ("completes", "NoneType"), ("output", "x the tolerance")),
+       ("completes", "NoneType"), ("output", "x the tolerance"),
+       forms=(("payloads.append(dispatch_x_sf)", "payloads.append(torch.zeros_like(dispatch_x_sf))"),)),
     _m("v-router-weight-not-applied", "with the router weight on the input, prepare does not apply it",
        f"{V_PF}.prepare", "a1.mul_(topk_weights.to(a1.dtype))", "a1.mul_(1)", ("output", "x the tolerance")),
     # -- the reduce contract (seed 002) ----------------------------------------------------------
@@ -131,6 +139,7 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        f"{V_ROUTER}._compute_routing", "            topk_weights = topk_weights.to(torch.float32).contiguous()",
        "            topk_weights = torch.ones_like(topk_weights, dtype=torch.float32)", ("output", "x the tolerance")),
     _m("r-fp8-block-size", "the blockwise FP8 activations are quantized in groups of twice the weight block",
-       V_QUANT, "            A, block_k, column_major_scales=is_scale_transposed", 
-       "            A, 2 * block_k, column_major_scales=is_scale_transposed", ("completes", ""), ("output", "")),
+       V_QUANT, "            A, block_k, column_major_scales=is_scale_transposed",
+       "            A, 2 * block_k, column_major_scales=is_scale_transposed", ("completes", ""), ("output", ""),
+       forms=(("per_token_group_quant_fp8(A, block_k)", "per_token_group_quant_fp8(A, 2 * block_k)"),)),
 )
