@@ -28,11 +28,11 @@ def pytest_configure(config):
     except ValueError as e:  # a release no profile serves
         pytest.exit(str(e), returncode=2)
     if version:
+        block = install(version)
         try:
-            block = install(version)
+            block.__enter__()
         except ValueError as e:
             pytest.exit(f"--fake-flashinfer: {e}", returncode=2)
-        block.__enter__()
         config._fake_flashinfer_block = block
 
 

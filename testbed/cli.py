@@ -41,11 +41,12 @@ def _integrations():
 def _source_arguments(parser) -> None:
     for integration in _integrations().engines():
         engine = integration.engine
-        parser.add_argument(f"--{engine.name}-source", metavar="DIR",
+        parser.add_argument(f"--{engine.name}-source", metavar="DIR|RELEASE",
                             help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
                                  f"checkout's {engine.source_hint} or an unpacked wheel on every rank "
-                                 f"({engine.source_env}), so a branch or another release is tested as it stands; "
-                                 "the FlashInfer it runs on is the one its metadata pins")
+                                 f"({engine.source_env}), or from release RELEASE's wheel (fetched and unpacked "
+                                 "once, cached), so a branch or another release is tested as it stands; the "
+                                 "FlashInfer it runs on is the one its metadata pins")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,6 +169,24 @@ def _parser() -> argparse.ArgumentParser:
                          "(fakes/flashinfer/annotations/<profile>.json), which the fake checks calls with")
     ct.add_argument("--write-excerpt", metavar="DIR",
                     help="also write the excerpt of each release read (DIR/<version>/flashinfer/...)")
+    fi = sub.add_parser(
+        "findings", help="where each known finding (docs/findings.md) reproduces: engine and FlashInfer releases",
+        description=(
+            "Runs each finding's reproducer (the first scenario of the integration's matrix it applies to) on "
+            "every FlashInfer release with an all-to-all of its own and on the engine's pin, for each engine "
+            "release given (the installed one by default; each in a process of its own), and prints where it "
+            "reproduces and the first release it appears in. Exit 1 when a finding reproduces nowhere."))
+    fi.add_argument("--integration", action="append", metavar="NAME",
+                    help="an engine with findings (repeatable; default: every one installed)")
+    fi.add_argument("--only", action="append", metavar="ID", help="just this finding (repeatable)")
+    fi.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per-scenario timeout")
+    fi.add_argument("--json", metavar="PATH", help="write every cell as JSON")
+    fi.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # one engine release, this process
+    for integration in _integrations().engines():
+        engine = integration.engine
+        fi.add_argument(f"--{engine.name}-source", action="append", metavar="DIR|RELEASE",
+                        help=f"a {engine.label} release to survey besides (without --integration {engine.name}: "
+                             "instead of) the installed one: a checkout or an unpacked wheel (repeatable)")
     return parser
 
 
@@ -193,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
-    if args.command in ("run", "fuzz", "mutants", "contract", "engine"):
+    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "findings"):
         try:
             return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract,
-                    "engine": _engine}[args.command](args)
+                    "engine": _engine, "findings": _findings}[args.command](args)
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
             return 2
@@ -302,6 +321,10 @@ def _contract_consumers(args) -> int:
         except (SourceError, ValueError) as e:
             raise UsageError(f"--consumer: {e}") from None
         pin = pinned_flashinfer(source)
+        if pin and args.profile is None and _serving(pin) is None:
+            from fakes.flashinfer.profiles import unserved_pin
+
+            raise UsageError(f"--consumer {spec}: {unserved_pin(f'{consumer.name} {source.version}', pin)}")
         releases = list(dict.fromkeys(([pin] if pin else []) + given))
         if not releases:
             raise UsageError(f"--consumer {spec}: its metadata pins no flashinfer-python; give --flashinfer")
@@ -360,6 +383,55 @@ def _serving(version: str):
         return resolve(version).name
     except UnservedRelease:
         return None
+
+
+def _findings(args) -> int:
+    """Survey each engine release in a process of its own (``--here``: this one), then merge."""
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from testbed.harness import lineage, runner
+
+    _positive("--timeout", args.timeout)
+    names = args.integration or [i.name for i in _integrations().engines() if i.findings()]
+    for name in names:
+        if name not in _integrations().names() or not _integrations().get(name).findings():
+            raise UsageError(f"--integration {name}: no findings to survey (those with: "
+                             + ", ".join(i.name for i in _integrations().engines() if i.findings()) + ")")
+    if args.here:
+        (name,) = names
+        source = (getattr(args, f"{name}_source") or [None])[0]
+        _need_engine(name, source)
+        with runner.scenario_pool() as pool:
+            cells = lineage.survey(pool, name, args.only or (), args.timeout)
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(c) for c in cells]))
+        return 0
+    cells, failed = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            for n, source in enumerate(getattr(args, f"{name}_source") or [None]):
+                out = Path(tmp) / f"{name}-{n}.json"
+                cmd = [sys.executable, "-m", "testbed", "findings", "--here", "--integration", name, "--json", str(out),
+                       "--timeout", str(args.timeout)] + [a for i in args.only or () for a in ("--only", i)]
+                cmd += [f"--{name}-source", source] if source else []
+                print(f"surveying {name} {'(installed)' if not source else source} ...", file=sys.stderr, flush=True)
+                proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                if proc.returncode != 0:
+                    why = [line for line in proc.stderr.splitlines() if "error" in line.lower()] or \
+                        proc.stderr.strip().splitlines()[-1:]
+                    print(f"{name} {source or '(installed)'}: {why[-1] if why else 'failed'}", flush=True)
+                    failed += 1
+                    continue
+                cells += [lineage.Cell(**c) for c in json.loads(out.read_text())]
+    titles = {f.id: f.title for name in names for f in _integrations().get(name).findings()}
+    print(lineage.format_table(cells, titles), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(c) for c in cells], indent=1))
+    nowhere = [f for f in dict.fromkeys(c.finding for c in cells) if lineage.first(cells, f) is None]
+    return 2 if failed else 1 if nowhere else 0
 
 
 def _run(args) -> int:
@@ -771,6 +843,11 @@ def _mutants(args) -> int:
     started = time.monotonic()
     hunts = []
     print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
+    absent = {m.name: m.requires() for m in catalogue if m.name in names and m.requires is not None}
+    absent = {name: why for name, why in absent.items() if why}
+    for name, why in absent.items():  # the release has none of the code the mutant changes
+        print(f"{name:32s} {'N/A':9s} {why}", flush=True)
+    names = [name for name in names if name not in absent]
     def show(h) -> None:
         print(f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
         hunts.append(h)
@@ -796,8 +873,10 @@ def _mutants(args) -> int:
     if args.json:
         report.dump_json(args.json, {"killed": killed, "total": len(hunts),
                                      "seconds": round(time.monotonic() - started, 3),
-                                     "mutants": [h.__dict__ for h in hunts]})
-    print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s")
+                                     "mutants": [h.__dict__ for h in hunts],
+                                     "not_applicable": [{"mutant": n, "why": w} for n, w in absent.items()]})
+    print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s"
+          + (f" ({len(absent)} not applicable to this release)" if absent else ""))
     return 0 if killed == len(hunts) else 1
 
 

@@ -7,12 +7,27 @@ import os
 from typing import Callable
 
 
+UNBOUND = object()  # as a value of attribute(): the name is removed (a fresh import would not bind it)
+
+
 def attribute(owner, name: str, value) -> Callable[[], None]:
-    """Set ``owner.name`` (a module's or, in place, a class's); returns what puts it back (a
-    name served by a lookup, as the fake's per-profile names are, comes back by removing it)."""
+    """Set ``owner.name`` (a module's or, in place, a class's), or remove it for ``UNBOUND``;
+    returns what puts it back (a name served by a lookup, as the fake's per-profile names are,
+    comes back by removing it)."""
     had, old = name in vars(owner), vars(owner).get(name)
-    setattr(owner, name, value)
-    return lambda: setattr(owner, name, old) if had else delattr(owner, name)
+    if value is UNBOUND:
+        if had:
+            delattr(owner, name)
+    else:
+        setattr(owner, name, value)
+
+    def undo() -> None:
+        if had:
+            setattr(owner, name, old)
+        elif name in vars(owner):
+            delattr(owner, name)
+
+    return undo
 
 
 def environment(values: dict[str, str]) -> Callable[[], None]:

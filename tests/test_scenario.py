@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import shlex
 
 import pytest
 from hypothesis import given, settings
@@ -14,18 +12,12 @@ from testbed.scenario.events import SharedMemoryCreated
 from testbed.harness.fuzz import fuzz
 from testbed.integrations.impl.fuzz import scenarios
 from testbed.harness.matrix import MATRIX, on_release
-from testbed.scenario.model import Layer, Scenario, ScenarioInputError, add_arguments, from_args
+from testbed.scenario.model import Layer, Scenario, ScenarioInputError, from_cli
 from testbed.harness.report import failure_text
 
 
 def _parse(line: str) -> Scenario:
-    argv = shlex.split(line)
-    assert argv[:2] == ["a2a-testbed", "run"]
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--layout", action="append")
-    add_arguments(parser)
-    args = parser.parse_args(argv[2:])
-    return from_args(args, args.layout[0])
+    return from_cli(line)
 
 
 @settings(max_examples=60)

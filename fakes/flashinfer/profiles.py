@@ -113,6 +113,12 @@ def served_releases() -> tuple[str, ...]:
     return tuple(sorted((r for p in PROFILES.values() for r in (p.name,) + p.serves), key=release_key))
 
 
+def unserved_pin(who: str, pin: str) -> UnservedRelease:
+    """The one-line refusal of ``who`` (``vLLM 0.99.0``) pinning FlashInfer ``pin`` no profile serves."""
+    return UnservedRelease(f"{who} pins flashinfer-python {pin}, which no profile of the fake serves: it serves "
+                           f"{', '.join(served_releases())}")
+
+
 def release_key(version: str) -> tuple:
     """``0.7.2`` < ``0.7.2.post1`` < ``0.7.4``, as pip orders them (release candidates before)."""
     m = re.fullmatch(r"(\d+(?:\.\d+)*)(?:rc(\d+))?(?:\.post(\d+))?", version)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,9 +102,40 @@ def _wheel(path: Path) -> Source:
     return Source(match.group(1), str(path), _zip=zf)
 
 
+def _cache() -> Path:
+    return Path(os.environ.get("A2A_TESTBED_CACHE", Path.home() / ".cache" / "a2a-testbed"))
+
+
+RELEASE = re.compile(r"\d+(\.\d+)*(\.post\d+|rc\d+)?")  # a release number, as pip prints it
+
+
+def unpacked(dist: str, version: str) -> Path:
+    """Release ``version`` of ``dist`` unpacked from its wheel (downloaded once and unpacked
+    once, both cached): its Python, data and ``.dist-info``, without compiled extensions (the
+    testbed imports an engine's Python on CPU, never its kernels). What an engine's
+    ``--<engine>-source`` takes for a release number."""
+    stem = dist.replace("-", "_")
+    root = _cache() / "unpacked" / f"{stem}-{version}"
+    if (root / ".complete").is_file():
+        return root
+    wheel = _download(version, dist)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{stem}-{version}-"))
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if not re.search(r"\.so(\.[\d.]+)?$|\.pyd$", name):
+                zf.extract(name, partial)
+    (partial / ".complete").touch()
+    try:
+        partial.rename(root)  # atomic: a process that unpacked it first keeps its copy
+    except OSError:
+        shutil.rmtree(partial)
+    return root
+
+
 def _download(version: str, dist: str = PACKAGE) -> Path:
     """The wheel of ``dist==version``, from the cache or ``pip download --no-deps`` into it."""
-    cache = Path(os.environ.get("A2A_TESTBED_CACHE", Path.home() / ".cache" / "a2a-testbed")) / "wheels"
+    cache = _cache() / "wheels"
     stem = dist.replace("-", "_")
     hits = sorted(cache.glob(f"{stem}-{version}-*.whl"))
     if hits:
@@ -179,7 +212,7 @@ def open_package(dist: str, spec: Optional[str]) -> PackageSource:
     if spec.endswith(".whl"):
         if not path.is_file():
             raise SourceError(f"{dist}={spec}: no such wheel")
-    elif re.fullmatch(r"\d+(\.\d+)*(\.post\d+|rc\d+)?", spec):
+    elif RELEASE.fullmatch(spec):
         path = _download(spec, dist)
     else:
         raise SourceError(f"{dist}={spec!r}: expected a release number, a .whl file or a directory")

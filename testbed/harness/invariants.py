@@ -53,7 +53,7 @@ from typing import Optional
 import torch
 
 from fakes.flashinfer.comm import trtllm_moe_alltoall
-from fakes.flashinfer.profiles import fake_profile
+from fakes.flashinfer.profiles import fake_profile, resolve
 from testbed import integrations
 from testbed.harness import audit
 from testbed.scenario.events import (
@@ -217,8 +217,8 @@ def _workspace(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     if sc.api == "moe_ep":
         _moe_ep_workspace(sc, logs, v, complete)
         return
-    if sc.path != "one_sided":
-        return
+    if sc.path != "one_sided" or "comm.trtllm_moe_alltoall" in resolve(sc.profile).absent_modules:
+        return  # (a release without MoeAlltoAll: nothing was built; completes says what failed)
     check = _fixed_capacity if integrations.get(sc.integration).traits(sc).fixed_capacity else _workspace_checks
     with fake_profile(sc.profile):  # the auxiliary region's size depends on the release's kMaxTopK
         check(sc, logs, v, complete)

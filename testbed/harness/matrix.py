@@ -135,11 +135,11 @@ def on_integration(integration: str, profile: str | None = None
         resolve(profile)  # UnservedRelease, a ValueError naming what is served
     runnable, refused = [], []
     for sc in integrations.get(integration).matrix() + MATRIX:
-        moved = sc if profile is None and sc.integration == integration else dataclasses.replace(
-            sc, profile=profile or sc.profile, integration=integration,
-            a2a_api="auto" if integrations.get(integration).engine else sc.a2a_api,
-            label=f"{sc.label} [{integration} on {profile or sc.profile}]")
-        try:
+        try:  # (a scenario is validated when it is made, too)
+            moved = sc if profile is None and sc.integration == integration else dataclasses.replace(
+                sc, profile=profile or sc.profile, integration=integration,
+                a2a_api="auto" if integrations.get(integration).engine else sc.a2a_api,
+                label=f"{sc.label} [{integration} on {profile or sc.profile}]")
             moved.validate()
         except ScenarioInputError as e:
             refused.append((sc, str(e)))

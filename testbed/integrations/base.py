@@ -102,12 +102,15 @@ class Mutant:
     # The same change as other releases of the integration's code write it: ``(old, new)``
     # pairs, the first whose ``old`` occurs once in the target taken (after ``old`` itself).
     forms: tuple[tuple[str, str], ...] = ()
+    # A capability probe of the integration's release: why it has none of the code the change
+    # is about (one line; the mutant is then not applicable there), or None.
+    requires: Optional[Callable[[], Optional[str]]] = None
 
     @classmethod
-    def of(cls, name, description, target, old, new, *expect, tests=(), forms=()) -> "Mutant":
-        """A catalogue entry as written: the ``expect`` pairs after the change, tests and
-        other releases' forms by keyword."""
-        return cls(name, description, target, old, new, tuple(expect), tuple(tests), tuple(forms))
+    def of(cls, name, description, target, old, new, *expect, tests=(), forms=(), requires=None) -> "Mutant":
+        """A catalogue entry as written: the ``expect`` pairs after the change, tests, other
+        releases' forms and the capability it needs by keyword."""
+        return cls(name, description, target, old, new, tuple(expect), tuple(tests), tuple(forms), requires)
 
     @property
     def needs_scenarios(self) -> bool:
@@ -130,6 +133,9 @@ class Finding:
     expect: tuple[tuple[str, str], ...]
     reachable: str = "not checked"
     evidence: str = ""
+    # The ``a2a-testbed run`` line of a scenario that shows it, where no entry of the
+    # integration's matrix does (a latent finding: raw passes, the kernel level).
+    reproducer: str = ""
 
 
 class Integration:

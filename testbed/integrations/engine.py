@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from testbed import patch
 from testbed.scenario.events import Collective
 
 
@@ -66,10 +67,13 @@ class Engine:
             No profile serves the pin: one line naming the engine release, its pin and what
             the fake serves.
         """
-        from fakes.flashinfer.profiles import resolve
+        from fakes.flashinfer.profiles import UnservedRelease, resolve, unserved_pin
 
         version, pin = self.release()
-        resolve(pin or self.default_pin, f"{self.label} {version} pins FlashInfer release")
+        try:
+            resolve(pin or self.default_pin)
+        except UnservedRelease:
+            raise unserved_pin(f"{self.label} {version}", pin) from None
         return pin or self.default_pin
 
     def unavailable(self) -> str | None:
@@ -101,11 +105,18 @@ class Engine:
 
     @functools.cache  # noqa: B019 - one Engine per adapter module, alive as long as the process
     def use(self, source: str | None = None) -> str | None:
-        """Make this process's rank pools run the engine (a checkout's Python where ``source``
-        is given) and import it in their fork server (so call it before the first pool
+        """Make this process's rank pools run the engine (a checkout's or an unpacked wheel's
+        Python where ``source`` is given; a release number: that release's wheel, fetched and
+        unpacked once) and import it in their fork server (so call it before the first pool
         starts); returns why it cannot (one line, naming the flag), or None."""
         from testbed.cluster.pool import PRELOAD_ENV, preloaded_modules
+        from testbed.contract.source import RELEASE, SourceError, unpacked
 
+        if source and RELEASE.fullmatch(source):  # a release: its wheel, unpacked once and cached
+            try:
+                source = str(unpacked(self.name, source))
+            except SourceError as e:
+                return f"--{self.name}-source {source}: {e}"
         if source:
             if not os.path.isdir(os.path.join(source, self.name)):
                 return (f"--{self.name}-source: {source} holds no {self.name}/ package (give the checkout's "
@@ -133,8 +144,8 @@ def guarded_flashinfer_imports(module) -> dict:
     """Re-run ``module``'s guarded top-level ``from flashinfer... import`` blocks under the
     FlashInfer now installed, as a fresh import of the module would: a ``try`` block binds its
     names, or on ``ImportError`` sets the flags its ``except`` assigns; an ``if probe():`` block
-    binds its names where the probe now answers true. Returns ``{name: value}`` to set on the
-    module (empty where it has no such block). An engine binds these names when it is first
+    binds its names where the probe now answers true (``patch.UNBOUND`` where it does not).
+    Returns ``{name: value}`` to set on the module (empty where it has no such block). An engine binds these names when it is first
     imported, under whatever FlashInfer was installed then; a scenario's release (and the
     testbed's recording classes) reach it only through this."""
     tree = ast.parse(inspect.getsource(module))
@@ -148,6 +159,9 @@ def guarded_flashinfer_imports(module) -> dict:
         if isinstance(node, ast.If):
             if eval(compile(ast.Expression(node.test), inspect.getsourcefile(module), "eval"), vars(module)):
                 found.update(_imported(imports))
+            else:  # not bound, unless another block binds it
+                found.update({a.asname or a.name: found.get(a.asname or a.name, patch.UNBOUND)
+                              for n in imports for a in n.names})
             continue
         flags = [t.id for n in node.handlers for s in n.body if isinstance(s, ast.Assign) for t in s.targets
                  if isinstance(t, ast.Name)]

@@ -673,6 +673,19 @@ def scenario_given(args: argparse.Namespace) -> bool:
         any(getattr(args, name) is not None for name in SCENARIO_FLAGS if name != "integration")
 
 
+def from_cli(line: str) -> Scenario:
+    """The scenario of an ``a2a-testbed run ...`` line of scenario flags (``Scenario.to_cli()``
+    writes one)."""
+    argv = shlex.split(line)
+    if argv[:2] != ["a2a-testbed", "run"]:
+        raise ValueError(f"not an `a2a-testbed run` line: {line!r}")
+    parser = argparse.ArgumentParser(prog="a2a-testbed run")
+    parser.add_argument("--layout", action="append")
+    add_arguments(parser)
+    args = parser.parse_args(argv[2:])
+    return from_args(args, (args.layout or [None])[0])
+
+
 def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
     """The scenario the flags describe (over ``--model``'s preset, if given);
     :class:`ScenarioInputError` for a bad one."""
@@ -729,8 +742,11 @@ def parse_tokens(text: str) -> tuple[int, ...]:
         raise ScenarioInputError("--tokens", f"comma-separated integers per DP rank, got {text!r}") from None
 
 
-def from_text(layout: str, stages: str, tokens: str, **kw) -> Scenario:
+def from_text(layout: str, stages: str, tokens: str, *, validated: bool = True, **kw) -> Scenario:
     """The scenario of a layout, stages and passes as the command line writes them
-    (``"4,2,2,1"``, ``"nvfp4:8,bf16:8;bf16:8"``, ``"0,5 3,4"``: passes space-separated)."""
-    return Scenario.make(layout=ParallelLayout.parse(layout), stages=parse_stages(stages),
-                         passes=tuple(tuple(int(n) for n in p.split(",")) for p in tokens.split()), **kw)
+    (``"4,2,2,1"``, ``"nvfp4:8,bf16:8;bf16:8"``, ``"0,5 3,4"``: passes space-separated);
+    ``validated=False`` leaves the rules to its use (a matrix entry whose rule depends on the
+    engine release installed)."""
+    made = Scenario.make if validated else Scenario
+    return made(layout=ParallelLayout.parse(layout), stages=parse_stages(stages),
+                passes=tuple(tuple(int(n) for n in p.split(",")) for p in tokens.split()), **kw)

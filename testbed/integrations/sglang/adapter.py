@@ -43,6 +43,7 @@ The CPU glue and the engine's description live in :mod:`.environment`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -144,9 +145,13 @@ class SglangSession:
         from sglang.srt.layers.moe.utils import MoeRunnerBackend
 
         sc = self.sc
+        backend = MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)])
+        # The config carries the runner backend from 0.5.23 on; before, the server arguments' does.
+        own = {"runner_backend": backend} if "runner_backend" in {f.name for f in dataclasses.fields(MoeRunnerConfig)} \
+            else {}
         config = MoeRunnerConfig(num_experts=sc.experts, num_local_experts=len(experts.own), hidden_size=sc.hidden,
                                  top_k=sc.top_k, layer_id=index, params_dtype=ACT_DTYPE, num_fused_shared_experts=0,
-                                 runner_backend=MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)]))
+                                 **own)
         if sc.sp_prefill:
             if self.sp_dispatcher is None:  # Muse Spark's, from its first MoE layer's config
                 from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher

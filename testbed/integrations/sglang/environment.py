@@ -113,6 +113,22 @@ ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TES
 
 
 @functools.cache
+def dispatcher_has_sp_prefill() -> bool:
+    """Whether this SGLang's ``FlashinferDispatcher`` runs Muse Spark's SP-prefill all-to-all
+    (``enable_sp_prefill_a2a=``; 0.5.22 has none), a capability probe; True where SGLang is not
+    installed (the release the adapter is written for)."""
+    import fakes.flashinfer
+
+    module = sys.modules.get(DISPATCHER)  # a rank's fork server imported it (and a rank runs under install)
+    if module is None:
+        if ENGINE.unavailable() is not None:
+            return True
+        with fakes.flashinfer.install(ENGINE.pinned()):
+            module = importlib.import_module(DISPATCHER)
+    return "enable_sp_prefill_a2a" in inspect.signature(module.FlashinferDispatcher.__init__).parameters
+
+
+@functools.cache
 def code() -> tuple[tuple[str, str], ...]:
     """SGLang's integration code: its MoE layers and dispatchers, Muse Spark's SP entry and
     exit, its distributed layer (none where SGLang is not installed)."""

@@ -24,9 +24,10 @@ SGLANG_MATRIX: tuple[Scenario, ...] = (
        label="SGLang nvfp4 dispatch (SGLANG_MOE_NVFP4_DISPATCH, ModelOpt's input global scale)"),
     from_text("2,1,2,1", "nvfp4:8", "3,8 1,0", integration="sglang", invalid_expert_id="num_experts", routing="local",
        label="SGLang nvfp4 dispatch, the flashinfer_cutedsl runner"),
-    from_text("4,4,1,1", "bf16:8,bf16:8", "4 8", integration="sglang", sp_prefill=True,
+    # (Validated where they run: an SGLang without SP prefill, 0.5.22, refuses them.)
+    from_text("4,4,1,1", "bf16:8,bf16:8", "4 8", integration="sglang", sp_prefill=True, validated=False,
        label="SGLang Muse Spark TP4/EP4 SP prefill: decode and SP-prefill MoeAlltoAlls live at once"),
-    from_text("8,8,1,1", "bf16:16", "16 8", integration="sglang", sp_prefill=True, experts=16, top_k=4,
+    from_text("8,8,1,1", "bf16:16", "16 8", integration="sglang", sp_prefill=True, experts=16, top_k=4, validated=False,
        label="SGLang Muse Spark TP8/EP8 SP prefill"),
     from_text("2,1,2,1", "bf16:4", "4,0 4,4", integration="sglang", router_ids="int64", top_k=4,
        label="SGLang at its capacity limit (4 tokens, SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK=4); "

@@ -1,6 +1,7 @@
 """Mutants of the installed SGLang's own source (targets under ``sglang.``): small, realistic
 wrong changes the invariants must catch (applied at run time in the rank processes by
-:mod:`testbed.harness.mutants`)."""
+:mod:`testbed.harness.mutants`). Written against 0.5.23; ``forms`` give the same change where
+0.5.22 writes the code otherwise."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ _m = Mutant.of
 S_MOD = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
 S_D = f"{S_MOD}:FlashinferDispatcher"
 S_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE"
+
+
+def _sp_prefill():
+    from testbed.integrations.sglang.environment import dispatcher_has_sp_prefill
+
+    return None if dispatcher_has_sp_prefill() else ("this SGLang has no SP-prefill all-to-all (its dispatcher "
+                                                     "takes no enable_sp_prefill_a2a=)")
 
 
 SGLANG_CATALOGUE: tuple[Mutant, ...] = (
@@ -26,7 +34,8 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
        ("workspace", "bytes"), ("completes", "")),
     _m("s-no-namespace-padding", "the workspace sizes are not padded apart: decode and SP prefill share one workspace",
        f"{S_MOD}:_workspace_size_for_namespace", "return workspace_size + int(namespace) * _WORKSPACE_NAMESPACE_ALIGNMENT",
-       "return workspace_size", ("workspace", "share a workspace")),
+       "return workspace_size", ("workspace", "share a workspace"),
+       forms=(("return workspace_size + slot * _WORKSPACE_NAMESPACE_ALIGNMENT", "return workspace_size"),)),
     # -- the runtime max tokens per rank (issue #30242's class) ---------------------------------
     _m("s-runtime-max-of-smallest", "DP attention's runtime max is the smallest DP rank's count",
        f"{S_MOD}:_max_tokens_per_scattered_source", "max_dp_tokens = max(dp_global_num_tokens)",
@@ -35,14 +44,17 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
     _m("s-sp-runtime-max-of-all-rows", "Muse Spark's SP prefill takes the whole prefill's rows as the runtime max, "
        "not this rank's slice", f"{S_D}.dispatch", "            runtime_max_tokens_per_rank = x.shape[0]\n",
        "            runtime_max_tokens_per_rank = x.shape[0] * self.ep_size\n",
-       ("runtime-max-tokens", "runtime_max_tokens_per_rank"), ("completes", "exceeds its fixed workspace")),
+       ("runtime-max-tokens", "runtime_max_tokens_per_rank"), ("completes", "exceeds its fixed workspace"),
+       requires=_sp_prefill),
     _m("s-dp-list-ignored", "the dispatcher never reads the DP token list (each rank's own rows serve)",
        f"{S_D}.dispatch", "if dp_global is not None and len(dp_global) > 1:", "if False:",
        ("completes", "DP attention reached the x.shape[0] fallback")),
     _m("s-combine-step-is-capacity", "combine is told the capacity as the round's runtime max",
        f"{S_D}.combine", "                self.runtime_max_tokens_per_rank,\n                payload_in_workspace",
        "                self.max_num_tokens,\n                payload_in_workspace",
-       ("runtime-max-tokens", "combine with runtime_max_tokens_per_rank"), ("completes", "")),
+       ("runtime-max-tokens", "combine with runtime_max_tokens_per_rank"), ("completes", ""),
+       forms=(("            self.runtime_max_tokens_per_rank,\n            payload_in_workspace",
+               "            self.max_num_tokens,\n            payload_in_workspace"),)),
     # -- payloads and ids ------------------------------------------------------------------------
     _m("s-weights-before-ids", "the router weights are dispatched before the ids",
        f"{S_D}.dispatch", "        payloads.append(topk_ids)\n        payloads.append(topk_weights)\n",
@@ -60,7 +72,8 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
        ("expert-output", "payload_in_workspace")),
     _m("s-no-workspace-output", "the combine region is not handed to the experts, yet combine reads it",
        f"{S_D}.dispatch", "            if self.payload_in_workspace:\n", "            if False:\n",
-       ("expert-output", "combine region"), ("output", "x the tolerance")),
+       ("expert-output", "combine region"), ("output", "x the tolerance"),
+       forms=(("        if self.payload_in_workspace:\n", "        if False:\n"),)),
     # -- the reduce contract (seed 002, historical bug 1) --------------------------------------------
     _m("s-reduce-after-combine", "historical bug 1: FusedMoE all-reduces the combine's already complete output",
        f"{S_MOE}.forward_impl", "if self.reduce_results and (self.moe_tp_size > 1 or self.moe_ep_size > 1):",

@@ -4,6 +4,7 @@ MoE A2A and what its ``FlashinferDispatcher`` can run."""
 from __future__ import annotations
 
 from testbed.cluster.layout import ParallelLayout
+from testbed.integrations.sglang.environment import dispatcher_has_sp_prefill
 from testbed.scenario.model import Scenario, first_given
 
 # What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
@@ -42,6 +43,9 @@ def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
     if lay.pp > 1:
         return "--layout", ("SGLang numbers its ranks stage-major (stage s is ranks s*W/pp .. (s+1)*W/pp - 1); the "
                             "testbed's layouts are vLLM's, DP outside PP, so a stage's ranks differ: give pp = 1")
+    if sc.sp_prefill and not dispatcher_has_sp_prefill():
+        return "--sp-prefill", ("this SGLang's FlashinferDispatcher has no SP-prefill all-to-all (it takes no "
+                                "enable_sp_prefill_a2a=; Muse Spark's prefill sequence parallelism came with 0.5.23)")
     if not sglang_topology_supported(lay, sc.sp_prefill):
         return ("--sp-prefill" if sc.sp_prefill else "--layout"), (
             "SGLang 0.5.23 refuses FlashInfer MoE A2A at start-up unless DP attention spans the TP group "

@@ -54,7 +54,8 @@ FINDINGS: tuple[Finding, ...] = (
             lambda sc: _vllm(sc, "one_sided") and _all_idle_pass(sc),
             (("runtime-max-tokens", "with runtime_max_tokens_per_rank 0"),
              ("completes", "max_tokens_per_rank=0 must be in (0,")),
-            "no", _ENGINE_STEP),
+            "no", _ENGINE_STEP,
+            "a2a-testbed run --integration vllm --layout 4,1,4,1 --stages bf16:8 --tokens 0,0,0,0 --raw-passes"),
     Finding("FI-RACE", "FlashInfer's one-sided protocol does not order a round after the previous round's combine "
                        "reads: vLLM runs an MoE layer whose dispatch payload is larger right after another in one "
                        "forward, with nothing between them",
@@ -76,12 +77,15 @@ FINDINGS: tuple[Finding, ...] = (
             (("completes", "Inconsistency of Tensor type: expertsIds"),),
             "not checked", "needs a router that hands the prepare int64 ids: vLLM 0.33.0's CPURouter and "
             "CustomRoutingRouter cast to int32; its routing simulator (VLLM_MOE_ROUTING_SIMULATION_STRATEGY) is the "
-            "candidate, not driven here (--level kernel reaches it)"),
+            "candidate, not driven here (--level kernel reaches it)",
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --path two_sided --experts 4 --top-k 2 --hidden 64 "
+            "--stages bf16:1 --tokens 1,1 --router-ids int64 --level kernel"),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,
             (("completes", "cannot reshape tensor of 0 elements"),),
-            "no", _ENGINE_STEP),
+            "no", _ENGINE_STEP,
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --stages mxfp8:8 --tokens 0,3 --raw-passes"),
 )
 
 

@@ -36,7 +36,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        ("workspace", "does not cover"), ("completes", "insufficient"),
        forms=(("                needed_workspace_size <= self.workspace_size\n                and ", "                "),)),
     _m("v-replace-when-covered", "a layer the shared communication already covers replaces it anyway",
-       f"{V_MGR}.initialize", "                return\n", "                pass\n", ("workspace", "build(s) for layer")),
+       f"{V_MGR}.initialize", "                return\n", "                pass\n", ("workspace", "build(s) for layer"),
+       ("workspace", "builds after layer")),
     # -- barriers and communicator scope (seed 001's historical bug 3) ---------------------------
     _m("v-world-barrier-after-build", "historical bug 3: the barrier after a build runs on the world group",
        f"{V_MGR}.initialize", "        )\n        dist.barrier(group=self.cpu_group)", "        )\n        dist.barrier()",
@@ -84,8 +85,9 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        f"{V_RUNNER}._maybe_reduce_final_output", "            and not output_is_reduced\n", "",
        ("reduce", "TP all_reduce"), ("output", "x the tolerance")),
     # -- combine -----------------------------------------------------------------------------------
-    _m("v-combine-without-output", "finalize combines without output=: the layer's output is never written",
-       f"{V_PF}.finalize", "            output=output,\n", "", ("output", "x the tolerance")),
+    _m("v-combine-without-output", "finalize hands combine a scratch tensor as output=: the layer's output is "
+       "never written", f"{V_PF}.finalize", "            output=output,\n",
+       "            output=torch.empty_like(output),\n", ("output", "x the tolerance")),
     _m("v-two-sided-combine-token-count", "the two-sided combine is told the received rows' count, not the layer's",
        f"{V_TS}:FlashInferNVLinkTwoSidedPrepareAndFinalize.finalize", "token_count = output.shape[0]",
        "token_count = fused_expert_output.shape[0]", ("completes", ""), ("output", "")),

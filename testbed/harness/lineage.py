@@ -1,0 +1,120 @@
+"""Where each known finding appears, from runs: its reproducer (its own ``run`` line, or the
+first scenario of the integration's matrix it applies to) moved to every FlashInfer release with an all-to-all of
+its own, and to the engine's pin, and run on the engine release in this process. Engine
+releases are compared by surveying each in its own process (an engine is imported once per
+process) and merging: ``a2a-testbed findings`` does both.
+
+A cell's outcome: ``reproduces`` (the finding's signature shows, or the scenario is ``KNOWN``
+under it), ``passes``, ``fails otherwise`` (another failure: the engine cannot run there for
+another reason), ``not run`` (the scenario model refuses the reproducer on that release, with
+the rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from fakes.flashinfer.profiles import distinct_alltoalls, release_key, resolve
+from testbed import __version__, integrations
+from testbed.harness import runner
+from testbed.harness.invariants import Verdict
+from testbed.integrations.base import Finding
+from testbed.scenario.model import Scenario, ScenarioInputError, from_cli
+
+OUTCOMES = ("reproduces", "passes", "fails otherwise", "not run")
+MARKS = {"reproduces": "R", "passes": ".", "fails otherwise": "F", "not run": "-"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    finding: str
+    engine: str  # "vLLM 0.32.0": the engine release surveyed (or the integration's name)
+    flashinfer: str  # the FlashInfer release, as pip prints it
+    outcome: str  # one of OUTCOMES
+    detail: str = ""  # the rule (not run) or the first other failure (fails otherwise)
+
+
+def releases(pin: str) -> list[str]:
+    """``pin`` and every other release with an all-to-all of its own, oldest first."""
+    mine = resolve(pin).name
+    return sorted([pin] + [r for r in distinct_alltoalls() if r != mine], key=release_key)
+
+
+def reproducer(name: str, finding: Finding, pin: str) -> Optional[Scenario]:
+    """The finding's own reproducer, else the first scenario of ``name``'s matrix, on the pin
+    and then on each other release, that ``finding`` applies to."""
+    from testbed.harness.matrix import on_integration
+
+    if finding.reproducer:
+        return from_cli(finding.reproducer)
+    for release in [pin] + [r for r in releases(pin) if r != pin]:
+        for sc in on_integration(name, release)[0]:
+            if finding.applies(sc):
+                return sc
+    return None
+
+
+def outcome(finding: Finding, v: Verdict) -> tuple[str, str]:
+    inv, piece = finding.expect[0]
+    if finding.id in v.known or any(g.invariant == inv and piece in g.evidence for g in v.failures):
+        return "reproduces", ""
+    others = [g for g in v.failures if g.invariant != "known-finding"]
+    if not others:
+        return "passes", ""
+    return "fails otherwise", f"{others[0].invariant}: {others[0].evidence.splitlines()[0][:160]}"
+
+
+def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -> list[Cell]:
+    """Every finding of integration ``name`` (``only``: these ids) on every release, on the
+    engine release this process runs."""
+    integration = integrations.get(name)
+    engine = integration.engine
+    if engine is not None:
+        version, _ = engine.release()
+        label, pin = f"{engine.label} {version}", engine.pinned()
+    else:
+        label, pin = f"{name} (testbed {__version__})", "0.7.2"
+    cells = []
+    for finding in integration.findings():
+        if only and finding.id not in only:
+            continue
+        base = reproducer(name, finding, pin)
+        for release in releases(pin):
+            if base is None:
+                cells.append(Cell(finding.id, label, release, "not run", "no scenario of the matrix it applies to"))
+                continue
+            sc = dataclasses.replace(base, profile=release, label=f"{finding.id} reproducer on {release}")
+            try:
+                sc.validate()
+            except ScenarioInputError as e:
+                cells.append(Cell(finding.id, label, release, "not run", str(e)))
+                continue
+            result, detail = outcome(finding, runner.run(pool, sc, timeout_s=timeout_s))
+            cells.append(Cell(finding.id, label, release, result, detail))
+    return cells
+
+
+def first(cells: list[Cell], finding: str) -> Optional[Cell]:
+    """The earliest (engine release, then FlashInfer release) cell where ``finding`` reproduces."""
+    hits = [c for c in cells if c.finding == finding and c.outcome == "reproduces"]
+    return min(hits, key=lambda c: (release_key(c.engine.rsplit(" ", 1)[-1]), release_key(c.flashinfer)),
+               default=None)
+
+
+def format_table(cells: list[Cell], titles: dict[str, str]) -> str:
+    """Per finding: where it first appears, then a line per engine release with a mark per
+    FlashInfer release (R reproduces, . passes, F fails otherwise, - not run), then the
+    other failures."""
+    lines = ["R reproduces   . passes   F fails otherwise   - not run (the scenario model's rule)"]
+    for finding in dict.fromkeys(c.finding for c in cells):
+        mine = [c for c in cells if c.finding == finding]
+        hit = first(cells, finding)
+        born = f"first: {hit.engine} on FlashInfer {hit.flashinfer}" if hit else "reproduces on none of these"
+        lines.append(f"{finding}  {titles.get(finding, '')[:100]}\n  {born}")
+        for engine in sorted(dict.fromkeys(c.engine for c in mine), key=lambda e: release_key(e.rsplit(" ", 1)[-1])):
+            row = sorted((c for c in mine if c.engine == engine), key=lambda c: release_key(c.flashinfer))
+            lines.append(f"  {engine:<16} " + "  ".join(f"{c.flashinfer} {MARKS[c.outcome]}" for c in row))
+            lines += [f"      F on {c.flashinfer}: {c.detail}" for c in row if c.outcome == "fails otherwise"]
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""FlashInfer releases by name: every release 0.6.8 .. 0.7.4 is served by a profile (its own, or
+one the contract finds identical to it), a profile is its base plus declared deltas, and every
+way to name a release the fake does not serve (the profile option, the pytest option, the
+environment variable, the contract's specs, the installed FlashInfer, an engine's pin) is
+answered with one line naming what it serves and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakes.flashinfer import profiles
+from testbed.harness import lineage
+
+ROOT = Path(__file__).resolve().parent.parent
+UNSERVED = "0.7.3"  # between 0.7.2.post1 and 0.7.4: never released
+# The flashinfer-python releases on PyPI from 0.6.8 to 0.7.4 (pip index versions, 2026-12-02).
+PYPI_0_6_8_TO_0_7_4 = (
+    "0.6.8 0.6.8.post1 0.6.9 0.6.10 0.6.10.post1 0.6.11 0.6.11.post1 0.6.11.post2 0.6.11.post3 0.6.12 0.6.13 0.6.14 "
+    "0.6.15 0.6.15.post1 0.6.16 0.6.16.post1 0.6.16.post2 0.6.16.post3 0.6.16.post4 0.6.17 0.6.18 0.6.18.post1 0.7.0 "
+    "0.7.0.post1 0.7.1 0.7.2 0.7.2.post1 0.7.4").split()
+
+
+def _one_line_refusal(proc: subprocess.CompletedProcess) -> str:
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out and len(out.splitlines()) == 1, out
+    assert f"'{UNSERVED}'" in out or f" {UNSERVED}," in out, out
+    assert "it serves 0.6.8, 0.6.8.post1, " in out and out.endswith("0.7.2.post1, 0.7.4"), out
+    return out
+
+
+def _run(*argv: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=240, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+def test_releases_every_one_from_0_6_8_to_0_7_4_is_served():
+    assert profiles.served_releases() == tuple(PYPI_0_6_8_TO_0_7_4)
+    for release in PYPI_0_6_8_TO_0_7_4:
+        served = profiles.resolve(release)
+        assert release == served.name or release in served.serves
+    assert sorted(profiles.PROFILES, key=profiles.release_key) == list(profiles.PROFILES)
+
+
+def test_releases_profile_is_its_base_plus_deltas():
+    """Each derived profile names an older base; a table without an entry for it answers with
+    its nearest base's entry."""
+    for p in profiles.PROFILES.values():
+        chain = [q.name for q in profiles.chain(p)]
+        assert chain[0] == p.name and len(set(chain)) == len(chain)
+        assert [profiles.release_key(n) for n in chain] == sorted(map(profiles.release_key, chain), reverse=True)
+    table = {"0.6.8": "a", "0.7.0": "b"}
+    assert profiles.pick(table, profiles.resolve("0.7.2.post1")) == "b"
+    assert profiles.pick(table, profiles.resolve("0.6.16.post3")) == "a"
+    with pytest.raises(KeyError):
+        profiles.pick(table, profiles.resolve("0.7.4"))  # a profile of its own, no base
+
+
+def test_releases_served_release_is_named_in_reports():
+    assert profiles.served_by("0.6.16.post3") == "0.6.16.post3 (served by 0.6.16)"
+    assert profiles.served_by("0.7.2.post1") == "0.7.2.post1"
+    with profiles.fake_profile("0.6.16.post3"):
+        import fakes.flashinfer as fi
+
+        assert fi.__version__ == "0.6.16.post3" and profiles.active().name == "0.6.16"
+
+
+def test_releases_profile_option_takes_pip_version_strings():
+    proc = _run(sys.executable, "-m", "testbed", "run", "--profile", "0.6.16.post3", "--layout", "2,1,2,1",
+                "--stages", "bf16:8", "--tokens", "3,2")
+    assert proc.returncode == 0 and "0.6.16.post3 (served by 0.6.16)" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_releases_unserved_profile_option_one_line():
+    out = _one_line_refusal(_run(sys.executable, "-m", "testbed", "run", "--profile", UNSERVED, "--layout", "2,1,2,1",
+                                 "--stages", "bf16:8", "--tokens", "3,2"))
+    assert out.startswith("a2a-testbed run: error: --profile: FlashInfer release")
+
+
+def test_releases_unserved_matrix_profile_one_line():
+    _one_line_refusal(_run(sys.executable, "-m", "testbed", "run", "--matrix-profile", UNSERVED))
+
+
+def test_releases_unserved_environment_variable_one_line():
+    out = _one_line_refusal(_run(sys.executable, "-m", "testbed", "version",
+                                 env={"A2A_FAKE_FLASHINFER_PROFILE": UNSERVED}))
+    assert out.startswith("a2a-testbed: error: A2A_FAKE_FLASHINFER_PROFILE: ")
+
+
+def test_releases_unserved_pytest_option_and_environment_one_line(tmp_path):
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    pytest_cmd = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist")
+    out = _one_line_refusal(_run(*pytest_cmd, f"--fake-flashinfer={UNSERVED}", cwd=tmp_path))
+    assert out.startswith("Exit: --fake-flashinfer: ")
+    out = _one_line_refusal(_run(*pytest_cmd, env={"A2A_FAKE_FLASHINFER_PROFILE": UNSERVED}, cwd=tmp_path))
+    assert out.startswith("Exit: A2A_FAKE_FLASHINFER_PROFILE: ")
+    ok = _run(*pytest_cmd, "--fake-flashinfer=0.7.2.post1", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_releases_unserved_contract_specs_one_line(tmp_path):
+    _one_line_refusal(_run(sys.executable, "-m", "testbed", "contract", "--flashinfer", UNSERVED))
+    _one_line_refusal(_run(sys.executable, "-m", "testbed", "contract", "--flashinfer", "0.7.2", "--profile",
+                           UNSERVED))
+    engine = tmp_path / "site"
+    (engine / "vllm").mkdir(parents=True)
+    (engine / "vllm" / "__init__.py").write_text("")
+    (engine / "vllm-0.99.0.dist-info").mkdir()
+    (engine / "vllm-0.99.0.dist-info" / "METADATA").write_text(
+        f"Name: vllm\nVersion: 0.99.0\nRequires-Dist: flashinfer-python=={UNSERVED}\n")
+    out = _one_line_refusal(_run(sys.executable, "-m", "testbed", "contract", "--consumer", f"vllm={engine}"))
+    assert f"vllm 0.99.0 pins flashinfer-python {UNSERVED}, which no profile of the fake serves" in out
+    # the same checkout as the engine to run: refused before any rank starts
+    out = _one_line_refusal(_run(sys.executable, "-m", "testbed", "run", "--integration", "vllm", "--vllm-source",
+                                 str(engine)))
+    assert f"vLLM 0.99.0 pins flashinfer-python {UNSERVED}" in out
+
+
+def test_releases_unserved_installed_flashinfer_one_line(monkeypatch):
+    from testbed import gpu_env
+
+    monkeypatch.setattr(gpu_env.metadata, "version", lambda dist: UNSERVED)
+    with pytest.raises(ValueError) as e:
+        gpu_env.installed_profile()
+    assert str(e.value).startswith(f"the installed flashinfer-python '{UNSERVED}' is not served by the fake: ")
+    monkeypatch.setattr(gpu_env.metadata, "version", lambda dist: "0.6.16.post3")
+    assert gpu_env.installed_profile() == "0.6.16.post3"
+
+
+def test_releases_lineage_first_release_and_table():
+    cells = [lineage.Cell("X-1", "vLLM 0.32.0", "0.7.4", "reproduces"),
+             lineage.Cell("X-1", "vLLM 0.32.0", "0.7.0.post1", "passes"),
+             lineage.Cell("X-1", "vLLM 0.31.0", "0.7.4", "reproduces"),
+             lineage.Cell("X-1", "vLLM 0.31.0", "0.6.8", "fails otherwise", "completes: AssertionError: no module"),
+             lineage.Cell("X-2", "vLLM 0.31.0", "0.6.8", "not run", "--layout: a rule")]
+    assert lineage.first(cells, "X-1") == cells[2] and lineage.first(cells, "X-2") is None
+    table = lineage.format_table(cells, {"X-1": "a finding"})
+    assert "first: vLLM 0.31.0 on FlashInfer 0.7.4" in table and "reproduces on none of these" in table
+    assert "  vLLM 0.31.0      0.6.8 F  0.7.4 R" in table and "F on 0.6.8: completes: AssertionError" in table
+    assert lineage.releases("0.7.0.post1")[:3] == ["0.6.8", "0.6.14", "0.6.16"]
+    assert "0.7.0.post1" in lineage.releases("0.7.0.post1") and "0.7.0" not in lineage.releases("0.7.0.post1")
