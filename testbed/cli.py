@@ -162,7 +162,10 @@ def _parser() -> argparse.ArgumentParser:
                          "copy, else the release the testbed drives: vLLM 0.33.0, SGLang 0.5.23; or a release, a "
                          "wheel or a directory) against its pinned FlashInfer and the fake's profile of it; exit 1 "
                          "on a fake gap; repeatable")
-    ct.add_argument("--profile", help="the fake profile to compare with (default: the release's own)")
+    ct.add_argument("--every-release", action="store_true",
+                    help="compare every release a profile serves (0.6.8 .. 0.7.4), each with the profile serving it")
+    ct.add_argument("--profile", metavar="RELEASE",
+                    help="the fake profile to compare with (default: the one serving the release)")
     ct.add_argument("--all", action="store_true", help="print every entry compared, not only differences")
     ct.add_argument("--write-annotations", action="store_true",
                     help="also write each release's parameter annotations into the fake's table "
@@ -252,9 +255,16 @@ def _contract(args) -> int:
     from testbed.contract.tree import RealTree
     from testbed.contract.excerpt import write_excerpt
 
+    if args.every_release:
+        from fakes.flashinfer.profiles import served_releases
+
+        if args.consumer or args.profile:
+            raise UsageError("--every-release compares each release with the profile serving it: give no --consumer "
+                             "or --profile with it")
+        args.flashinfer = list(args.flashinfer) + list(served_releases())
     if not args.flashinfer and not args.consumer:
-        raise UsageError("give --flashinfer RELEASE (the fake against a release) or --consumer NAME (what an "
-                         "engine uses)")
+        raise UsageError("give --flashinfer RELEASE (the fake against a release), --every-release or --consumer NAME "
+                         "(what an engine uses)")
     if args.consumer:
         if args.write_annotations:
             raise UsageError("--write-annotations goes with --flashinfer alone (it writes each release's table)")

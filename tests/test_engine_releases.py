@@ -139,3 +139,50 @@ def test_engine_release_findings_first_release_from_runs(request, tmp_path):
     assert cells[("VLLM-005", "vLLM 0.32.0", "0.7.0.post1")] == "reproduces"
     assert "first: vLLM 0.32.0 on FlashInfer 0.7.4" in proc.stdout
     assert "first: vLLM 0.32.0 on FlashInfer 0.6.8" in proc.stdout
+
+
+GUARDED = """
+import importlib.util
+
+def has_one_sided():
+    return importlib.util.find_spec("flashinfer.comm.trtllm_moe_alltoall") is not None
+
+if has_one_sided():
+    from flashinfer.comm import Mapping
+    from flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
+
+try:
+    from flashinfer.comm.trtllm_alltoall import MnnvlMoe
+    two_sided = True
+except ImportError:
+    two_sided = False
+"""
+
+
+def test_engine_release_guarded_imports_rebound_per_release(tmp_path, monkeypatch):
+    """vLLM 0.31/0.32 bind FlashInfer's classes under `if probe():` at import, SGLang under
+    `try:`; each scenario re-runs the blocks under its own release, and a block that would not
+    bind its names there leaves them unbound, as a fresh import would."""
+    import importlib
+
+    import fakes.flashinfer
+    from testbed import patch
+    from testbed.integrations.engine import guarded_flashinfer_imports
+
+    (tmp_path / "guarded_engine.py").write_text(GUARDED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with fakes.flashinfer.install("0.7.0.post1"):
+        module = importlib.import_module("guarded_engine")
+        names = guarded_flashinfer_imports(module)
+        from flashinfer.comm.trtllm_moe_alltoall import MoeAlltoAll
+
+        assert names["MoeAlltoAll"] is MoeAlltoAll and names["two_sided"] is True and "MnnvlMoe" in names
+    with fakes.flashinfer.install("0.7.4"):
+        names = guarded_flashinfer_imports(module)
+        assert names == {"Mapping": patch.UNBOUND, "MoeAlltoAll": patch.UNBOUND, "two_sided": False}
+        undo = [patch.attribute(module, n, v) for n, v in names.items()]
+        assert not hasattr(module, "MoeAlltoAll") and module.two_sided is False
+        for u in undo:
+            u()
+    assert module.MoeAlltoAll is not None and module.two_sided is True
+    del sys.modules["guarded_engine"]

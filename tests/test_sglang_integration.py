@@ -139,7 +139,8 @@ def test_sglang_integration_known_findings_are_scenario_properties():
 @pytest.mark.usefixtures("sglang_installed")
 def test_sglang_integration_guarded_imports_follow_the_release():
     import fakes.flashinfer
-    from testbed.integrations.sglang.environment import DISPATCHER, rebind_guarded_imports
+    from testbed.integrations.engine import guarded_flashinfer_imports as rebind_guarded_imports
+    from testbed.integrations.sglang.environment import DISPATCHER
 
     module = importlib.import_module(DISPATCHER)
     with fakes.flashinfer.install("0.7.2"):

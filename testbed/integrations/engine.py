@@ -38,6 +38,8 @@ class Engine:
     prepare_environment: Callable[[], None]  # what must hold before the engine is imported
     preload_extra: tuple[str, ...] = ()  # modules beyond the capabilities' that ranks should fork with
     default_pin: str = "0.7.2"  # the FlashInfer release to imitate where no metadata says (a git checkout)
+    # Other releases the adapter drives, each from its wheel (``--<name>-source RELEASE``).
+    other_releases: tuple[str, ...] = ()
 
     @property
     def preload_module(self) -> str:
@@ -126,6 +128,14 @@ class Engine:
         if why is None:
             os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preloaded_modules() + (self.preload_module,)))
         return why and f"--integration {self.name}: {why}"
+
+    def fetch_releases(self) -> None:
+        """Download and unpack :attr:`other_releases` into the testbed's cache, once (``./dev
+        setup`` does it, so tests running in parallel find them there)."""
+        from testbed.contract.source import unpacked
+
+        for release in self.other_releases:
+            unpacked(self.name, release)
 
     def preload(self) -> None:
         """Import the modules the adapter drives, once in the fork server, so every rank forks

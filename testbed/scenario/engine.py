@@ -43,7 +43,7 @@ class EngineScenario:
     integration: str = "vllm"
     budget: int = 64  # the scheduler's max_num_batched_tokens: every MoE layer's max_num_tokens
     dtype: str = "float32"  # the model's activations, and so the dispatched rows (or "bfloat16")
-    profile: str = "0.7.2"
+    profile: str = "0.7.2.post1"  # vLLM 0.33.0's pin
     seed: int = 0
     label: str = field(default="", compare=False)
 

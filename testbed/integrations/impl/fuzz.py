@@ -54,7 +54,7 @@ def scenarios(draw) -> Scenario:
     flashinfer = path in ("one_sided", "two_sided")
     a2a_api = draw(st.sampled_from(("auto",) + available_apis(path, profile))) if flashinfer else "auto"
     on_moe_ep = api_for(path, profile, a2a_api) == "moe_ep"
-    divisible = path == "two_sided" or profile in ("0.6.8", "0.6.14") or on_moe_ep
+    divisible = path == "two_sided" or FAKE_PROFILES[profile].experts_divisible or on_moe_ep
     unit = math.lcm(4, ep) if path == "two_sided" else ep
     experts = draw(st.sampled_from([n for n in range(max(ep, 2), 33) if n % (unit if divisible else 1) == 0]))
     formats = draw(st.lists(st.sampled_from(FORMATS), min_size=1, max_size=3))

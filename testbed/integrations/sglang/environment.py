@@ -109,7 +109,7 @@ def _module_attr(module: str, attr: str):
 
 
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
-                        prepare_environment)
+                        prepare_environment, default_pin="0.7.2", other_releases=("0.5.22",))
 
 
 @functools.cache

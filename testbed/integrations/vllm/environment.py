@@ -51,7 +51,8 @@ def prepare_environment() -> None:
 
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
-    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1")
+    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
+    ("0.31.0", "0.32.0"))
 
 
 @functools.cache
