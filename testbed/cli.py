@@ -560,6 +560,9 @@ def _scenarios(args) -> list:
     if scenario_given(args) or args.layout:
         if args.layout and len(args.layout) > 1:
             raise UsageError("--layout: a scenario has one layout (repeat it only with --job selfcheck)")
+        engine = _integrations().get(args.integration).engine if args.integration else None
+        if engine is not None and args.profile is None and getattr(args, "backend", None) in (None, "fake"):
+            args.profile = engine.pinned()  # an engine's scenario runs on the FlashInfer it pins
         try:
             return [from_args(args, args.layout[0] if args.layout else None)]
         except ScenarioInputError as e:

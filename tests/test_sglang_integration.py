@@ -163,3 +163,22 @@ def test_sglang_integration_torchvision_placeholder_fails_loudly():
 def test_sglang_integration_flashinfer_074_breaks_sglang(no_leaks):
     v = runner.run(no_leaks, dataclasses.replace(SGLANG_MATRIX[0], profile="0.7.4"), timeout_s=SGLANG_TIMEOUT_S)
     assert v.known == ["SGL-002"] and "ImportError" in v.known_failures[0].evidence
+
+
+def test_sglang_integration_draft_layers_rules():
+    """A speculative draft model is SGLang's (its speculative MoE context), leaves the target a
+    layer, and runs beside DP attention, not Muse Spark's SP prefill."""
+    base = "a2a-testbed run --layout 4,1,4,1 --stages bf16:8,bf16:8 --tokens 3,0,8,1"
+    assert _parse(f"{base} --integration sglang --draft-layers 1").draft_layers == 1
+    for extra, flag in (("--draft-layers 1", "--draft-layers"), ("--integration vllm --draft-layers 1", "--draft-layers"),
+                        ("--integration sglang --draft-layers 2", "--draft-layers"),
+                        ("--integration sglang --draft-layers -1", "--draft-layers")):
+        with pytest.raises(ScenarioInputError) as e:
+            _parse(f"{base} {extra}")
+        assert e.value.flag == flag, extra
+    with pytest.raises(ScenarioInputError) as e:
+        _parse("a2a-testbed run --layout 4,4,1,1 --stages bf16:8,bf16:8 --tokens 4 --integration sglang --sp-prefill "
+               "--draft-layers 1")
+    assert e.value.flag == "--draft-layers"
+    sc = _parse(f"{base} --integration sglang --draft-layers 1")
+    assert _parse(sc.to_cli()) == sc and "draft=1" in sc.short()

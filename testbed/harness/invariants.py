@@ -231,7 +231,7 @@ def _fixed_capacity(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
     seen_stage: dict[int, tuple] = {}
     for rank, events in sorted(logs.items()):
         layers = sc.stages[_stage(sc, rank)]
-        builds, by_index, pending, where = [], {}, [], None
+        builds, by_index, pending, where, per_layer = [], {}, [], None, {}
         for e in events:
             if isinstance(e, AlltoallBuilt):
                 _model_mismatch(sc, f, rank, "build", e)
@@ -250,6 +250,7 @@ def _fixed_capacity(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                           f"{', '.join(str(b.index) for b in pending)}) share a workspace; they are live at once "
                           "(decode and prefill), so a round of one can overwrite the other's (FlashInfer caches "
                           "workspaces by size)")
+                per_layer[e.layer] = {b.workspace for b in pending}
                 pending = []
             elif isinstance(e, ForwardStart):
                 where = (e.pass_index, e.layer)
@@ -261,10 +262,24 @@ def _fixed_capacity(sc: Scenario, logs, v: Verdict, complete: bool) -> None:
                     f.add(f"rank {rank} pass {p} layer {i} ({ly}): its round ran on MoeAlltoAll build {b.index} of "
                           f"max_num_tokens {b.max_num_tokens} and {b.workspace_size} bytes; the layer needs "
                           f"max_num_tokens >= {ly.max_num_tokens} and, at that capacity, {need} bytes")
+        _draft_apart(sc, f, rank, len(layers), per_layer)
         _same_builds_in_stage(f, seen_stage, _stage(sc, rank), rank, builds, complete)
         if not v.builds[_stage(sc, rank)]:
             v.builds[_stage(sc, rank)] = builds
     f.close()
+
+
+def _draft_apart(sc: Scenario, f: "_Findings", rank: int, n: int, per_layer: dict[int, set]) -> None:
+    """A speculative draft model's MoeAlltoAlls on workspaces of their own: its decode graph and
+    the target's are live at once."""
+    draft = range(n - sc.draft_layers, n)
+    target_ws = {w for i, ws in per_layer.items() if i not in draft for w in ws}
+    shared = sorted(i for i, ws in per_layer.items() if i in draft and ws & target_ws)
+    if shared:
+        f.add(f"rank {rank}: the draft model's MoeAlltoAlls (layers {', '.join(map(str, shared))}) and the target "
+              "model's share a workspace; they are live at once (speculative decoding keeps the target's and the "
+              "draft's decode graphs), so a round of one can overwrite the other's (FlashInfer caches workspaces by "
+              "size)")
 
 
 def _workspace_checks(sc: Scenario, logs, v: Verdict, complete: bool) -> None:

@@ -221,7 +221,11 @@ class Integration:
 
 
 def sp_prefill_elsewhere(sc: "Scenario") -> Optional[tuple[str, str]]:
-    """The rule of ``--sp-prefill`` under an integration that is not SGLang's."""
+    """The rule of SGLang's own flags (``--sp-prefill``, ``--draft-layers``) under an
+    integration that is not SGLang's."""
     if sc.sp_prefill:
         return "--sp-prefill", "is SGLang's (Muse Spark): it goes with --integration sglang"
+    if sc.draft_layers:
+        return "--draft-layers", ("is SGLang's (its speculative MoE context builds the draft model's dispatchers): it "
+                                  "goes with --integration sglang")
     return None

@@ -173,6 +173,9 @@ class Scenario:
     flashinfer_backend: str = "fake"  # one of BACKENDS (--backend)
     integration: str = "impl"  # a registered integration (testbed.integrations): whose code drives FlashInfer
     sp_prefill: bool = False  # SGLang (Muse Spark): every pass a prefill split over the TP ranks
+    # SGLang: the last N MoE layers of each stage are the speculative draft model's (its MTP /
+    # EAGLE drafter, built in SGLang's speculative MoE context), live beside the target's.
+    draft_layers: int = 0
     level: str = "layer"  # one of LEVELS
     raw_passes: bool = False  # the passes as given, not as the integration's engine would make them
     label: str = field(default="", compare=False)
@@ -266,6 +269,10 @@ class Scenario:
         for flag, v in (("--experts", self.experts), ("--top-k", self.top_k), ("--hidden", self.hidden)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ScenarioInputError(flag, f"must be a positive integer, got {v!r}")
+        if isinstance(self.draft_layers, bool) or not isinstance(self.draft_layers, int) or not (
+                0 <= self.draft_layers < min(len(st) for st in self.stages)):
+            raise ScenarioInputError("--draft-layers", "must leave the target model a layer in every stage (0 to "
+                                     f"{min(len(st) for st in self.stages) - 1} here), got {self.draft_layers!r}")
         if self.top_k not in SUPPORTED_TOP_K:
             raise ScenarioInputError("--top-k", f"the FlashInfer kernels support top_k in 1..{SUPPORTED_TOP_K[-1]} "
                                      f"(the two-sided prepare, the TRT-LLM routing tiers), got {self.top_k}")
@@ -468,6 +475,8 @@ class Scenario:
             parts += ["--integration", self.integration]
         if self.sp_prefill:
             parts.append("--sp-prefill")
+        if self.draft_layers:
+            parts += ["--draft-layers", str(self.draft_layers)]
         if self.level != "layer":
             parts += ["--level", self.level]
         if self.raw_passes:
@@ -492,6 +501,7 @@ class Scenario:
         sig += " moe_ep" if self.api == "moe_ep" else ""
         sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
         sig += " sp-prefill" if self.sp_prefill else ""
+        sig += f" draft={self.draft_layers}" if self.draft_layers else ""
         sig += f" level={self.level}" if self.level != "layer" else ""
         sig += " raw-passes" if self.raw_passes else ""
         sig += f" [{self.integration}]" if self.integration != "impl" else ""
@@ -578,14 +588,14 @@ SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "to
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
                   "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "sp_prefill", "level",
-                  "raw_passes")
+                  "raw_passes", "draft_layers")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
             "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
             "a2a_api": "auto",
-            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False}
+            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False, "draft_layers": 0}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
@@ -654,6 +664,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "pass is a sequence-parallel prefill, each rank dispatching its slice of the rows on "
                              "the model-wide dispatcher that keeps a decode and an SP-prefill MoeAlltoAll "
                              "(enable_sp_prefill_a2a); its decode runs without the all-to-all")
+    parser.add_argument("--draft-layers", type=int, metavar="N",
+                        help="SGLang: the last N MoE layers of each stage are the speculative draft model's (MTP / "
+                             "EAGLE), built in SGLang's speculative MoE context and live beside the target's (default 0)")
     parser.add_argument("--level", help=f"what of the integration runs: {', '.join(LEVELS)} (layer: its MoE layer as "
                                         "the engine's models call it; kernel: one level down, its prepare/finalize "
                                         "and kernel fed the scenario's routing as a router left it) (default layer)")

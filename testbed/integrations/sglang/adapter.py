@@ -142,7 +142,7 @@ class SglangSession:
     def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
         from sglang.srt.layers.moe.fused_moe_triton.layer import create_moe_dispatcher
         from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
-        from sglang.srt.layers.moe.utils import MoeRunnerBackend
+        from sglang.srt.layers.moe.utils import MoeRunnerBackend, speculative_moe_a2a_backend_context
 
         sc = self.sc
         backend = MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)])
@@ -161,7 +161,9 @@ class SglangSession:
                     num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
                     enable_sp_prefill_a2a=True)
             return SpPrefillLayer(self.sp_dispatcher, experts, sc)
-        dispatcher = create_moe_dispatcher(config, quant_method=None)
+        draft = index >= len(sc.stages[self.ctx.coords.pp_rank]) - sc.draft_layers
+        with speculative_moe_a2a_backend_context() if draft else contextlib.nullcontext():
+            dispatcher = create_moe_dispatcher(config, quant_method=None)
         if fmt == "nvfp4":  # what ModelOpt's NVFP4 method hands the dispatcher for an nvfp4 dispatch
             dispatcher.set_quant_config({"input_global_scale": quant_config(fmt).a1_gscale})
         return SglangLayer(dispatcher, experts, self.rc.get_parallel().moe_ep_size, sc)

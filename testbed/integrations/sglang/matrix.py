@@ -29,6 +29,9 @@ SGLANG_MATRIX: tuple[Scenario, ...] = (
        label="SGLang Muse Spark TP4/EP4 SP prefill: decode and SP-prefill MoeAlltoAlls live at once"),
     from_text("8,8,1,1", "bf16:16", "16 8", integration="sglang", sp_prefill=True, experts=16, top_k=4, validated=False,
        label="SGLang Muse Spark TP8/EP8 SP prefill"),
+    from_text("4,1,4,1", "bf16:8,bf16:8", "3,0,8,1 2,2,0,5", integration="sglang", draft_layers=1,
+       label="SGLang speculative decoding: the draft model's MTP layer beside the target's (its MoeAlltoAll padded "
+             "onto a workspace of its own)"),
     from_text("2,1,2,1", "bf16:4", "4,0 4,4", integration="sglang", router_ids="int64", top_k=4,
        label="SGLang at its capacity limit (4 tokens, SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK=4); "
              "a router of int64 ids"),

@@ -43,6 +43,9 @@ def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
     if lay.pp > 1:
         return "--layout", ("SGLang numbers its ranks stage-major (stage s is ranks s*W/pp .. (s+1)*W/pp - 1); the "
                             "testbed's layouts are vLLM's, DP outside PP, so a stage's ranks differ: give pp = 1")
+    if sc.sp_prefill and sc.draft_layers:
+        return "--draft-layers", ("Muse Spark's SP prefill runs without a draft model here (give --draft-layers with "
+                                  "DP attention)")
     if sc.sp_prefill and not dispatcher_has_sp_prefill():
         return "--sp-prefill", ("this SGLang's FlashinferDispatcher has no SP-prefill all-to-all (it takes no "
                                 "enable_sp_prefill_a2a=; Muse Spark's prefill sequence parallelism came with 0.5.23)")
