@@ -38,15 +38,17 @@ def _integrations():
     return integrations
 
 
-def _source_arguments(parser) -> None:
+def _source_arguments(parser, repeatable: bool = False) -> None:
     for integration in _integrations().engines():
         engine = integration.engine
-        parser.add_argument(f"--{engine.name}-source", metavar="DIR|RELEASE",
+        parser.add_argument(f"--{engine.name}-source", metavar="DIR|RELEASE", action="append" if repeatable else None,
                             help=f"with --integration {engine.name}: import {engine.label}'s Python from this "
                                  f"checkout's {engine.source_hint} or an unpacked wheel on every rank "
                                  f"({engine.source_env}), or from release RELEASE's wheel (fetched and unpacked "
                                  "once, cached), so a branch or another release is tested as it stands; the "
-                                 "FlashInfer it runs on is the one its metadata pins")
+                                 "FlashInfer it runs on is the one its metadata pins"
+                                 + ("; repeatable, each release surveyed instead of the installed one" if repeatable
+                                    else ""))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -185,11 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per-scenario timeout")
     fi.add_argument("--json", metavar="PATH", help="write every cell as JSON")
     fi.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # one engine release, this process
-    for integration in _integrations().engines():
-        engine = integration.engine
-        fi.add_argument(f"--{engine.name}-source", action="append", metavar="DIR|RELEASE",
-                        help=f"a {engine.label} release to survey besides (without --integration {engine.name}: "
-                             "instead of) the installed one: a checkout or an unpacked wheel (repeatable)")
+    _source_arguments(fi, repeatable=True)
     return parser
 
 
@@ -303,6 +301,7 @@ def _contract_consumers(args) -> int:
     (its tree is also compared with the fake, so an excerpt holds what both read)."""
     from pathlib import Path
 
+    from fakes.flashinfer.profiles import serving, unserved_pin
     from testbed.contract import SourceError, compare, open_source, profile_for
     from testbed.contract.compare import served
     from testbed.contract.tree import RealTree
@@ -331,9 +330,7 @@ def _contract_consumers(args) -> int:
         except (SourceError, ValueError) as e:
             raise UsageError(f"--consumer: {e}") from None
         pin = pinned_flashinfer(source)
-        if pin and args.profile is None and _serving(pin) is None:
-            from fakes.flashinfer.profiles import unserved_pin
-
+        if pin and args.profile is None and serving(pin) is None:
             raise UsageError(f"--consumer {spec}: {unserved_pin(f'{consumer.name} {source.version}', pin)}")
         releases = list(dict.fromkeys(([pin] if pin else []) + given))
         if not releases:
@@ -359,7 +356,7 @@ def _contract_consumers(args) -> int:
             print(f"flashinfer {tree.source.version}: {e}", flush=True)
             failed += 1
             continue
-        own = _serving(tree.source.version) == report.profile
+        own = serving(tree.source.version) == report.profile
         note = "" if own else f"; profile {report.profile} does not serve it, so not counted"
         print(f"flashinfer {report.version} against fake profile {served(report)}: {report.compared} entries "
               f"compared, {len(report.differences)} differ (a2a-testbed contract --flashinfer {report.version}"
@@ -383,16 +380,6 @@ def _served(flag: str, release: str) -> str:
         return resolve(release).name
     except UnservedRelease as e:
         raise UsageError(f"{flag}: {e}") from None
-
-
-def _serving(version: str):
-    """The profile serving ``version``, or None."""
-    from fakes.flashinfer.profiles import UnservedRelease, resolve
-
-    try:
-        return resolve(version).name
-    except UnservedRelease:
-        return None
 
 
 def _findings(args) -> int:

@@ -37,7 +37,6 @@ from impl.moe_layer import PrepareResult
 from impl.quant import quantize_input
 from testbed.integrations.impl.cases import MoECase, one_sided_manager, rank_inputs
 from testbed.scenario.rank import fake_release, quant_config, rank_api, rank_device
-from testbed.gpu_env import profile_of
 from testbed.scenario.model import pair_routing
 from testbed.scenario.reference import REAL_TRTLLM_TOLERANCE, local_experts, representable, swiglu_weights
 
@@ -269,7 +268,7 @@ def _fused_call(api, case: FusedCase, device: torch.device):
     experts = TrtLlmExperts(api, case.fmt, w1, w2, num_experts=case.experts, top_k=case.top_k,
                             local_expert_offset=case.local.start,
                             a1_gscale=None if qc.a1_gscale is None else qc.a1_gscale.to(device),
-                            packed_routing=not pair_routing(profile_of(api.version)))
+                            packed_routing=not pair_routing(api.version))
     a1q, a1q_scale = quantize_input(x_TH.to(device), qc)
     return experts(PrepareResult(a1q, a1q_scale, None, ids_TK.to(device), w_TK.to(device)), defer=True)
 

@@ -75,16 +75,6 @@ def _fabric_handles(api) -> bool:
         return False
 
 
-def profile_of(version: str) -> Optional[str]:
-    """The fake's profile serving FlashInfer release ``version``, or None when none does."""
-    from fakes.flashinfer.profiles import UnservedRelease, resolve
-
-    try:
-        return resolve(version).name
-    except UnservedRelease:
-        return None
-
-
 def installed_profile() -> str:
     """The installed ``flashinfer-python`` release (what ``--backend flashinfer`` runs), as pip
     prints it, when a profile serves it.

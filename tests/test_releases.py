@@ -61,6 +61,31 @@ def test_releases_profile_is_its_base_plus_deltas():
         profiles.pick(table, profiles.resolve("0.7.4"))  # a profile of its own, no base
 
 
+def _tables() -> dict:
+    from fakes.flashinfer import tllm_enums
+    from fakes.flashinfer.comm import mnnvl, trtllm_moe_alltoall
+    from fakes.flashinfer.fused_moe import core
+    from fakes.flashinfer.quantization import fp4_quantization
+    from testbed.contract import setup_calls
+
+    return {"tllm_enums members": tllm_enums._MEMBERS, "enum repr": tllm_enums._EVAL_SAFE,
+            "fused MoE missing parameters": core._MISSING, "routed pair": core._READS_PAIR,
+            "fp4_quantize": fp4_quantization._FP4_QUANTIZE, "MnnvlMemory": mnnvl._MNNVL_MEMORY,
+            "comm names": trtllm_moe_alltoall._BY_PROFILE, "comm __all__": trtllm_moe_alltoall._ALL,
+            "comm names from mnnvl": trtllm_moe_alltoall._FROM_MNNVL, "set-up calls": setup_calls.SETUP_CALLS}
+
+
+@pytest.mark.parametrize("what", sorted(_tables()))
+def test_releases_table_entry_only_where_the_release_differs(what):
+    """A per-release table declares a release only where it differs from the nearest base that
+    has an entry: a repeated entry would hide which release changed what."""
+    table = _tables()[what]
+    assert set(table) <= set(profiles.PROFILES), sorted(set(table) - set(profiles.PROFILES))
+    for name, entry in table.items():
+        base = next((p.name for p in list(profiles.chain(profiles.PROFILES[name]))[1:] if p.name in table), None)
+        assert base is None or table[base] != entry, f"{what}: {name}'s entry repeats {base}'s"
+
+
 def test_releases_served_release_is_named_in_reports():
     assert profiles.served_by("0.6.16.post3") == "0.6.16.post3 (served by 0.6.16)"
     assert profiles.served_by("0.7.2.post1") == "0.7.2.post1"

@@ -140,6 +140,14 @@ def resolve(release: str, what: str = "FlashInfer release") -> Profile:
                           f"{', '.join(served_releases())}")
 
 
+def serving(release: str) -> Optional[str]:
+    """The name of the profile serving ``release``, or None where none does."""
+    try:
+        return resolve(release).name
+    except UnservedRelease:
+        return None
+
+
 def served_by(release: str) -> str:
     """``release`` as a report names it: ``0.6.16.post3 (served by 0.6.16)``, or the profile's own."""
     name = resolve(release).name

@@ -361,12 +361,11 @@ def _fake_metainfo_fields(profile) -> tuple[str, ...]:
 
 def served(report: Report) -> str:
     """The profile compared, and whether it is the release's own or one serving it."""
+    from fakes.flashinfer.profiles import serving
+
     if report.profile == report.version:
         return report.profile
-    try:
-        serves = profile_for(report.version) == report.profile
-    except ValueError:
-        serves = False
+    serves = serving(report.version) == report.profile
     return f"{report.profile} ({'which serves' if serves else 'chosen for'} {report.version})"
 
 

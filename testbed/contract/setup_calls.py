@@ -29,7 +29,6 @@ _MAX_DEPTH = 8
 _OPEN = ("Get_rank", "Get_size", "allgather")
 SETUP_CALLS: dict[str, tuple[str, ...]] = {
     "0.6.8": _OPEN + ("Get_size (maybe)", "allgather"),
-    "0.6.14": _OPEN + ("Get_size (maybe)", "allgather"),
     "0.6.15": _OPEN + ("Get_size (maybe)", "Get_rank", "Get_size", "allgather"),
     "0.6.16": _OPEN + ("allgather (once)", "Get_size (maybe)", "Get_rank", "Get_size", "allgather"),
     "0.7.4": _OPEN + ("Get_size (maybe)", "allgather", "Get_rank", "Get_size", "allgather", "allgather", "allgather"),

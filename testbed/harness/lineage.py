@@ -17,22 +17,21 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from fakes.flashinfer.profiles import distinct_alltoalls, release_key, resolve
-from testbed import __version__, integrations
+from testbed import integrations
 from testbed.harness import runner
 from testbed.harness.invariants import Verdict
 from testbed.integrations.base import Finding
 from testbed.scenario.model import Scenario, ScenarioInputError, from_cli
 
-OUTCOMES = ("reproduces", "passes", "fails otherwise", "not run")
 MARKS = {"reproduces": "R", "passes": ".", "fails otherwise": "F", "not run": "-"}
 
 
 @dataclass(frozen=True)
 class Cell:
     finding: str
-    engine: str  # "vLLM 0.32.0": the engine release surveyed (or the integration's name)
+    engine: str  # "vLLM 0.32.0": the engine release surveyed
     flashinfer: str  # the FlashInfer release, as pip prints it
-    outcome: str  # one of OUTCOMES
+    outcome: str  # reproduces | passes | fails otherwise | not run (the keys of MARKS)
     detail: str = ""  # the rule (not run) or the first other failure (fails otherwise)
 
 
@@ -67,15 +66,11 @@ def outcome(finding: Finding, v: Verdict) -> tuple[str, str]:
 
 
 def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -> list[Cell]:
-    """Every finding of integration ``name`` (``only``: these ids) on every release, on the
-    engine release this process runs."""
+    """Every finding of engine ``name`` (``only``: these ids) on every release, on the engine
+    release this process runs."""
     integration = integrations.get(name)
-    engine = integration.engine
-    if engine is not None:
-        version, _ = engine.release()
-        label, pin = f"{engine.label} {version}", engine.pinned()
-    else:
-        label, pin = f"{name} (testbed {__version__})", "0.7.2"
+    version, _ = integration.engine.release()
+    label, pin = f"{integration.engine.label} {version}", integration.engine.pinned()
     cells = []
     for finding in integration.findings():
         if only and finding.id not in only:

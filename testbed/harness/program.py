@@ -48,12 +48,12 @@ def _install(ctx, sc: Scenario, log: EventLog):
     if sc.flashinfer_backend == "fake":
         api = rank_api(ctx, "fake", sc.profile, sc.slot_order)  # ctx.seed is the scenario's
     else:
-        from testbed.gpu_env import profile_of
+        from fakes.flashinfer.profiles import serving
 
         api = rank_api(ctx, sc.flashinfer_backend)
-        if profile_of(api.version) != profile_of(sc.profile):
+        if serving(api.version) != serving(sc.profile):
             raise RuntimeError(f"--profile {sc.profile}: this machine's FlashInfer is {api.version} (profile "
-                               f"{profile_of(api.version)}); the invariants hold the scenario's release to its facts")
+                               f"{serving(api.version)}); the invariants hold the scenario's release to its facts")
     ep_ranks = ctx.group_ranks["ep"]
 
     def record(module, name: str, recording) -> None:

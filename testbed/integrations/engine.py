@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -77,6 +78,20 @@ class Engine:
         except UnservedRelease:
             raise unserved_pin(f"{self.label} {version}", pin) from None
         return pin or self.default_pin
+
+    def module(self, name: str):
+        """Engine module ``name`` for a capability probe: the one this process has (a rank's
+        fork server imported it, and a rank runs under ``install``), else imported under the
+        fake as the engine's pin; None where the engine cannot run here."""
+        found = sys.modules.get(name)
+        if found is not None:
+            return found
+        if self.unavailable() is not None:
+            return None
+        import fakes.flashinfer
+
+        with fakes.flashinfer.install(self.pinned()):
+            return importlib.import_module(name)
 
     def unavailable(self) -> str | None:
         """Why ``--integration NAME`` cannot run here (one line), or None: the engine missing,

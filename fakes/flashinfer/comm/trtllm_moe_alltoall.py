@@ -711,8 +711,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_FROM_MNNVL = {"0.6.8": ("MnnvlMemory",), "0.6.15": ("CommBackend", "MnnvlMemory"),
-               "0.6.16": ("CommBackend", "MnnvlMemory")}  # what the module imports from .mnnvl
+_FROM_MNNVL = {"0.6.8": ("MnnvlMemory",), "0.6.15": ("CommBackend", "MnnvlMemory")}  # what it imports from .mnnvl
 
 
 def _from_mnnvl() -> tuple[str, ...]:

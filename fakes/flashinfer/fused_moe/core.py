@@ -396,19 +396,10 @@ _MISSING = {
         "trtllm_fp8_block_scale_routed_moe": ("gemm1_lora_delta",) + _OA + _VALID + _WS,
         "trtllm_fp4_block_scale_routed_moe": ("per_token_scale",) + _FP4_NEW + _FP4_0_7_4,
     },
-    "0.6.11": {
-        "trtllm_bf16_moe": _OA + ("output",) + _WS,
-        "trtllm_bf16_routed_moe": ("gemm1_lora_delta",) + _OA + ("output",) + _WS,
-        "trtllm_fp8_block_scale_routed_moe": ("gemm1_lora_delta",) + _OA + _VALID + _WS,
-        "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4,
-    },
     "0.6.13": {"trtllm_bf16_moe": ("output",) + _WS, "trtllm_bf16_routed_moe": ("output",) + _WS,
                "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
                "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},
     "0.6.14": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
-               "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
-               "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},
-    "0.6.16": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
                "trtllm_fp8_block_scale_routed_moe": _VALID + _WS,
                "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4},
     "0.6.18": {"trtllm_bf16_moe": _WS, "trtllm_bf16_routed_moe": _WS,
@@ -418,6 +409,7 @@ _MISSING = {
               "trtllm_fp4_block_scale_routed_moe": _FP4_0_7_4},
     "0.7.4": {},
 }
+_MISSING["0.6.11"] = {**_MISSING["0.6.8"], "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4}  # per_token_scale=
 
 
 def _for_release(name: str, release: str):

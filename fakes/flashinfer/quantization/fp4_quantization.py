@@ -155,7 +155,8 @@ for _fn in (_block_scale_interleave_0_6, _block_scale_interleave_0_7):
     _fn.__name__ = _fn.__qualname__ = "block_scale_interleave"
 for _fn in (_fp4_quantize_0_6_8, _fp4_quantize_0_6_14, _fp4_quantize_0_7_2, _fp4_quantize_0_7_4):
     _fn.__name__ = _fn.__qualname__ = "fp4_quantize"
-_FP4_QUANTIZE = {"0.6.8": _fp4_quantize_0_6_8, "0.6.11": _fp4_quantize_0_6_14, "0.6.14": _fp4_quantize_0_6_14, "0.7.1": _fp4_quantize_0_7_2,
+# (is_global_scale_inversed= from 0.6.11, backend= from 0.7.1)
+_FP4_QUANTIZE = {"0.6.8": _fp4_quantize_0_6_8, "0.6.11": _fp4_quantize_0_6_14, "0.7.1": _fp4_quantize_0_7_2,
                  "0.7.4": _fp4_quantize_0_7_4}
 _PER_RELEASE = ("SfLayout", "block_scale_interleave", "nvfp4_block_scale_interleave", "fp4_quantize")
 

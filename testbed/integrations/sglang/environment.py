@@ -117,15 +117,8 @@ def dispatcher_has_sp_prefill() -> bool:
     """Whether this SGLang's ``FlashinferDispatcher`` runs Muse Spark's SP-prefill all-to-all
     (``enable_sp_prefill_a2a=``; 0.5.22 has none), a capability probe; True where SGLang is not
     installed (the release the adapter is written for)."""
-    import fakes.flashinfer
-
-    module = sys.modules.get(DISPATCHER)  # a rank's fork server imported it (and a rank runs under install)
-    if module is None:
-        if ENGINE.unavailable() is not None:
-            return True
-        with fakes.flashinfer.install(ENGINE.pinned()):
-            module = importlib.import_module(DISPATCHER)
-    return "enable_sp_prefill_a2a" in inspect.signature(module.FlashinferDispatcher.__init__).parameters
+    module = ENGINE.module(DISPATCHER)
+    return module is None or "enable_sp_prefill_a2a" in inspect.signature(module.FlashinferDispatcher.__init__).parameters
 
 
 @functools.cache

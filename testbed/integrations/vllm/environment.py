@@ -61,18 +61,9 @@ def one_sided_api() -> str:
     ``get_communication`` (0.33: a ``moe_ep`` communication) or ``combine_into`` (0.31, 0.32:
     ``MoeAlltoAll`` itself); ``moe_ep`` where vLLM is not installed (the release the adapter is
     written for)."""
-    import fakes.flashinfer
-
-    module = sys.modules.get(ALL2ALL)  # a rank's fork server imported it (and a rank runs under install)
-    if module is None:
-        if ENGINE.unavailable() is not None:
-            return "moe_ep"
-        with fakes.flashinfer.install(ENGINE.pinned()):
-            module = importlib.import_module(ALL2ALL)
-    return "comm" if hasattr(module.FlashInferNVLinkOneSidedManager, "combine_into") else "moe_ep"
-
-
-ALL2ALL = "vllm.distributed.device_communicators.all2all"
+    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
+    return "comm" if module is not None and hasattr(module.FlashInferNVLinkOneSidedManager, "combine_into") \
+        else "moe_ep"
 
 
 # vLLM's integration code: its distributed layer and its fused-MoE layer; at the engine level
