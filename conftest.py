@@ -3,11 +3,14 @@ checks and Hypothesis profiles."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import multiprocessing
 import os
+import shutil
 from pathlib import Path
+from typing import Callable, Optional
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -55,27 +58,80 @@ if MUTANT:
     mutants.apply(MUTANT)
 
 
-def _engine_installed(name: str) -> None:
-    """Skip (with the reason) where ``--integration NAME`` cannot run; under
-    ``A2A_REQUIRE_<NAME>`` (CI) that is a failure instead: those tests must run there."""
+# The optional parts a test may need (``@pytest.mark.needs(PART, ...)``): where one is missing
+# the test skips, naming the part and what installs it; under the part's ``A2A_REQUIRE_*`` (CI)
+# that is a failure instead. Tests needing an engine, or a package that comes only with an
+# engine's set, are also marked ``engines``: the tier `.ci/run` runs after installing them.
+def _engine_missing(name: str):
     from testbed import integrations
 
-    why = integrations.get(name).engine.unavailable()
+    return integrations.get(name).engine.unavailable()
+
+
+def _module_missing(module: str, install: str):
+    def missing():
+        return None if importlib.util.find_spec(module) else f"{module} is not installed: {install}"
+    return missing
+
+
+def _chromium_missing():
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return None
+    return "headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    missing: Callable[[], Optional[str]]  # why it is absent, or None
+    require_env: str
+    engines: bool = False  # comes with `./dev setup --vllm` / `--sglang`
+
+
+PARTS = {
+    "vllm": Part(functools.partial(_engine_missing, "vllm"), "A2A_REQUIRE_VLLM", engines=True),
+    "sglang": Part(functools.partial(_engine_missing, "sglang"), "A2A_REQUIRE_SGLANG", engines=True),
+    # vLLM's engine level writes and loads checkpoints with them; they come with vLLM's set.
+    "safetensors": Part(_module_missing("safetensors", "`./dev setup --vllm` installs it with vLLM's set"),
+                        "A2A_REQUIRE_VLLM", engines=True),
+    "transformers": Part(_module_missing("transformers", "`./dev setup --vllm` installs it with vLLM's set"),
+                         "A2A_REQUIRE_VLLM", engines=True),
+    "ray": Part(_module_missing("ray", "`./dev setup` installs the ray extra (pip install -e '.[ray]')"),
+                "A2A_REQUIRE_RAY"),
+    "chromium": Part(_chromium_missing, "A2A_REQUIRE_CHROMIUM"),
+}
+
+
+def need(part: str) -> None:
+    """Skip the running test where ``part`` is missing (fail under its ``A2A_REQUIRE_*``)."""
+    why = PARTS[part].missing()
     if why:
-        required = f"A2A_REQUIRE_{name.upper()}"
-        if os.environ.get(required):
-            pytest.fail(f"{required} is set but {why}")
+        if os.environ.get(PARTS[part].require_env):
+            pytest.fail(f"{PARTS[part].require_env} is set but {why}")
         pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
-def vllm_installed() -> None:
-    _engine_installed("vllm")
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs(*parts): the optional parts the test needs: " + ", ".join(PARTS))
+    config.addinivalue_line("markers", "engines: needs an engine or its set (`./dev setup --vllm --sglang`)")
 
 
-@pytest.fixture(scope="session")
-def sglang_installed() -> None:
-    _engine_installed("sglang")
+def _needed(item) -> list[str]:
+    parts = [p for m in item.iter_markers("needs") for p in m.args]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.needs: unknown part(s) {unknown}; known: {list(PARTS)}")
+    return parts
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(PARTS[p].engines for p in _needed(item)):
+            item.add_marker(pytest.mark.engines)
+
+
+def pytest_runtest_setup(item):
+    for part in _needed(item):
+        need(part)
 
 
 @pytest.fixture(scope="session")

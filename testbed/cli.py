@@ -87,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
     _source_arguments(run)
     _ray_arguments(run)
+    run.add_argument("--show-not-run", action="store_true",
+                     help="list each scenario not run with its rule (default: one line, a count per rule)")
     run.add_argument("--dry-run", action="store_true",
                      help="print each scenario's estimated shared memory, memory per rank and in all, and whether "
                           "it fits this machine; run nothing (exit 2 if one does not fit)")
@@ -467,8 +469,6 @@ def _run(args) -> int:
             scenarios, refused = on_models(tuple(filter(None, args.models.split(","))), args.integration)
         except ValueError as e:
             raise UsageError(f"--models: {e}") from None
-        for sc, rule in refused:
-            print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
         return _judge(scenarios, args, refused)
     if not (scenario_given(args) or args.layout) and (engine is not None or args.matrix_profile is None):
         from testbed.harness.matrix import on_integration
@@ -478,8 +478,6 @@ def _run(args) -> int:
                                                 or (engine.pinned() if engine else None))
         except ValueError as e:
             raise UsageError(f"--matrix-profile: {e}") from None
-        for sc, rule in refused:
-            print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
         return _judge(scenarios, args, refused)
     if args.matrix_profile is not None:
         if scenario_given(args) or args.layout:
@@ -490,8 +488,6 @@ def _run(args) -> int:
             scenarios, refused = on_release(args.matrix_profile, integration=args.integration)
         except ValueError as e:
             raise UsageError(f"--matrix-profile: {e}") from None
-        for sc, rule in refused:
-            print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
         return _judge(scenarios, args, refused)
     return _judge(_scenarios(args), args)
 
@@ -536,8 +532,6 @@ def _judge_on(backend: str, args) -> int:
                              f"this machine has {gpus}")
         return _judge(scenarios, args)
     scenarios, refused = on_release(profile, backend, gpus)
-    for sc, rule in refused:
-        print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
     return _judge(scenarios, args, refused)
 
 
@@ -596,9 +590,6 @@ def _judge(scenarios, args, refused=()) -> int:
     scenarios, refused = _fitting(scenarios, args, refused)
     if getattr(args, "dry_run", False):
         return 2 if len(refused) > before else 0
-    for sc, rule in refused[before:]:
-        print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
-
     try:
         env = launch_env()
     except ValueError as e:
@@ -630,8 +621,23 @@ def _judge(scenarios, args, refused=()) -> int:
                 show(i, v)
     seconds = time.monotonic() - started
     ordered = [verdicts[i] for i in sorted(verdicts)]
+    _not_run(refused, getattr(args, "show_not_run", False))
     _reports(args, ordered, refused, seconds)
     return _summary(ordered, len(refused), seconds, f" on Ray ({args.ray})" if args.ray else "")
+
+
+def _not_run(refused, each: bool) -> None:
+    """The scenarios not run, after the results: one line with a count per rule, or with
+    ``each`` a line per scenario."""
+    if each:
+        for sc, rule in refused:
+            print(f"NOT RUN  {sc.short()}  ({sc.label}): {rule}", flush=True)
+    elif refused:
+        from collections import Counter
+
+        rules = Counter(rule for _, rule in refused)
+        print(f"NOT RUN  {len(refused)} (--show-not-run lists each): "
+              + "; ".join(f"{n} x {rule}" for rule, n in rules.most_common()), flush=True)
 
 
 @contextlib.contextmanager
@@ -683,9 +689,6 @@ def _judge_launched(env, scenarios, args, refused) -> int:
     mine = [sc for sc in scenarios if sc.layout.world_size == env.world_size]
     other = [(sc, f"{sc.layout.world_size} ranks, the launched job has {env.world_size}")
              for sc in scenarios if sc.layout.world_size != env.world_size]
-    if env.rank == 0:
-        for sc, rule in other:
-            print(f"NOT RUN  {sc.short()}: {rule}", flush=True)
     refused = list(refused) + other
     if not mine:
         raise UsageError(f"no scenario has WORLD_SIZE={env.world_size} ranks (give --layout)")
@@ -706,6 +709,7 @@ def _judge_launched(env, scenarios, args, refused) -> int:
     if env.rank != 0:
         return 0
     seconds = time.monotonic() - started
+    _not_run(refused, getattr(args, "show_not_run", False))
     _reports(args, verdicts, refused, seconds)
     return _summary(verdicts, len(refused), seconds, " (ranks from the launcher)")
 
@@ -757,7 +761,7 @@ def _engine(args) -> int:
     from testbed.harness import engine, report, runner
     from testbed.harness.mutants import catalogue
     from testbed.scenario.engine import EngineScenario, parse_prompts
-    from testbed.scenario.model import ScenarioInputError
+    from testbed.scenario.model import ScenarioInputError, check_release
 
     integration = _integrations().get(args.integration)
     if not integration.engine_matrix():
@@ -767,13 +771,18 @@ def _engine(args) -> int:
     if args.mutant and args.mutant not in {m.name for m in catalogue(args.integration)}:
         raise UsageError(f"--mutant: unknown {args.integration} mutant {args.mutant!r} (a2a-testbed mutants "
                          f"--integration {args.integration} --list)")
-    _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
-    profile = args.profile or integration.engine.pinned()  # the engine's own pin unless the flag says
+    # The flags are judged before the engine is asked for: a malformed flag is refused in its
+    # own words whether or not the engine is installed.
+    if args.profile is not None:
+        try:
+            check_release("--profile", args.profile)
+        except ScenarioInputError as e:
+            raise UsageError(str(e)) from None
     if args.dp is None:
         given = [flag for flag in ("prompts", "max_tokens", "model") if getattr(args, flag) is not None]
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} goes with --dp (one engine scenario)")
-        scenarios = [dataclasses.replace(es, profile=profile) for es in integration.engine_matrix()]
+        scenarios = list(integration.engine_matrix())
     else:
         if args.prompts is None or args.max_tokens is None:
             raise UsageError("--dp: give --prompts and --max-tokens too (per DP rank)")
@@ -788,12 +797,17 @@ def _engine(args) -> int:
                                         prompts=parse_prompts(args.prompts),
                                         max_tokens=tuple(int(n) for n in args.max_tokens.split(",")),
                                         integration=args.integration, budget=args.budget, dtype=args.dtype,
-                                        profile=profile, seed=args.seed),)
+                                        seed=args.seed),)
         except ScenarioInputError as e:
             raise UsageError(str(e)) from None
         except ValueError:
             raise UsageError(f"--max-tokens: comma-separated integers, one per DP rank, got {args.max_tokens!r}") \
                 from None
+    _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
+    try:  # the engine's own pin unless the flag says
+        scenarios = [dataclasses.replace(es, profile=args.profile or integration.engine.pinned()) for es in scenarios]
+    except ScenarioInputError as e:
+        raise UsageError(str(e)) from None
     started = time.monotonic()
     verdicts = []
     with runner.scenario_pool() as pool:

@@ -90,7 +90,7 @@ def test_bench_race_refuses_a_deadlock_on_the_fake():
     assert done.returncode != 0 and "a deadlock, not a race" in done.stderr
 
 
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 def test_bench_scale_vllm_integration_prints_json_line():
     result = _bench("scale", "--worlds", "2", "--repeats", "1", "--integration", "vllm")
     assert result["bench"] == "scale" and result["integration"] == "vllm" and [w["world"] for w in result["worlds"]] == [2]

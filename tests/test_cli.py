@@ -90,15 +90,48 @@ def test_cli_run_against_a_mutant_fails_with_the_evidence(tmp_path):
     assert "reproduce: a2a-testbed run --layout 4,2,2,1" in failure.text
 
 
-def test_cli_junit_xml_one_case_per_scenario_example_and_mutant(tmp_path):
-    run = _cli("run", "--integration", "impl", "--matrix-profile", "0.7.4", "--junit-xml", str(tmp_path / "m.xml"),
-               timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    printed = [ln for ln in run.stdout.splitlines() if ln.startswith(("PASS", "KNOWN", "FAIL", "NOT RUN"))]
+def _matrix_verdicts():
+    """Every matrix scenario judged (one failed), and the scenarios the matrix moved to
+    FlashInfer 0.7.4 refuses, with their rules: a run's results without running it."""
+    from testbed.harness.invariants import Failure, Verdict
+    from testbed.harness.matrix import MATRIX, on_release
+
+    verdicts = [Verdict(sc, seconds=1.0) for sc in MATRIX]
+    verdicts[2].failures = [Failure("reduce", "output ~ 2 x the reference")]
+    return verdicts, on_release("0.7.4")[1]
+
+
+def test_cli_junit_xml_one_case_per_scenario_and_not_run(tmp_path):
+    import argparse
+
+    from testbed.cli import _reports
+
+    verdicts, refused = _matrix_verdicts()
+    assert len(refused) > 1  # 0.7.4 has no MoeAlltoAll: custom combine signatures, odd EP sizes
+    _reports(argparse.Namespace(json=None, html=None, junit_xml=str(tmp_path / "m.xml")), verdicts, refused, 3.0)
     suite = ET.parse(tmp_path / "m.xml").getroot()
-    cases = list(suite.iter("testcase"))
-    assert len(cases) == len(printed) and int(suite.get("skipped")) == sum(ln.startswith("NOT RUN") for ln in printed)
-    assert all("NOT RUN: " in s.get("message") for s in suite.iter("skipped"))
+    assert len(list(suite.iter("testcase"))) == len(verdicts) + len(refused)
+    assert (int(suite.get("failures")), int(suite.get("skipped"))) == (1, len(refused))
+    assert [s.get("message") for s in suite.iter("skipped")] == [f"NOT RUN: {rule}" for _, rule in refused]
+
+
+def test_cli_not_run_one_line_counted_per_rule_or_each_listed(capsys):
+    from collections import Counter
+
+    from testbed.cli import _not_run
+
+    _, refused = _matrix_verdicts()
+    _not_run(refused, each=False)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"NOT RUN  {len(refused)} (--show-not-run lists each): ")
+    for rule, n in Counter(rule for _, rule in refused).items():
+        assert f"{n} x {rule}" in line
+    _not_run(refused, each=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"NOT RUN  {sc.short()}  ({sc.label}): {rule}" for sc, rule in refused]
+
+
+def test_cli_junit_xml_one_case_per_fuzz_example_and_mutant(tmp_path):
     fz = _cli("fuzz", "--examples", "2", "--junit-xml", str(tmp_path / "f.xml"))
     assert fz.returncode == 0, fz.stdout + fz.stderr
     assert [c.get("classname") for c in ET.parse(tmp_path / "f.xml").getroot().iter("testcase")] == ["fuzz.impl"] * 2

@@ -32,8 +32,10 @@ def _args(*argv: str) -> argparse.Namespace:
     ("gpt-oss-120b", "GptOssConfig", {"hidden": "hidden_size", "experts": "num_local_experts",
                                       "top_k": "num_experts_per_tok", "moe_layers": "num_hidden_layers"}),
 ])
+@pytest.mark.needs("transformers")
 def test_models_preset_matches_transformers_config(name, cls, fields):
-    transformers = pytest.importorskip("transformers", reason="transformers comes with ./dev setup --vllm")
+    import transformers
+
     config = getattr(transformers, cls)()
     shape = MODELS[name]
     for ours, theirs in fields.items():
@@ -134,7 +136,8 @@ def test_gpt_oss_unpadded_mxfp8_refused_only_where_moealltoall_fails():
     dataclasses.replace(odd, mx_alignment=256).validate()
 
 
-def test_model_matrix_under_an_engine_is_built_as_the_engine_builds_it(vllm_installed, cluster):
+@pytest.mark.needs("vllm")
+def test_model_matrix_under_an_engine_is_built_as_the_engine_builds_it(cluster):
     """Under vLLM every layer, the MTP layer too, takes the scheduler's one budget and vLLM's
     quant method decides the mxfp8 padding; the release is vLLM's pin. DeepSeek-V3's fp8 blocks
     one-sided then pass through vLLM's own MoE layer at hidden 7168."""

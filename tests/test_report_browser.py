@@ -2,13 +2,12 @@
 report of every matrix scenario, a failure with long evidence and the scenarios one
 integration does not run, with every scenario's details unfolded; the page must not scroll
 sideways in a 1280-pixel window, and every scenario must have its row. Skips with the reason
-where Chromium is missing; under ``A2A_REQUIRE_CHROMIUM`` (CI) that is a failure."""
+where Chromium is missing (``needs("chromium")``); under ``A2A_REQUIRE_CHROMIUM`` (CI) that is a failure."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,13 +28,7 @@ document.title = JSON.stringify({scroll: document.documentElement.scrollWidth, i
 
 
 def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        why = "headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)"
-        if os.environ.get("A2A_REQUIRE_CHROMIUM"):
-            pytest.fail(f"A2A_REQUIRE_CHROMIUM is set but {why}")
-        pytest.skip(why)
-    return found
+    return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _verdicts() -> list[Verdict]:
@@ -61,6 +54,7 @@ def _render(path, width: int) -> dict:
     return json.loads(title.group(1).replace("&quot;", '"'))
 
 
+@pytest.mark.needs("chromium")
 def test_report_html_fits_a_1280_pixel_window_with_every_row(tmp_path):
     verdicts = _verdicts()
     refused = on_integration("sglang", "0.7.2")[1]
@@ -77,6 +71,7 @@ def test_report_html_fits_a_1280_pixel_window_with_every_row(tmp_path):
     assert measured["rows"] == len(verdicts) + len(refused), measured
 
 
+@pytest.mark.needs("chromium")
 def test_report_html_overflow_is_what_the_probe_sees(tmp_path):
     # The probe itself can fail: a page with a wide unbreakable block scrolls.
     page = tmp_path / "wide.html"

@@ -56,7 +56,7 @@ def test_sglang_integration_cli_round_trip():
     assert sp.sp_prefill and sp.splits_tokens and _parse(sp.to_cli()) == sp
 
 
-@pytest.mark.usefixtures("sglang_installed")
+@pytest.mark.needs("sglang")
 def test_sglang_integration_topology_rule_is_sglangs_own():
     from sglang.srt.arg_groups.moe_hook import _flashinfer_a2a_topology_is_supported
 
@@ -136,7 +136,7 @@ def test_sglang_integration_known_findings_are_scenario_properties():
     assert findings.judge(gone) is None and gone.failed("known-finding")
 
 
-@pytest.mark.usefixtures("sglang_installed")
+@pytest.mark.needs("sglang")
 def test_sglang_integration_guarded_imports_follow_the_release():
     import fakes.flashinfer
     from testbed.integrations.engine import guarded_flashinfer_imports as rebind_guarded_imports
@@ -151,7 +151,7 @@ def test_sglang_integration_guarded_imports_follow_the_release():
         assert rebind_guarded_imports(module) == {"use_flashinfer": False}
 
 
-@pytest.mark.usefixtures("sglang_installed")
+@pytest.mark.needs("sglang")
 def test_sglang_integration_torchvision_placeholder_fails_loudly():
     import torchvision.transforms as transforms
 
@@ -159,7 +159,7 @@ def test_sglang_integration_torchvision_placeholder_fails_loudly():
         transforms.Resize(4)
 
 
-@pytest.mark.usefixtures("sglang_installed")
+@pytest.mark.needs("sglang")
 def test_sglang_integration_flashinfer_074_breaks_sglang(no_leaks):
     v = runner.run(no_leaks, dataclasses.replace(SGLANG_MATRIX[0], profile="0.7.4"), timeout_s=SGLANG_TIMEOUT_S)
     assert v.known == ["SGL-002"] and "ImportError" in v.known_failures[0].evidence

@@ -27,7 +27,7 @@ def _entry(label_piece: str) -> EngineScenario:
 
 
 # -- the engine, run ------------------------------------------------------------------------------
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 @pytest.mark.parametrize("es", ENGINE_MATRIX, ids=lambda es: es.describe())
 def test_engine_matrix_entry_passes_or_reproduces_its_finding(no_leaks, es):
     v = engine.run(no_leaks, es, timeout_s=ENGINE_TIMEOUT_S)
@@ -51,7 +51,7 @@ def test_engine_matrix_entry_passes_or_reproduces_its_finding(no_leaks, es):
     assert all(steps[0][2][d] == 1 for d in idle for steps in v.steps.values())
 
 
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 @pytest.mark.parametrize("mutant, entry, invariant", [
     ("r-routed-scale-dropped", "DeepSeek-V2", "logprobs"),
     ("r-shared-reduced-under-sp", "DeepSeek-V2 block's shared expert", "reduce"),
@@ -65,7 +65,7 @@ def test_engine_catches_a_mutant_of_vllm(no_leaks, mutant, entry, invariant):
     assert any(f.invariant == invariant for f in v.failures), engine.failure_text(v)
 
 
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 def test_engine_runs_a_real_model_shape_through_its_familys_block(no_leaks):
     """DeepSeek-V3's MoE shape (hidden 7168, 256 experts, top_k 8) on one layer in the
     deepseek-v2 architecture: vLLM's own DeepseekV2MoE decides the shared expert and the
@@ -166,6 +166,7 @@ def test_engine_prompts_rebuild_on_every_rank():
 
 
 # -- the checkpoint --------------------------------------------------------------------------------
+@pytest.mark.needs("safetensors")
 @pytest.mark.parametrize("arch", checkpoint.ARCHITECTURES)
 def test_engine_checkpoint_is_its_config(tmp_path, arch):
     from safetensors.torch import load_file

@@ -123,7 +123,7 @@ def test_vllm_integration_shared_communication_rule():
         assert found and piece in found[0].evidence, (piece, found)
 
 
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 def test_vllm_integration_flashinfer_074_breaks_vllm(no_leaks):
     sc = dataclasses.replace(VLLM_MATRIX[0], profile="0.7.4")
     v = runner.run(no_leaks, sc, timeout_s=VLLM_TIMEOUT_S)
@@ -131,7 +131,7 @@ def test_vllm_integration_flashinfer_074_breaks_vllm(no_leaks):
     assert "TypeError" in v.known_failures[0].evidence
 
 
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 def test_vllm_integration_latent_all_idle_forward_raw(no_leaks):
     """VLLM-003 as a direct caller of vLLM's layer meets it: MoERunner fed a forward where no DP
     rank has a token (the engine never runs one)."""
@@ -146,7 +146,7 @@ def test_vllm_integration_needs_dp_above_one():
     assert e.value.flag == "--layout" and "use_all2all_kernels" in str(e.value)
 
 
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 @pytest.mark.parametrize("swizzled", [False, True])
 def test_vllm_integration_scaled_fp4_quant_cpu_kernel(swizzled):
     """The CPU kernel behind vLLM's ``ops.scaled_fp4_quant`` (vLLM's own wrapper allocates and
@@ -171,7 +171,7 @@ def test_vllm_integration_scaled_fp4_quant_cpu_kernel(swizzled):
                                           output_scale=torch.empty(5, 4, dtype=torch.uint8))
 
 
-@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.needs("vllm")
 def test_vllm_integration_group_quant_fp8_stand_in():
     """The torch stand-in for vLLM's Triton per_token_group_quant_fp8 against the format's
     definition: blockwise-FP8-exact values come back exactly, with one fp32 scale per 128."""
