@@ -7,6 +7,9 @@
 - ``fuzz``: Hypothesis over the scenario model; each failure printed as its ``run`` line.
 - ``mutants``: the catalogue of mutants of ``impl``, each run until a scenario kills it.
 - ``contract``: the fake's surface against a real FlashInfer release, read as source.
+- ``engine``: an engine's own serving loop (vLLM's ``LLM``) judged at the engine level.
+- ``findings``: where each known finding reproduces, over engine and FlashInfer releases.
+- ``sweep``: the catalogues run whole (:mod:`testbed.harness.sweeps`); what CI fails on.
 - ``version``.
 """
 
@@ -16,6 +19,7 @@ import argparse
 import dataclasses
 import contextlib
 import json
+import os
 import shlex
 import sys
 import time
@@ -190,6 +194,21 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--json", metavar="PATH", help="write every cell as JSON")
     fi.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # one engine release, this process
     _source_arguments(fi, repeatable=True)
+    sw = sub.add_parser(
+        "sweep", help="run the catalogues whole, each in a process of its own; any problem fails",
+        description=(
+            "Every release each installed engine adapter drives (its matrix and its mutants, on the FlashInfer "
+            "the release pins), each engine level's matrix, the model matrix and the findings' lineage against "
+            "docs/findings.md: each an a2a-testbed command run in a process of its own and judged from its "
+            "JSON. Exit 1 on any problem; each command's output goes to a log file."))
+    sw.add_argument("--list", action="store_true", help="list the sweeps (and the engines left out) and exit")
+    sw.add_argument("--only", action="append", metavar="NAME", help="just this sweep (repeatable; --list names them)")
+    sw.add_argument("--shard", metavar="I/N", help="sweeps I, I+N, ... of the catalogue (split it over N machines)")
+    sw.add_argument("--jobs", type=int, default=1, metavar="N", help="sweeps run at once (default 1)")
+    sw.add_argument("--logs", metavar="DIR", help="where each sweep's output goes (default: a new temporary folder)")
+    sw.add_argument("--timeout", type=float, default=None, metavar="S", help="per sweep (default 900)")
+    sw.add_argument("--json", metavar="PATH", help="write the outcomes as JSON")
+    sw.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML: one test case per sweep")
     return parser
 
 
@@ -215,10 +234,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
-    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "findings"):
+    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "findings", "sweep"):
         try:
             return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract,
-                    "engine": _engine, "findings": _findings}[args.command](args)
+                    "engine": _engine, "findings": _findings, "sweep": _sweep}[args.command](args)
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
             return 2
@@ -386,7 +405,6 @@ def _served(flag: str, release: str) -> str:
 
 def _findings(args) -> int:
     """Survey each engine release in a process of its own (``--here``: this one), then merge."""
-    import os
     import subprocess
     import tempfile
     from pathlib import Path
@@ -764,9 +782,10 @@ def _engine(args) -> int:
     from testbed.scenario.model import ScenarioInputError, check_release
 
     integration = _integrations().get(args.integration)
-    if not integration.engine_matrix():
+    if not integration.has_engine_level():
         raise UsageError(f"--integration {args.integration}: has no engine level (engines with one: "
-                         + ", ".join(n for n in _integrations().names() if _integrations().get(n).engine_matrix()) + ")")
+                         + ", ".join(n for n in _integrations().names() if _integrations().get(n).has_engine_level())
+                         + ")")
     _positive("--timeout", args.timeout)
     if args.mutant and args.mutant not in {m.name for m in catalogue(args.integration)}:
         raise UsageError(f"--mutant: unknown {args.integration} mutant {args.mutant!r} (a2a-testbed mutants "
@@ -892,6 +911,63 @@ def _mutants(args) -> int:
     print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s"
           + (f" ({len(absent)} not applicable to this release)" if absent else ""))
     return 0 if killed == len(hunts) else 1
+
+
+def _sweep(args) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from testbed.harness import report, sweeps
+
+    _positive("--jobs", args.jobs)
+    _positive("--timeout", args.timeout)
+    catalogue = sweeps.catalogue()
+    if args.list:
+        for sweep in catalogue:
+            print(f"{sweep.name:28s} {sweep.command}")
+        for why in sweeps.missing():
+            print(f"left out: {why}")
+        return 0
+    for name in args.only or ():
+        if name not in {s.name for s in catalogue}:
+            raise UsageError(f"--only: no sweep {name!r} here (a2a-testbed sweep --list names them)")
+    chosen = [s for s in catalogue if not args.only or s.name in args.only]
+    if args.shard:
+        try:
+            chosen = sweeps.shard(chosen, args.shard)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    log_dir = args.logs or sweeps.default_log_dir()
+    os.makedirs(log_dir, exist_ok=True)
+    for why in sweeps.missing():
+        print(f"left out: {why}")
+    started = time.monotonic()
+    outcomes = []
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for o in pool.map(lambda s: sweeps.run(s, log_dir, args.timeout or sweeps.SWEEP_TIMEOUT_S), chosen):
+            print(f"{'PASS' if o.passed else 'FAIL'}  {o.sweep.name:28s} {o.seconds:6.1f} s  {o.summary}", flush=True)
+            for problem in o.problems[:8]:
+                print(f"    {problem}")
+            if len(o.problems) > 8:
+                print(f"    ... {len(o.problems) - 8} more (all in --json)")
+            if not o.passed:
+                print(f"    log: {o.log}\n    rerun: {o.sweep.command}")
+            outcomes.append(o)
+    seconds = time.monotonic() - started
+    failed = sum(not o.passed for o in outcomes)
+    if args.junit_xml:
+        from testbed.harness import junit
+
+        junit.write(args.junit_xml, "sweeps", [
+            junit.Case(o.sweep.name, "sweeps", o.seconds, output=o.summary) if o.passed else
+            junit.Case(o.sweep.name, "sweeps", o.seconds, failure="\n".join(o.problems) + f"\nrerun: {o.sweep.command}")
+            for o in outcomes], seconds)
+    if args.json:
+        report.dump_json(args.json, {"passed": len(outcomes) - failed, "failed": failed, "seconds": round(seconds, 3),
+                                     "sweeps": [{"name": o.sweep.name, "command": o.sweep.command, "passed": o.passed,
+                                                 "problems": o.problems, "seconds": round(o.seconds, 3),
+                                                 "log": o.log} for o in outcomes]})
+    print(f"sweeps: {len(outcomes) - failed} passed, {failed} failed in {seconds:.1f} s (logs in {log_dir})")
+    return 1 if failed or not outcomes else 0
 
 
 def _selfcheck(args) -> int:

@@ -1,14 +1,12 @@
-"""The engine releases the testbed drives besides the installed ones, each on the FlashInfer its
-own metadata pins: vLLM 0.31.0 and 0.32.0 (FlashInfer 0.7.0.post1; their one-sided manager
-drives ``MoeAlltoAll`` itself) and SGLang 0.5.22 (FlashInfer 0.7.1; no SP-prefill all-to-all).
-Each runs its matrix, its mutants and its consumer contract. A release comes from its wheel,
-fetched and unpacked once into the testbed's cache (``./dev setup --vllm --sglang`` does it
-first), and runs in a process of its own (an engine is imported once per process)."""
+"""The engine releases the testbed drives besides the installed ones (vLLM 0.31.0 and 0.32.0 on
+FlashInfer 0.7.0.post1, their one-sided manager driving ``MoeAlltoAll`` itself; SGLang 0.5.22 on
+0.7.1, without the SP-prefill all-to-all), each from its wheel, fetched and unpacked once into
+the testbed's cache. Their matrices, mutants and findings are sweeps (``a2a-testbed sweep``,
+:mod:`testbed.harness.sweeps`), which CI runs; here: what each release uses of FlashInfer, read
+from its checked-in path files, and how a release is taken in."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,80 +18,29 @@ from testbed.contract.consumer import check, pinned_flashinfer
 from testbed.contract.source import open_package
 from testbed.contract.tree import RealTree
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data"
-# (engine, release, its FlashInfer pin, the findings its matrix shows on that pin)
-RELEASES = [("vllm", "0.31.0", "0.7.0.post1", {"VLLM-005", "FI-RACE"}),
-            ("vllm", "0.32.0", "0.7.0.post1", {"VLLM-005", "FI-RACE"}),
-            ("sglang", "0.5.22", "0.7.1", set())]
-IDS = [f"{e}-{r}" for e, r, _, _ in RELEASES]
+EXCERPTS = sorted(p.name for p in (DATA / "consumer_excerpts").iterdir() if p.is_dir())
 
 
-def _testbed(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+def test_engine_release_every_driven_release_has_its_excerpt():
+    """Each release an adapter is written for or drives from its wheel has its path files checked
+    in (``a2a-testbed contract --consumer NAME=RELEASE --write-excerpt`` writes them)."""
+    driven = {f"{i.name}-{r}" for i in integrations.engines() for r in i.engine.tested + i.engine.other_releases}
+    assert driven <= set(EXCERPTS), sorted(driven - set(EXCERPTS))
 
 
-def _installed(request, engine: str) -> None:
-    """The installed engine gives the release its dependencies (and CI requires it)."""
-    request.getfixturevalue(f"{engine}_installed")
-
-
-@pytest.mark.parametrize("engine, release, pin, known", RELEASES, ids=IDS)
-def test_engine_release_matrix_on_its_pin(request, tmp_path, engine, release, pin, known):
-    _installed(request, engine)
-    out = tmp_path / "run.json"
-    proc = _testbed("run", "--integration", engine, f"--{engine}-source", release, "--json", str(out), timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    ran = result["scenarios"]
-    assert len(ran) >= 10 and result["failed"] == 0
-    assert all(f"--profile {pin} " in s["cli"] for s in ran)  # the release's own pin, read from its metadata
-    assert {k for s in ran for k in s["known"]} == known
-    if resolve_name(pin) != pin:  # each verdict line names the profile serving the pin
-        assert f"{pin} (served by {resolve_name(pin)})" in proc.stdout
-
-
-def resolve_name(release: str) -> str:
-    from fakes.flashinfer.profiles import resolve
-
-    return resolve(release).name
-
-
-def _chunks(engine: str, n: int) -> list[list[str]]:
-    names = [m.name for m in integrations.get(engine).mutants()]
-    return [names[i::n] for i in range(n)]
-
-
-MUTANT_CHUNKS = [(e, r, c) for e, r, _, _ in RELEASES for c in _chunks(e, 3 if e == "vllm" else 2)]
-
-
-@pytest.mark.parametrize("engine, release, names", MUTANT_CHUNKS,
-                         ids=[f"{e}-{r}-{c[0]}" for e, r, c in MUTANT_CHUNKS])
-def test_engine_release_mutants_killed(request, tmp_path, engine, release, names):
-    _installed(request, engine)
-    out = tmp_path / "mutants.json"
-    only = [a for name in names for a in ("--only", name)]
-    proc = _testbed("mutants", "--integration", engine, f"--{engine}-source", release, "--json", str(out), *only,
-                    timeout=280)
-    result = json.loads(out.read_text()) if out.is_file() else {}
-    survivors = {m["mutant"] for m in result.get("mutants", []) if not m["killed"]}
-    absent = {m["mutant"] for m in result.get("not_applicable", [])}
-    assert result["total"] == len(names) - len(absent), proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert not survivors, (proc.stdout[-3000:], proc.stderr[-2000:])
-    # Only what the release has no code for is left out: SGLang 0.5.22's missing SP prefill.
-    assert absent == ({"s-sp-runtime-max-of-all-rows"} & set(names) if (engine, release) == ("sglang", "0.5.22")
-                      else set())
-
-
-@pytest.mark.parametrize("engine, release, pin, known", RELEASES, ids=IDS)
-def test_engine_release_consumer_contract(engine, release, pin, known):
+@pytest.mark.parametrize("excerpt", EXCERPTS)
+def test_engine_release_consumer_contract(excerpt):
     """What the release uses of FlashInfer, in its checked-in path files, against its pin's
     checked-in excerpt and the fake's profile of it (no engine imported)."""
-    source = open_package(engine, str(DATA / "consumer_excerpts" / f"{engine}-{release}"))
-    assert pinned_flashinfer(source) == pin
+    from fakes.flashinfer.profiles import resolve
+
+    engine = excerpt.rsplit("-", 1)[0]
+    source = open_package(engine, str(DATA / "consumer_excerpts" / excerpt))
+    pin = pinned_flashinfer(source)
+    assert pin and (DATA / "flashinfer_excerpts" / pin).is_dir(), pin
     report = check(source, integrations.get(engine).consumer(),
-                   RealTree(open_source(str(DATA / "flashinfer_excerpts" / pin))), resolve_name(pin))
+                   RealTree(open_source(str(DATA / "flashinfer_excerpts" / pin))), resolve(pin).name)
     assert report.fake_defects == 0 and report.count("ok") >= 45, report
 
 
@@ -114,25 +61,6 @@ def test_engine_release_pin_no_profile_serves_is_refused(tmp_path, monkeypatch):
     assert str(e.value).startswith("vLLM 0.99.0 pins flashinfer-python 0.9.1, which no profile of the fake serves: "
                                    "it serves 0.6.8, ")
     assert "\n" not in str(e.value)
-
-
-def test_engine_release_findings_first_release_from_runs(request, tmp_path):
-    """``a2a-testbed findings`` over vLLM 0.32.0 and the installed release: VLLM-002 (MnnvlMoe
-    removed in FlashInfer 0.7.4) first appears with 0.7.4, VLLM-005 on the oldest FlashInfer."""
-    import importlib.util
-
-    _installed(request, "vllm")
-    installed = str(Path(importlib.util.find_spec("vllm").origin).parent.parent)
-    out = tmp_path / "cells.json"
-    proc = _testbed("findings", "--integration", "vllm", "--only", "VLLM-002", "--only", "VLLM-005",
-                    "--vllm-source", "0.32.0", "--vllm-source", installed, "--json", str(out), timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cells = {(c["finding"], c["engine"], c["flashinfer"]): c["outcome"] for c in json.loads(out.read_text())}
-    assert cells[("VLLM-002", "vLLM 0.32.0", "0.7.4")] == cells[("VLLM-002", "vLLM 0.33.0", "0.7.4")] == "reproduces"
-    assert cells[("VLLM-002", "vLLM 0.32.0", "0.7.0.post1")] == "passes"
-    assert cells[("VLLM-005", "vLLM 0.32.0", "0.7.0.post1")] == "reproduces"
-    assert "first: vLLM 0.32.0 on FlashInfer 0.7.4" in proc.stdout
-    assert "first: vLLM 0.32.0 on FlashInfer 0.6.8" in proc.stdout
 
 
 GUARDED = """

@@ -34,6 +34,15 @@ def _one_line_refusal(proc: subprocess.CompletedProcess) -> str:
     return out
 
 
+def _here(capsys, *argv: str) -> subprocess.CompletedProcess:
+    """``a2a-testbed ARGV`` in this process (where the flag, not the environment, names the release)."""
+    from testbed.cli import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+
+
 def _run(*argv: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=240, cwd=cwd,
                           env={**os.environ, **(env or {})})
@@ -95,20 +104,20 @@ def test_releases_served_release_is_named_in_reports():
         assert fi.__version__ == "0.6.16.post3" and profiles.active().name == "0.6.16"
 
 
-def test_releases_profile_option_takes_pip_version_strings():
-    proc = _run(sys.executable, "-m", "testbed", "run", "--profile", "0.6.16.post3", "--layout", "2,1,2,1",
-                "--stages", "bf16:8", "--tokens", "3,2")
+def test_releases_profile_option_takes_pip_version_strings(capsys):
+    proc = _here(capsys, "run", "--profile", "0.6.16.post3", "--layout", "2,1,2,1", "--stages", "bf16:8",
+                 "--tokens", "3,2")
     assert proc.returncode == 0 and "0.6.16.post3 (served by 0.6.16)" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_releases_unserved_profile_option_one_line():
-    out = _one_line_refusal(_run(sys.executable, "-m", "testbed", "run", "--profile", UNSERVED, "--layout", "2,1,2,1",
-                                 "--stages", "bf16:8", "--tokens", "3,2"))
+def test_releases_unserved_profile_option_one_line(capsys):
+    out = _one_line_refusal(_here(capsys, "run", "--profile", UNSERVED, "--layout", "2,1,2,1", "--stages", "bf16:8",
+                                  "--tokens", "3,2"))
     assert out.startswith("a2a-testbed run: error: --profile: FlashInfer release")
 
 
-def test_releases_unserved_matrix_profile_one_line():
-    _one_line_refusal(_run(sys.executable, "-m", "testbed", "run", "--matrix-profile", UNSERVED))
+def test_releases_unserved_matrix_profile_one_line(capsys):
+    _one_line_refusal(_here(capsys, "run", "--matrix-profile", UNSERVED))
 
 
 def test_releases_unserved_environment_variable_one_line():
@@ -128,19 +137,19 @@ def test_releases_unserved_pytest_option_and_environment_one_line(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
-def test_releases_unserved_contract_specs_one_line(tmp_path):
-    _one_line_refusal(_run(sys.executable, "-m", "testbed", "contract", "--flashinfer", UNSERVED))
-    _one_line_refusal(_run(sys.executable, "-m", "testbed", "contract", "--flashinfer", "0.7.2", "--profile",
-                           UNSERVED))
+def test_releases_unserved_contract_specs_one_line(tmp_path, capsys):
+    _one_line_refusal(_here(capsys, "contract", "--flashinfer", UNSERVED))
+    _one_line_refusal(_here(capsys, "contract", "--flashinfer", "0.7.2", "--profile", UNSERVED))
     engine = tmp_path / "site"
     (engine / "vllm").mkdir(parents=True)
     (engine / "vllm" / "__init__.py").write_text("")
     (engine / "vllm-0.99.0.dist-info").mkdir()
     (engine / "vllm-0.99.0.dist-info" / "METADATA").write_text(
         f"Name: vllm\nVersion: 0.99.0\nRequires-Dist: flashinfer-python=={UNSERVED}\n")
-    out = _one_line_refusal(_run(sys.executable, "-m", "testbed", "contract", "--consumer", f"vllm={engine}"))
+    out = _one_line_refusal(_here(capsys, "contract", "--consumer", f"vllm={engine}"))
     assert f"vllm 0.99.0 pins flashinfer-python {UNSERVED}, which no profile of the fake serves" in out
-    # the same checkout as the engine to run: refused before any rank starts
+    # the same checkout as the engine to run: refused before any rank starts (in a process of its
+    # own: taking a checkout sets the environment every later pool would inherit)
     out = _one_line_refusal(_run(sys.executable, "-m", "testbed", "run", "--integration", "vllm", "--vllm-source",
                                  str(engine)))
     assert f"vLLM 0.99.0 pins flashinfer-python {UNSERVED}" in out

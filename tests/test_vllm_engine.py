@@ -26,31 +26,7 @@ def _entry(label_piece: str) -> EngineScenario:
     return next(es for es in ENGINE_MATRIX if label_piece in es.label)
 
 
-# -- the engine, run ------------------------------------------------------------------------------
-@pytest.mark.needs("vllm")
-@pytest.mark.parametrize("es", ENGINE_MATRIX, ids=lambda es: es.describe())
-def test_engine_matrix_entry_passes_or_reproduces_its_finding(no_leaks, es):
-    v = engine.run(no_leaks, es, timeout_s=ENGINE_TIMEOUT_S)
-    expected = ["VLLM-005"] if es.path == "two_sided" else []
-    assert v.passed and v.known == expected, engine.failure_text(v)
-    # The invariants had rounds to judge: a dispatch and a combine per MoE layer and forward.
-    forwards = len(v.steps[0])
-    assert forwards >= 2 and v.events.get("forward") == forwards * es.checkpoint().layers * es.layout.world_size
-    if es.path == "one_sided":
-        assert v.events["dispatch"] == v.events["combine"] == v.events["forward"]
-    # What the prepares received: vLLM's step rule (an idle DP rank runs the 1-token dummy
-    # batch; under sequence parallel each TP rank its share of its DP rank's tokens).
-    for rank, steps in v.steps.items():
-        dp_rank, tp_rank = divmod(rank, es.tp)
-        for _, rows, counts in steps:
-            assert min(counts) >= 1
-            share = -(-counts[dp_rank] // es.tp) if v.scenario.sequence_parallel else counts[dp_rank]
-            assert rows == share, (rank, steps)
-    assert v.scenario.sequence_parallel == (es.tp > 1)
-    idle = [d for d in range(es.dp) if not es.prompts[d]]
-    assert all(steps[0][2][d] == 1 for d in idle for steps in v.steps.values())
-
-
+# -- the engine, run (its whole matrix is the sweep `vllm engine matrix`) -------------------------
 @pytest.mark.needs("vllm")
 @pytest.mark.parametrize("mutant, entry, invariant", [
     ("r-routed-scale-dropped", "DeepSeek-V2", "logprobs"),

@@ -175,7 +175,7 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
     except mutants.MutantError as e:
         return Hunt(name, False, f"broken: {e}", 0.0)
     other = []
-    for index, sc in enumerate(scenarios if m.needs_scenarios else (), 1):
+    for index, sc in kill_order(scenarios if m.needs_scenarios else ()):
         v = run(pool, sc, mutant=name, timeout_s=timeout_s)
         for invariant, piece in m.expect:
             for f in v.failed(invariant):
@@ -192,6 +192,20 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
         other += ["tests"] if failed else []
     why = "survived" + (f" (only unexpected failures: {', '.join(other[:4])})" if other else "")
     return Hunt(name, False, why, time.monotonic() - started)
+
+
+def kill_order(scenarios) -> list[tuple[int, Scenario]]:
+    """``(matrix index from 1, scenario)`` in the order a hunt tries them: round-robin over the
+    kinds of deployment (all-to-all path, pipeline and tensor parallel or not, sequence
+    parallel or not), each kind's scenarios in matrix order. A mutant of code only one kind
+    runs (the two-sided path, a PP stage's rebuild) then meets that kind within the first few
+    scenarios, not after every scenario of the others; the verdict names the matrix index."""
+    kinds: dict[tuple, list[tuple[int, Scenario]]] = {}
+    for index, sc in enumerate(scenarios, 1):
+        kind = (sc.path, sc.layout.pp > 1, sc.layout.tp > 1, sc.sequence_parallel)
+        kinds.setdefault(kind, []).append((index, sc))
+    queues = list(kinds.values())
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
 
 
 def _named_tests_failing(m) -> list[str]:

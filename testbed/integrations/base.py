@@ -205,6 +205,11 @@ class Integration:
         """The engine scenarios ``a2a-testbed engine`` runs (none: no engine level)."""
         return ()
 
+    def has_engine_level(self) -> bool:
+        """Whether :meth:`engine_matrix` has entries, without building them (building an
+        engine's entries imports the engine)."""
+        return type(self).engine_matrix is not Integration.engine_matrix
+
     def engine_code(self) -> tuple[tuple[str, str], ...]:
         """The engine's MoE layer code, as :attr:`Traits.code`: the collectives of an engine
         run the audit records (the rest of the model's are not the all-to-all's)."""

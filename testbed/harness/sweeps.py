@@ -1,0 +1,299 @@
+"""The sweeps: catalogues run whole, each an ``a2a-testbed`` command in a process of its own
+(an engine release is imported once per process), judged from the JSON it writes.
+
+The catalogue is derived, never listed. For every engine integration installed here, each
+release it drives (the installed one and :attr:`Engine.other_releases`, each on the FlashInfer
+its own metadata pins) has its matrix and its mutants swept; an integration with an engine
+level has its engine matrix; the model matrix runs on impl; and the findings' lineage over
+every release is held to ``docs/findings.md``. A release added to an adapter joins the sweeps
+with no edit here, in the tests or in CI. ``a2a-testbed sweep`` runs them (``--shard I/N``
+splits them over machines) and fails on any problem; ``tests/`` check the machinery on small
+cases and never run a catalogue.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from testbed import integrations
+
+ROOT = Path(__file__).resolve().parents[2]
+FINDINGS_DOC = ROOT / "docs" / "findings.md"
+# Per sweep, generous: the slowest (an engine release's mutants) takes ~3 min on 2 cores.
+SWEEP_TIMEOUT_S = 900.0
+
+Judge = Callable[[dict, str], list[str]]  # (its JSON, its stdout) -> problems
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str  # "vllm 0.31.0 mutants"
+    argv: tuple[str, ...]  # after ``a2a-testbed``, without ``--json``
+    judge: Judge
+    engine: Optional[str] = None  # the engine integration it needs installed
+
+    @property
+    def command(self) -> str:
+        return "a2a-testbed " + " ".join(self.argv)
+
+
+@dataclass
+class Outcome:
+    sweep: Sweep
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    summary: str = ""  # its command's last line
+    log: str = ""  # where its whole output is
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+def releases(engine) -> list[tuple[str, Optional[str]]]:
+    """``(release, --<engine>-source value or None for the installed one)`` of every release
+    the adapter drives, the installed one first."""
+    from testbed.contract.source import open_package
+
+    installed = open_package(engine.name, None).version
+    return [(installed, None)] + [(r, r) for r in engine.other_releases if r != installed]
+
+
+def pin_of(engine, source: Optional[str]) -> str:
+    """The FlashInfer release ``source`` (a release number, or None: the installed one) pins,
+    read from its metadata."""
+    from testbed.contract.consumer import pinned_flashinfer
+    from testbed.contract.source import open_package
+
+    return pinned_flashinfer(open_package(engine.name, source)) or engine.default_pin
+
+
+def catalogue() -> list[Sweep]:
+    """Every sweep this machine can run: those of the engines not installed are left out
+    (``a2a-testbed sweep --list`` says which and why)."""
+    sweeps = [Sweep("models", ("run", "--models"), judge_models)]
+    for integration in integrations.engines():
+        engine = integration.engine
+        if importlib.util.find_spec(engine.name) is None:
+            continue
+        for release, source in releases(engine):
+            flag = (f"--{engine.name}-source", source) if source else ()
+            pin = pin_of(engine, source)
+            sweeps.append(Sweep(f"{engine.name} {release} matrix", ("run", "--integration", engine.name, *flag),
+                                judge_matrix(pin), engine.name))
+            sweeps.append(Sweep(f"{engine.name} {release} mutants", ("mutants", "--integration", engine.name, *flag),
+                                judge_mutants(engine, source), engine.name))
+        if integration.has_engine_level():
+            sweeps.append(Sweep(f"{engine.name} engine matrix", ("engine", "--integration", engine.name),
+                                judge_engine(integration), engine.name))
+    surveyed = [i for i in integrations.engines() if i.findings() and importlib.util.find_spec(i.name)]
+    if surveyed:
+        argv = ["findings"]
+        for integration in surveyed:
+            argv += ["--integration", integration.name]
+            for _, source in releases(integration.engine):
+                argv += [f"--{integration.name}-source", source or _installed_root(integration.name)]
+        sweeps.append(Sweep("findings lineage", tuple(argv), judge_lineage, surveyed[0].name))
+    return sweeps
+
+
+def missing() -> list[str]:
+    """Why the sweeps of an engine are not in :func:`catalogue` here (one line each)."""
+    return [f"{i.name}: {i.engine.label} is not installed (`./dev setup --{i.name}`)" for i in integrations.engines()
+            if importlib.util.find_spec(i.engine.name) is None]
+
+
+def _installed_root(name: str) -> str:
+    return str(Path(importlib.util.find_spec(name).origin).parent.parent)
+
+
+# -- the judges ------------------------------------------------------------------------------
+def _first_line(failures: list[dict]) -> str:
+    return "; ".join(f"[{f['invariant']}] {f['evidence'].splitlines()[0][:200]}" for f in failures[:2])
+
+
+def _verdict_problems(ran: list[dict]) -> list[str]:
+    """Every failed scenario, and every passing one the dense reference did not judge."""
+    problems = [f"FAIL {s['label']}: {_first_line(s['failures'])}  reproduce: a2a-testbed {s['cli']}"
+                for s in ran if not s["passed"]]
+    unjudged = [s["label"] for s in ran if s["passed"] and not s["known"]
+                and (not s["layer_errors"] or not isinstance(s["worst_x_tolerance"], (int, float))
+                     or s["worst_x_tolerance"] > 1.0)]
+    if unjudged:
+        problems.append(f"passed without a comparison with the dense reference within tolerance: {unjudged[:3]}")
+    return problems + ([] if ran else ["no scenario ran"])
+
+
+def judge_models(data: dict, stdout: str) -> list[str]:
+    """The model matrix: every model on every path and release that takes it passes, and
+    none is left out."""
+    problems = _verdict_problems(data["scenarios"])
+    if "NOT RUN" in stdout:
+        problems.append("the model matrix left scenarios out: " + next(
+            line for line in stdout.splitlines() if line.startswith("NOT RUN")))
+    return problems
+
+
+def judge_matrix(pin: str) -> Judge:
+    """An engine release's matrix: every scenario passes or fails exactly as its known
+    findings say (the runner judges that), each on the release's own pin, each verdict line
+    naming the profile that serves a pin no profile has by name."""
+    def judge(data: dict, stdout: str) -> list[str]:
+        from fakes.flashinfer.profiles import resolve
+
+        ran = data["scenarios"]
+        problems = _verdict_problems(ran)
+        off = [s["label"] for s in ran if f"--profile {pin} " not in s["cli"] + " "]
+        if off:
+            problems.append(f"{len(off)} scenarios not on the release's pin {pin}: {off[:3]}")
+        served = resolve(pin).name
+        if served != pin and f"{pin} (served by {served})" not in stdout:
+            problems.append(f"the verdict lines do not say that {served} serves the pin {pin}")
+        return problems
+    return judge
+
+
+def judge_mutants(engine, source: Optional[str]) -> Judge:
+    """An engine release's mutants: every one killed, each by the failure it names; one is
+    left out (N/A) only where the release's source of its target has none of the code it
+    changes."""
+    def judge(data: dict, stdout: str) -> list[str]:
+        from testbed.contract.source import open_package
+        from testbed.harness import mutants
+
+        flag = f" --{engine.name}-source {source}" if source else ""
+        problems = [f"{m['mutant']} SURVIVED: {m['by']}  reproduce: a2a-testbed mutants --integration "
+                    f"{engine.name}{flag} --only {m['mutant']}" for m in data["mutants"] if not m["killed"]]
+        if not data["mutants"]:
+            problems.append("no mutant was hunted")
+        package = open_package(engine.name, source)
+        for absent in data["not_applicable"]:
+            m = mutants.get(absent["mutant"])
+            module = m.target.partition(":")[0]
+            text = package.read(module.replace(".", "/") + ".py")
+            present = [old for old in (m.old,) + tuple(old for old, _ in m.forms) if old in text]
+            if present:
+                problems.append(f"{m.name} was left out as N/A ({absent['why']}), but {module} of this release "
+                                f"holds the code it changes: {present[0][:80]!r}")
+        return problems
+    return judge
+
+
+def judge_engine(integration) -> Judge:
+    """The engine matrix: every entry passes or reproduces its findings, had rounds to judge
+    (a dispatch and a combine per MoE layer, forward and rank on the one-sided path), and its
+    ranks' prepares received what a data-parallel engine's step rule gives them: every DP rank
+    at least one token (an idle rank runs the 1-token dummy batch), and under sequence
+    parallel each TP rank its share of its DP rank's tokens."""
+    def judge(data: dict, stdout: str) -> list[str]:
+        entries = {es.describe(): es for es in integration.engine_matrix()}  # imports the engine: once, here
+        problems = []
+        for v in data["verdicts"]:
+            es = entries.get(v["scenario"])
+            if es is None:
+                problems.append(f"{v['scenario']}: not an entry of the engine matrix")
+                continue
+            if not v["passed"]:
+                problems.append(f"FAIL {v['scenario']}: {_first_line(v['failures'])}  reproduce: {v['reproduce']}")
+                continue
+            forwards = len(v["steps"]["0"])
+            layers, world = es.checkpoint().layers, es.layout.world_size
+            if forwards < 2 or v["events"].get("forward") != forwards * layers * world:
+                problems.append(f"{v['scenario']}: {forwards} forwards and {v['events'].get('forward')} MoE forwards "
+                                f"({layers} layers on {world} ranks): the invariants had no rounds to judge")
+            if es.path == "one_sided" and not v["events"].get("dispatch") == v["events"].get("combine") \
+                    == v["events"].get("forward"):
+                problems.append(f"{v['scenario']}: dispatches, combines and MoE forwards differ: {v['events']}")
+            idle = [d for d in range(es.dp) if not es.prompts[d]]
+            if any(steps[0]["dp_tokens"][d] != 1 for d in idle for steps in v["steps"].values()):
+                problems.append(f"{v['scenario']}: an idle DP rank {idle} did not run the 1-token dummy batch first")
+            for rank, steps in v["steps"].items():
+                dp_rank = int(rank) // es.tp
+                for step in steps:
+                    counts = step["dp_tokens"]
+                    share = -(-counts[dp_rank] // es.tp) if es.tp > 1 else counts[dp_rank]
+                    if min(counts) < 1 or step["rows"] != share:
+                        problems.append(f"{v['scenario']}: rank {rank} forward {step['forward']} prepared "
+                                        f"{step['rows']} rows of DP tokens {counts}, not the step rule's {share}")
+                        break
+        missed = set(entries) - {v["scenario"] for v in data["verdicts"]}
+        return problems + ([f"entries not run: {sorted(missed)}"] if missed else [])
+    return judge
+
+
+def documented_first() -> dict[str, str]:
+    """Per finding, where ``docs/findings.md``'s lineage table says it first appears."""
+    rows = re.findall(r"^\| ([A-Z]+-[\w-]+?)(?: \(latent\))? \| ([^|]+?) \|", FINDINGS_DOC.read_text(), re.M)
+    return dict(rows)
+
+
+def judge_lineage(data, stdout: str) -> list[str]:
+    """Every finding reproduces somewhere, first where ``docs/findings.md`` says."""
+    from testbed.harness import lineage
+
+    cells = [lineage.Cell(**c) for c in data]
+    written = documented_first()
+    problems = []
+    for finding in dict.fromkeys(c.finding for c in cells):
+        hit = lineage.first(cells, finding)
+        seen = f"{hit.engine} on FlashInfer {hit.flashinfer}" if hit else "nowhere"
+        if written.get(finding) != seen:
+            problems.append(f"{finding} first reproduces {seen}; docs/findings.md says "
+                            f"{written.get(finding, 'nothing (no row)')}")
+    return problems + ([] if cells else ["no cell was surveyed"])
+
+
+# -- running ---------------------------------------------------------------------------------
+def run(sweep: Sweep, log_dir: str, timeout_s: float = SWEEP_TIMEOUT_S) -> Outcome:
+    """Run ``sweep``'s command in a process of its own, its whole output to a log file in
+    ``log_dir``, and judge what it wrote."""
+    started = time.monotonic()
+    stem = re.sub(r"[^\w.]+", "-", sweep.name)
+    out = Path(log_dir) / f"{stem}.json"
+    log = Path(log_dir) / f"{stem}.log"
+    outcome = Outcome(sweep, log=str(log))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "testbed", *sweep.argv, "--json", str(out)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        stdout, code = proc.stdout, proc.returncode
+        log.write_text(f"$ {sweep.command}\n{proc.stdout}\n-- stderr --\n{proc.stderr}")
+    except subprocess.TimeoutExpired as e:
+        stdout, code = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), None
+        log.write_text(f"$ {sweep.command}\n{stdout}")
+    outcome.seconds = time.monotonic() - started
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    outcome.summary = lines[-1][:160] if lines else ""
+    if code is None:
+        outcome.problems.append(f"did not finish in {timeout_s:.0f} s")
+    elif not out.is_file():
+        outcome.problems.append(f"exited {code} without writing its JSON (see {log})")
+    else:
+        outcome.problems += sweep.judge(json.loads(out.read_text()), stdout)
+        if code != 0 and not outcome.problems:
+            outcome.problems.append(f"exited {code} though its JSON shows no problem (see {log})")
+    return outcome
+
+
+def shard(sweeps: list[Sweep], spec: str) -> list[Sweep]:
+    """Sweeps ``I`` of every ``N`` (``spec`` ``"I/N"``, 1 <= I <= N), in catalogue order."""
+    m = re.fullmatch(r"(\d+)/(\d+)", spec)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(f"--shard: I/N with 1 <= I <= N, got {spec!r}")
+    i, n = int(m.group(1)), int(m.group(2))
+    return sweeps[i - 1::n]
+
+
+def default_log_dir() -> str:
+    return tempfile.mkdtemp(prefix="a2atb-sweep-")
