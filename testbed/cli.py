@@ -153,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     en.add_argument("--mutant", metavar="NAME", help="run against this mutant of the integration's code")
     en.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run watchdog timeout (default 150)")
     en.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
+    en.add_argument("--log", metavar="PATH", help="where the engine's and the ranks' own output goes "
+                                                  "(default: a new file in the temporary folder, printed first)")
+    en.add_argument("-v", "--verbose", action="store_true", help="show the engine's and the ranks' output live")
     _source_arguments(en)
     ct = sub.add_parser(
         "contract", help="compare the fake with a real FlashInfer release (CPU only, no CUDA import)",
@@ -776,6 +779,9 @@ def _fuzz_junit(args, verdicts, started: float) -> None:
 
 
 def _engine(args) -> int:
+    import tempfile
+
+    from testbed import console
     from testbed.harness import engine, report, runner
     from testbed.harness.mutants import catalogue
     from testbed.scenario.engine import EngineScenario, parse_prompts
@@ -822,21 +828,30 @@ def _engine(args) -> int:
         except ValueError:
             raise UsageError(f"--max-tokens: comma-separated integers, one per DP rank, got {args.max_tokens!r}") \
                 from None
-    _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
-    try:  # the engine's own pin unless the flag says
-        scenarios = [dataclasses.replace(es, profile=args.profile or integration.engine.pinned()) for es in scenarios]
-    except ScenarioInputError as e:
-        raise UsageError(str(e)) from None
-    started = time.monotonic()
-    verdicts = []
-    with runner.scenario_pool() as pool:
+    with contextlib.ExitStack() as stack:
+        # From the engine's first import on (its probes here, then the ranks), its output goes
+        # to the log; a refusal still reaches the terminal (sys.stderr stays there).
+        terminal = sys.stdout
+        if not args.verbose:
+            log = args.log or tempfile.mkstemp(prefix=f"a2atb-{args.integration}-", suffix=".log")[1]
+            print(f"{integration.engine.label}'s and the ranks' own output: {log} (-v shows it live)", flush=True)
+            terminal = stack.enter_context(console.engine_output_to(log))
+        _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
+        try:  # the engine's own pin unless the flag says
+            scenarios = [dataclasses.replace(es, profile=args.profile or integration.engine.pinned())
+                         for es in scenarios]
+        except ScenarioInputError as e:
+            raise UsageError(str(e)) from None
+        started = time.monotonic()
+        verdicts = []
+        pool = stack.enter_context(runner.scenario_pool())
         run = lambda es: engine.run(pool, es, mutant=args.mutant,  # noqa: E731
                                     timeout_s=args.timeout or engine.DEFAULT_TIMEOUT_S)
         for i, v in _each(scenarios, lambda es: es.describe(), run):
-            print(engine.verdict_line(i, len(scenarios), v), flush=True)
-            print(engine.steps_text(v), flush=True)
+            print(engine.verdict_line(i, len(scenarios), v), file=terminal, flush=True)
+            print(engine.steps_text(v), file=terminal, flush=True)
             if not v.passed or v.known:
-                print(engine.failure_text(v), flush=True)
+                print(engine.failure_text(v), file=terminal, flush=True)
             verdicts.append(v)
     failed = sum(not v.passed for v in verdicts)
     print(f"{len(verdicts) - failed}/{len(verdicts)} engine scenarios passed"

@@ -107,15 +107,19 @@ def test_sweep_engine_judge_holds_the_step_rule():
     judge = sweeps.judge_engine(integrations.get("vllm"))
     others = [{"scenario": e.describe(), "passed": False, "reproduce": "x", "failures": [
         {"invariant": "logprobs", "evidence": "moved"}]} for e in ENGINE_MATRIX if e is not es]
-    problems = judge({"verdicts": [verdict] + others}, "")
+    out = "vLLM's and the ranks' own output: /tmp/x.log (-v shows it live)\nPASS 1/5 ...\n"
+    problems = judge({"verdicts": [verdict] + others}, out)
     assert len(problems) == len(others) and all(p.startswith("FAIL ") for p in problems)
     wrong = copy.deepcopy(verdict)
     wrong["steps"]["0"][1]["rows"] += 1
-    assert "not the step rule's" in judge({"verdicts": [wrong]}, "")[0]
+    assert "not the step rule's" in judge({"verdicts": [wrong]}, out)[0]
     idle = copy.deepcopy(verdict)
     idle["events"]["combine"] -= 1
-    assert "differ" in judge({"verdicts": [idle]}, "")[0]
-    assert judge({"verdicts": []}, "")[-1].startswith("entries not run: ")
+    assert "differ" in judge({"verdicts": [idle]}, out)[0]
+    assert judge({"verdicts": []}, out)[-1].startswith("entries not run: ")
+    noisy = judge({"verdicts": [verdict] + others}, out + "(a2atb-rank-worker-0 pid=7) INFO 12-03 [core.py] x\n")
+    assert noisy[-1].startswith("the engine's own output reached the terminal: '(a2atb-rank-worker-0")
+    assert "does not name the log" in judge({"verdicts": [verdict] + others}, "PASS 1/5 ...\n")[-1]
 
 
 def test_sweep_lineage_judge_holds_docs_findings_first_appearance():

@@ -47,6 +47,7 @@ from testbed.scenario.model import Scenario, ScenarioInputError
 # logprobs by far more than the fp32 bound; the bf16 bound catches only gross errors.
 LOGPROB_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.3}
 DEFAULT_TIMEOUT_S = 150.0
+STEPS_SHOWN = 8  # forwards the steps table prints; a verdict stays one screen
 
 
 @dataclass
@@ -199,7 +200,8 @@ def verdict_line(index: int, total: int, v: EngineVerdict) -> str:
     status = "FAIL" if not v.passed else "KNOWN" if v.known else "PASS"
     known = f"  {', '.join(v.known)} (docs/findings.md)" if v.known else ""
     es = v.engine
-    return (f"{status} {index:>3}/{total:<3} {es.label or es.describe()}  [{es.describe()}]  worst logprob "
+    where = f"{es.label}  [{es.describe()}]" if es.label else es.describe()
+    return (f"{status} {index:>3}/{total:<3} {where}  worst logprob "
             f"{v.worst_logprob:.2g} (tol {LOGPROB_TOLERANCE[es.dtype]:g})  {v.seconds:.1f} s + reference "
             f"{v.reference_seconds:.1f} s{known}")
 
@@ -211,12 +213,15 @@ def steps_text(v: EngineVerdict) -> str:
         return "    (no forward reached a prepare)"
     ranks = sorted(v.steps)
     lines = ["    forward  " + " ".join(f"r{r:<4}" for r in ranks) + " DP token counts"]
-    for p in range(max(len(s) for s in v.steps.values())):
+    forwards = max(len(s) for s in v.steps.values())
+    for p in range(min(forwards, STEPS_SHOWN)):
         cells = [v.steps[r][p] if p < len(v.steps[r]) else None for r in ranks]
         rows = " ".join(f"{c[1]:<5}" if c else "-    " for c in cells)
         counts = next((c[2] for c in cells if c), ())
         mark = "  (the engine's build)" if p < v.generate_from else ""
         lines.append(f"    {p:<8} {rows} {counts}{mark}")
+    if forwards > STEPS_SHOWN:
+        lines.append(f"    ... {forwards - STEPS_SHOWN} more forwards (--json holds every one)")
     return "\n".join(lines)
 
 

@@ -228,7 +228,15 @@ def judge_engine(integration) -> Judge:
                                         f"{step['rows']} rows of DP tokens {counts}, not the step rule's {share}")
                         break
         missed = set(entries) - {v["scenario"] for v in data["verdicts"]}
-        return problems + ([f"entries not run: {sorted(missed)}"] if missed else [])
+        problems += [f"entries not run: {sorted(missed)}"] if missed else []
+        # A person reads the testbed's lines: the engine's own output goes to the log it names.
+        lines = stdout.splitlines()
+        if not lines or "own output: " not in lines[0]:
+            problems.append("the engine command's first line does not name the log of the engine's own output")
+        strays = [line for line in lines if re.match(r"\(a2atb-rank|INFO |WARNING |nanobind|Traceback", line)]
+        if strays:
+            problems.append(f"the engine's own output reached the terminal: {strays[0][:120]!r}")
+        return problems
     return judge
 
 
