@@ -28,7 +28,7 @@ from testbed.cluster.layout import ParallelLayout
 from testbed import integrations
 from testbed.harness import runner
 from testbed.scenario import footprint
-from testbed.scenario.model import MAX_EP_RANKS, Layer, Scenario
+from testbed.scenario.model import MAX_EP_RANKS, Layer, Scenario, ScenarioInputError
 from testbed.scenario.models import MODELS
 
 DEFAULT_WORLDS = "8,16,32,64"
@@ -51,8 +51,8 @@ def add_arguments(parser) -> None:
                              "(default worlds then 8,16,32,72)")
     parser.add_argument("--integration", choices=integrations.names(), default="impl",
                         help="whose code runs the scenario: impl (default) or the installed vLLM's or SGLang's "
-                             "classes (two bf16 layers: what both run on the CPU; the fork server imports the "
-                             "engine, in preload_s)")
+                             "classes (an nvfp4 layer then a bf16 one where the integration's rules take it, "
+                             "else two bf16 layers; the fork server imports the engine, in preload_s)")
 
 
 def _nothing(ctx) -> None:
@@ -77,11 +77,18 @@ def scenario(world: int, seed: int = 0, integration: str = "impl", model: str | 
         return Scenario.make(layout=ParallelLayout(world, 1, world, 1), stages=((Layer(shape.formats[0], MODEL_TOKENS),),),
                              passes=((MODEL_TOKENS,) * world,), profile="0.7.2" if world <= MAX_EP_RANKS else "0.7.4",
                              label=f"scale {model}", seed=seed, integration=integration, **fields)
-    first = "nvfp4" if integration == "impl" else "bf16"
-    return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
-                         stages=((Layer(first, 16), Layer("bf16", 16)),),
-                         passes=(tuple(LOAD[d % len(LOAD)] for d in range(world)),), label="scale",
-                         seed=seed, integration=integration)
+    # An nvfp4 layer then a bf16 one (the workspace grows with the dispatch's bytes) where the
+    # integration's own rules take that, else two bf16 layers (SGLang's fixed capacity wants one
+    # format for every layer).
+    for first in ("nvfp4", "bf16"):
+        try:
+            return Scenario.make(layout=ParallelLayout(world, 1, world, 1), experts=4 * world, top_k=8,
+                                 stages=((Layer(first, 16), Layer("bf16", 16)),),
+                                 passes=(tuple(LOAD[d % len(LOAD)] for d in range(world)),), label="scale",
+                                 seed=seed, integration=integration)
+        except ScenarioInputError:
+            if first == "bf16":
+                raise
 
 
 def peak_rss_mb(pid: int) -> float:
