@@ -7,23 +7,37 @@ import sys
 import pytest
 
 
-def _bench(*args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "testbed.bench", *args],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+@pytest.fixture
+def bench(capsys):
+    """``python -m testbed.bench ARGS`` in this process: its final JSON line, parsed."""
+    from testbed.bench.__main__ import main
+
+    def run(*args: str) -> dict:
+        assert main(list(args)) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return run
 
 
-def test_bench_cluster_prints_json_line():
-    result = _bench("cluster", "--per-size", "1")
+def _refused(*args: str) -> str:
+    """What the bench says, refusing ``ARGS`` (its ``SystemExit`` message, which the console shows)."""
+    from testbed.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    assert e.value.code not in (0, None)
+    return str(e.value.code)
+
+
+def test_bench_cluster_prints_json_line(bench):
+    result = bench("cluster", "--per-size", "1")
     assert result["bench"] == "cluster" and result["scenarios"] == 2
     assert result["pool_s_per_scenario"] > 0 and result["spawn_s_per_scenario"] > 0
     ratio = result["pool_s_per_scenario"] / result["spawn_s_per_scenario"]
     assert result["ratio"] == pytest.approx(ratio, rel=0.01, abs=1e-4)
 
 
-def test_bench_a2a_prints_json_line():
-    result = _bench("a2a", "--ranks", "2", "--hidden", "256", "--tokens", "16", "--iters", "2")
+def test_bench_a2a_prints_json_line(bench):
+    result = bench("a2a", "--ranks", "2", "--hidden", "256", "--tokens", "16", "--iters", "2")
     assert result["bench"] == "a2a"
     for key in ("fake_gbps", "gloo_gbps", "memcpy_gbps", "fake_vs_gloo", "fake_vs_memcpy", "memcpy_all_ranks_gbps",
                 "fake_vs_ceiling"):
@@ -31,8 +45,8 @@ def test_bench_a2a_prints_json_line():
     assert result["fake_vs_gloo"] == pytest.approx(result["fake_gbps"] / result["gloo_gbps"], rel=0.02)
 
 
-def test_bench_scale_prints_json_line():
-    result = _bench("scale", "--worlds", "2,4", "--repeats", "1")
+def test_bench_scale_prints_json_line(bench):
+    result = bench("scale", "--worlds", "2,4", "--repeats", "1")
     assert result["bench"] == "scale" and [w["world"] for w in result["worlds"]] == [2, 4]
     assert result["preload_s"] > 0
     for w in result["worlds"]:
@@ -44,15 +58,15 @@ def test_bench_scale_prints_json_line():
     assert result["scaling"]["scenario_s"] == pytest.approx(large["scenario_s"] / small["scenario_s"] / 2, abs=0.01)
 
 
-def test_bench_scenarios_prints_json_line():
-    result = _bench("scenarios", "--matrix", "2", "--fuzz-examples", "2")
+def test_bench_scenarios_prints_json_line(bench):
+    result = bench("scenarios", "--matrix", "2", "--fuzz-examples", "2")
     assert result["bench"] == "scenarios" and result["matrix_passed"] == result["matrix_scenarios"] == 2
     assert result["fuzz_examples"] == 2 and result["matrix_s"] > 0
 
 
 @pytest.mark.parametrize("profile, with_output", [("0.7.2", True), ("0.6.8", False)])
-def test_bench_combine_prints_json_line(profile, with_output):
-    result = _bench("combine", "--profile", profile, "--ranks", "2", "--hidden", "256", "--tokens", "8",
+def test_bench_combine_prints_json_line(bench, profile, with_output):
+    result = bench("combine", "--profile", profile, "--ranks", "2", "--hidden", "256", "--tokens", "8",
                     "--iters", "3", "--warmup", "1")
     assert result["bench"] == "combine" and result["timer"] == "wall clock"
     assert result["copy_us"] > 0 and result["resident_us"] > 0 and result["outputs_agree"] is True
@@ -68,31 +82,32 @@ def test_bench_combine_refuses_what_it_cannot_run():
     if missing_for_gpu_tests():  # here the real backend cannot run: it says what is missing
         cases.append((["--backend", "flashinfer"], "--backend flashinfer:"))
     for args, error in cases:
-        done = subprocess.run([sys.executable, "-m", "testbed.bench", "combine", *args],
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode != 0 and error in done.stderr, (args, done.stderr)
+        said = _refused("combine", *args)
+        assert error in said, (args, said)
 
 
 @pytest.mark.parametrize("args, corrupted", [([], True), (["--no-stall", "--between-rounds", "collective"], False)])
-def test_bench_race_on_the_fake(args, corrupted):
+def test_bench_race_on_the_fake(bench, args, corrupted):
     """The fake's answer to the cross-round race: a late combine reads rows the next, larger
     dispatch overwrote; a collective between the rounds orders the fake's ranks (whose
     kernels run on the host), so every round is clean. Without either it depends on how the
     ranks are scheduled, so that case is not asserted."""
-    result = _bench("race", "--trials", "4", "--hidden", "256", *args)
+    result = bench("race", "--trials", "4", "--hidden", "256", *args)
     assert result["bench"] == "race" and result["trials"] == 4
     assert result["corrupted"] == (4 if corrupted else 0) and result["clean"] == 4 - result["corrupted"]
 
 
 def test_bench_race_refuses_a_deadlock_on_the_fake():
-    done = subprocess.run([sys.executable, "-m", "testbed.bench", "race", "--between-rounds", "collective"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0 and "a deadlock, not a race" in done.stderr
+    assert "a deadlock, not a race" in _refused("race", "--between-rounds", "collective")
 
 
 @pytest.mark.needs("vllm")
 def test_bench_scale_vllm_integration_prints_json_line():
-    result = _bench("scale", "--worlds", "2", "--repeats", "1", "--integration", "vllm")
+    # In a process of its own: taking the engine sets the environment every later pool inherits.
+    done = subprocess.run([sys.executable, "-m", "testbed.bench", "scale", "--worlds", "2", "--repeats", "1",
+                           "--integration", "vllm"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["bench"] == "scale" and result["integration"] == "vllm" and [w["world"] for w in result["worlds"]] == [2]
     (w,) = result["worlds"]
     assert w["scenario_s"] > 0 and w["warm_scenario_s"] > 0 and w["rank_uss_mb"] > 0

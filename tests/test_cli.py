@@ -17,10 +17,24 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_cli_help_lists_commands():
-    done = _cli("--help")
-    assert done.returncode == 0
-    assert "run" in done.stdout and "version" in done.stdout
+def _here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``a2a-testbed ARGS`` in this process (no interpreter to start; a scenario still runs on
+    its own rank processes)."""
+    from testbed.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
+def test_cli_help_lists_commands(capsys):
+    from testbed.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert all(command in out for command in ("run", "mutants", "engine", "findings", "sweep", "version"))
 
 
 def test_cli_version():
@@ -29,8 +43,8 @@ def test_cli_version():
     assert done.stdout.startswith("a2a-testbed 0.1.0 (torch ")
 
 
-def test_cli_run_selfcheck_prints_what_it_ran():
-    done = _cli("run", "--job", "selfcheck", "--layout", "2,1,2,1", "--layout", "w4tp1dp2pp2")
+def test_cli_run_selfcheck_prints_what_it_ran(capsys):
+    done = _here(capsys, "run", "--job", "selfcheck", "--layout", "2,1,2,1", "--layout", "w4tp1dp2pp2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS w2tp1dp2pp1" in done.stdout and "PASS w4tp1dp2pp2" in done.stdout
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -38,9 +52,9 @@ def test_cli_run_selfcheck_prints_what_it_ran():
     assert (summary["passed"], summary["failed"]) == (2, 0)
 
 
-def test_cli_run_wrong_group_barrier_fault_is_caught_as_expected():
-    done = _cli("run", "--job", "selfcheck", "--layout", "4,1,2,2", "--fault", "wrong-group-barrier",
-                "--timeout", "4")
+def test_cli_run_wrong_group_barrier_fault_is_caught_as_expected(capsys):
+    done = _here(capsys, "run", "--job", "selfcheck", "--layout", "4,1,2,2", "--fault", "wrong-group-barrier",
+                  "--timeout", "4")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "caught as expected: ScenarioTimeoutError" in done.stdout and "deadlock or hang" in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1])["fault"] == "wrong-group-barrier"
@@ -64,10 +78,10 @@ def test_cli_run_rejects_bad_input_in_one_line(capsys, argv, message):
     assert line.startswith(f"a2a-testbed run: error: {message}"), line
 
 
-def test_cli_run_scenario_writes_json_and_html(tmp_path):
+def test_cli_run_scenario_writes_json_and_html(tmp_path, capsys):
     line = ("--layout 4,2,2,1 --stages nvfp4:8,bf16:12 --tokens 0,5 --tokens 3,3 --routing spread "
             "--profile 0.6.14").split()
-    done = _cli("run", *line, "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"))
+    done = _here(capsys, "run", *line, "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("1 passed, 0 failed")
     data = json.loads((tmp_path / "r.json").read_text())
@@ -78,8 +92,8 @@ def test_cli_run_scenario_writes_json_and_html(tmp_path):
     assert "1 passed, 0 failed" in page and "<svg" in page and "workspace per build (KiB per rank)" in page
 
 
-def test_cli_run_against_a_mutant_fails_with_the_evidence(tmp_path):
-    done = _cli("run", "--layout", "4,2,2,1", "--stages", "bf16:8", "--tokens", "2,3",
+def test_cli_run_against_a_mutant_fails_with_the_evidence(tmp_path, capsys):
+    done = _here(capsys, "run", "--layout", "4,2,2,1", "--stages", "bf16:8", "--tokens", "2,3",
                 "--mutant", "double-reduce-one-sided", "--junit-xml", str(tmp_path / "r.xml"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "[reduce]" in done.stdout and "output ~ 2 x the reference" in done.stdout
@@ -132,11 +146,11 @@ def test_cli_not_run_one_line_counted_per_rule_or_each_listed(capsys):
     assert lines == [f"NOT RUN  {sc.short()}  ({sc.label}): {rule}" for sc, rule in refused]
 
 
-def test_cli_junit_xml_one_case_per_fuzz_example_and_mutant(tmp_path):
-    fz = _cli("fuzz", "--examples", "2", "--junit-xml", str(tmp_path / "f.xml"))
+def test_cli_junit_xml_one_case_per_fuzz_example_and_mutant(tmp_path, capsys):
+    fz = _here(capsys, "fuzz", "--examples", "2", "--junit-xml", str(tmp_path / "f.xml"))
     assert fz.returncode == 0, fz.stdout + fz.stderr
     assert [c.get("classname") for c in ET.parse(tmp_path / "f.xml").getroot().iter("testcase")] == ["fuzz.impl"] * 2
-    mu = _cli("mutants", "--only", "double-reduce-one-sided", "--junit-xml", str(tmp_path / "u.xml"), timeout=240)
+    mu = _here(capsys, "mutants", "--only", "double-reduce-one-sided", "--junit-xml", str(tmp_path / "u.xml"))
     assert mu.returncode == 0, mu.stdout + mu.stderr
     (case,) = ET.parse(tmp_path / "u.xml").getroot().iter("testcase")
     assert case.get("name") == "double-reduce-one-sided" and "killed by reduce" in case.find("system-out").text
