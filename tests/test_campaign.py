@@ -1,25 +1,20 @@
 """Campaigns fanned out over Ray: a local Ray cluster of this machine runs matrix scenarios and
 mutant hunts, each on one host's rank pool, with the verdicts a local run gives, and the CLI
-joins that running cluster by its address. One cluster serves the whole file (starting one
+runs on that cluster by its address. One cluster serves the whole file (starting one
 costs ~15 s on 2 cores), so its phases are one test."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from testbed.harness.matrix import MATRIX
 
-SCRIPT = Path(sys.executable).parent / "a2a-testbed"
-
 
 @pytest.mark.needs("ray")
-def test_campaign_scenarios_hunts_and_the_cli_on_one_local_ray_cluster():
+def test_campaign_scenarios_hunts_and_the_cli_on_one_local_ray_cluster(capsys):
     import ray
 
+    from testbed.cli import main
     from testbed.harness import campaign
 
     with campaign.cluster("local", hosts=2) as hosts:
@@ -35,13 +30,12 @@ def test_campaign_scenarios_hunts_and_the_cli_on_one_local_ray_cluster():
         ((_, hunt),) = hosts.hunt(["double-reduce-one-sided"], list(MATRIX), timeout_s=30)
         assert hunt.killed and hunt.by.startswith("reduce @"), hunt
 
-        # The CLI joins the running cluster by its address, as on a cluster of machines.
+        # The CLI runs its campaign on the cluster by its address (here the one this process is
+        # connected to, as `a2a-testbed run --ray ADDRESS` on a cluster's head would).
         address = ray.get_runtime_context().gcs_address
-        done = subprocess.run([str(SCRIPT), "run", "--ray", address, "--ray-hosts", "2", "--layout", "2,1,2,1",
-                               "--stages", "nvfp4:8,bf16:8", "--tokens", "3,5"], capture_output=True, text=True,
-                              timeout=240)
-        assert done.returncode == 0, done.stdout + done.stderr
-        lines = done.stdout.splitlines()
+        assert main(["run", "--ray", address, "--ray-hosts", "2", "--layout", "2,1,2,1", "--stages", "nvfp4:8,bf16:8",
+                     "--tokens", "3,5"]) == 0
+        lines = capsys.readouterr().out.splitlines()
         assert lines[0] == f"ray: 2 hosts on 1 node(s) of {address}"
         assert lines[1].startswith("PASS   1/1") and lines[-1].startswith("1 passed, 0 failed in ")
         assert lines[-1].endswith(f" on Ray ({address})")
