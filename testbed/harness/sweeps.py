@@ -64,19 +64,8 @@ class Outcome:
 def releases(engine) -> list[tuple[str, Optional[str]]]:
     """``(release, --<engine>-source value or None for the installed one)`` of every release
     the adapter drives, the installed one first."""
-    from testbed.contract.source import open_package
-
-    installed = open_package(engine.name, None).version
+    installed, _ = engine.release()
     return [(installed, None)] + [(r, r) for r in engine.other_releases if r != installed]
-
-
-def pin_of(engine, source: Optional[str]) -> str:
-    """The FlashInfer release ``source`` (a release number, or None: the installed one) pins,
-    read from its metadata."""
-    from testbed.contract.consumer import pinned_flashinfer
-    from testbed.contract.source import open_package
-
-    return pinned_flashinfer(open_package(engine.name, source)) or engine.default_pin
 
 
 def catalogue() -> list[Sweep]:
@@ -89,7 +78,7 @@ def catalogue() -> list[Sweep]:
             continue
         for release, source in releases(engine):
             flag = (f"--{engine.name}-source", source) if source else ()
-            pin = pin_of(engine, source)
+            pin = engine.release(source)[1] or engine.default_pin
             sweeps.append(Sweep(f"{engine.name} {release} matrix", ("run", "--integration", engine.name, *flag),
                                 judge_matrix(pin), engine.name))
             sweeps.append(Sweep(f"{engine.name} {release} mutants", ("mutants", "--integration", engine.name, *flag),

@@ -47,15 +47,15 @@ class Engine:
         """What a rank pool's fork server imports to have the engine loaded (:meth:`preload`)."""
         return f"testbed.integrations.{self.name}.preload"
 
-    def release(self) -> tuple[str, str | None]:
-        """``(version, FlashInfer pin)`` of the copy in use: the checkout or unpacked wheel in
-        ``source_env``, else the installed one, read from its metadata (``unknown``, None
-        without any)."""
+    def release(self, source: str | None = None) -> tuple[str, str | None]:
+        """``(version, FlashInfer pin)`` of ``source`` (a release number, wheel or directory)
+        or else of the copy in use: the checkout or unpacked wheel in ``source_env``, else the
+        installed one, read from its metadata (``unknown``, None without any)."""
         from testbed.contract.consumer import pinned_flashinfer
         from testbed.contract.source import SourceError, open_package
 
         try:
-            source = open_package(self.name, os.environ.get(self.source_env) or None)
+            source = open_package(self.name, source or os.environ.get(self.source_env) or None)
         except SourceError:
             return "unknown", None
         return source.version, pinned_flashinfer(source)
