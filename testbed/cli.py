@@ -195,21 +195,23 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--only", action="append", metavar="ID", help="just this finding (repeatable)")
     fi.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per-scenario timeout")
     fi.add_argument("--json", metavar="PATH", help="write every cell as JSON")
-    fi.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # one engine release, this process
+    fi.add_argument("--here", action="store_true",
+                    help="survey one engine release in this process, with --json (what the sweeps run)")
     _source_arguments(fi, repeatable=True)
     sw = sub.add_parser(
-        "sweep", help="run the catalogues whole, each in a process of its own; any problem fails",
+        "sweep", help="run the catalogues whole, a group's in a process of its own; any problem fails",
         description=(
-            "Every release each installed engine adapter drives (its matrix and its mutants, on the FlashInfer "
-            "the release pins), each engine level's matrix, the model matrix and the findings' lineage against "
-            "docs/findings.md: each an a2a-testbed command run in a process of its own and judged from its "
-            "JSON. Exit 1 on any problem; each command's output goes to a log file."))
+            "impl's matrix (as it is and on the newest FlashInfer release), the model matrix, and every release "
+            "each installed engine adapter drives: its matrix and its mutants on the FlashInfer the release pins, "
+            "and its findings' survey against docs/findings.md's lineage table; each engine level's matrix. Each "
+            "an a2a-testbed command judged from its JSON; a group's commands (an engine release's) run one after "
+            "another in a process of their own. Exit 1 on any problem; each group's output goes to a log file."))
     sw.add_argument("--list", action="store_true", help="list the sweeps (and the engines left out) and exit")
     sw.add_argument("--only", action="append", metavar="NAME", help="just this sweep (repeatable; --list names them)")
-    sw.add_argument("--shard", metavar="I/N", help="sweeps I, I+N, ... of the catalogue (split it over N machines)")
-    sw.add_argument("--jobs", type=int, default=1, metavar="N", help="sweeps run at once (default 1)")
+    sw.add_argument("--shard", metavar="I/N", help="groups I, I+N, ... of the catalogue (split it over N machines)")
+    sw.add_argument("--jobs", type=int, default=1, metavar="N", help="groups of sweeps run at once (default 1)")
     sw.add_argument("--logs", metavar="DIR", help="where each sweep's output goes (default: a new temporary folder)")
-    sw.add_argument("--timeout", type=float, default=None, metavar="S", help="per sweep (default 900)")
+    sw.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per sweep (default 900)")
     sw.add_argument("--json", metavar="PATH", help="write the outcomes as JSON")
     sw.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML: one test case per sweep")
     return parser
@@ -424,9 +426,16 @@ def _findings(args) -> int:
         (name,) = names
         source = (getattr(args, f"{name}_source") or [None])[0]
         _need_engine(name, source)
+        if not args.json or len(getattr(args, f"{name}_source") or ()) > 1:
+            raise UsageError(f"--here surveys one release: give --json and at most one --{name}-source")
         with runner.scenario_pool() as pool:
             cells = lineage.survey(pool, name, args.only or (), args.timeout)
         Path(args.json).write_text(json.dumps([dataclasses.asdict(c) for c in cells]))
+        print(lineage.format_table(cells, {f.id: f.title for f in _integrations().get(name).findings()}))
+        found = {c.finding for c in cells if c.outcome == "reproduces"}
+        print(f"{len(found)} of {len({c.finding for c in cells})} findings reproduce on "
+              f"{cells[0].engine if cells else name} (over {len({c.flashinfer for c in cells})} FlashInfer releases)",
+              flush=True)
         return 0
     cells, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -938,14 +947,14 @@ def _sweep(args) -> int:
     catalogue = sweeps.catalogue()
     if args.list:
         for sweep in catalogue:
-            print(f"{sweep.name:28s} {sweep.command}")
+            print(f"{sweep.name:28s} {sweep.command}" + (f"   [with {sweep.group}]" if sweep.group else ""))
         for why in sweeps.missing():
             print(f"left out: {why}")
         return 0
     for name in args.only or ():
         if name not in {s.name for s in catalogue}:
             raise UsageError(f"--only: no sweep {name!r} here (a2a-testbed sweep --list names them)")
-    chosen = [s for s in catalogue if not args.only or s.name in args.only]
+    chosen = sweeps.groups([s for s in catalogue if not args.only or s.name in args.only])
     if args.shard:
         try:
             chosen = sweeps.shard(chosen, args.shard)
@@ -958,15 +967,16 @@ def _sweep(args) -> int:
     started = time.monotonic()
     outcomes = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for o in pool.map(lambda s: sweeps.run(s, log_dir, args.timeout or sweeps.SWEEP_TIMEOUT_S), chosen):
-            print(f"{'PASS' if o.passed else 'FAIL'}  {o.sweep.name:28s} {o.seconds:6.1f} s  {o.summary}", flush=True)
-            for problem in o.problems[:8]:
-                print(f"    {problem}")
-            if len(o.problems) > 8:
-                print(f"    ... {len(o.problems) - 8} more (all in --json)")
-            if not o.passed:
-                print(f"    log: {o.log}\n    rerun: {o.sweep.command}")
-            outcomes.append(o)
+        for group in pool.map(lambda g: sweeps.run(g, log_dir, args.timeout or sweeps.SWEEP_TIMEOUT_S), chosen):
+            for o in group:
+                print(f"{'PASS' if o.passed else 'FAIL'}  {o.sweep.name:28s} {o.seconds:6.1f} s  {o.summary}", flush=True)
+                for problem in o.problems[:8]:
+                    print(f"    {problem}")
+                if len(o.problems) > 8:
+                    print(f"    ... {len(o.problems) - 8} more (all in --json)")
+                if not o.passed:
+                    print(f"    log: {o.log}\n    rerun: {o.sweep.command}")
+                outcomes.append(o)
     seconds = time.monotonic() - started
     failed = sum(not o.passed for o in outcomes)
     if args.junit_xml:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from testbed.scenario.model import from_args, scenario_given
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SCRIPT = Path(sys.executable).parent / "a2a-testbed"
 
 
 def _commands(page: Path) -> list[str]:
@@ -64,10 +61,12 @@ def _readme_block(heading: str) -> list[str]:
 
 
 @pytest.mark.parametrize("command", _readme_block("Three things to try next"))
-def test_docs_readme_next_steps_run(command):
+def test_docs_readme_next_steps_run(command, capsys):
     argv = shlex.split(command.removeprefix(".venv/bin/"))
-    done = subprocess.run([str(SCRIPT), *argv[1:]], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert argv[0] == "a2a-testbed"  # pyproject's console script, testbed.cli:main, run here
+    code = cli.main(argv[1:])
+    out, err = capsys.readouterr()
     if "--mutant" in argv:  # the page shows the mutant being caught
-        assert done.returncode == 1 and "FAIL" in done.stdout and "reproduce: " in done.stdout, done.stdout[-2000:]
+        assert code == 1 and "FAIL" in out and "reproduce: " in out, out[-2000:]
     else:
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert code == 0, out[-2000:] + err[-2000:]

@@ -14,7 +14,7 @@ from testbed import integrations
 from testbed.cli import main
 from testbed.harness import sweeps
 from testbed.harness.matrix import MATRIX
-from testbed.harness.runner import kill_order
+from testbed.harness.runner import features, kill_order
 
 PASSING = {"cli": "run --layout 2,1,2,1 --profile 0.7.1 --seed 0", "label": "two ranks", "passed": True,
            "worst_x_tolerance": 0.2, "layer_errors": {"s0.l0": 0.2}, "failures": [], "known": []}
@@ -25,9 +25,13 @@ def test_sweep_catalogue_has_every_release_the_adapter_drives(name):
     engine = integrations.get(name).engine
     names = {s.name for s in sweeps.catalogue()}
     for release, _ in sweeps.releases(engine):
-        assert {f"{name} {release} matrix", f"{name} {release} mutants"} <= names
+        mine = {f"{name} {release} matrix", f"{name} {release} mutants"}
+        mine |= {f"{name} {release} findings"} if integrations.get(name).findings() else set()
+        assert mine <= names
+        (group,) = [g for g in sweeps.groups(sweeps.catalogue()) if g[0].group == f"{name} {release}"]
+        assert {s.name for s in group} == mine  # one process imports the release for all of them
     assert set(engine.other_releases) <= {r for r, _ in sweeps.releases(engine)}
-    assert "models" in names
+    assert {"models", "impl matrix"} <= names
 
 
 def test_sweep_catalogue_names_the_engines_it_leaves_out():
@@ -64,9 +68,9 @@ def test_sweep_matrix_judge_wants_the_serving_profile_named():
     assert judge(ran, "PASS 1/1 ... on 0.7.0.post1 (served by 0.7.0)") == []
 
 
-def test_sweep_models_judge_finds_a_scenario_left_out():
-    assert sweeps.judge_models({"scenarios": [PASSING]}, "PASS ...\n") == []
-    (problem,) = sweeps.judge_models({"scenarios": [PASSING]}, "NOT RUN  2 (--show-not-run lists each): 2 x rule\n")
+def test_sweep_whole_matrix_judge_finds_a_scenario_left_out():
+    assert sweeps.judge_whole({"scenarios": [PASSING]}, "PASS ...\n") == []
+    (problem,) = sweeps.judge_whole({"scenarios": [PASSING]}, "NOT RUN  2 (--show-not-run lists each): 2 x rule\n")
     assert problem.endswith("NOT RUN  2 (--show-not-run lists each): 2 x rule")
 
 
@@ -122,30 +126,41 @@ def test_sweep_engine_judge_holds_the_step_rule():
     assert "does not name the log" in judge({"verdicts": [verdict] + others}, "PASS 1/5 ...\n")[-1]
 
 
-def test_sweep_lineage_judge_holds_docs_findings_first_appearance():
+def test_sweep_lineage_judge_holds_docs_findings_first_appearance_release_by_release():
     written = sweeps.documented_first()
+    vllm = integrations.get("vllm")
     ids = [f.id for i in integrations.engines() for f in i.findings()]
     assert set(ids) <= set(written), set(ids) - set(written)  # every finding has its row
-    engine_release, _, flashinfer = written["VLLM-002"].partition(" on FlashInfer ")
-    fields = {"finding": "VLLM-002", "engine": engine_release, "flashinfer": flashinfer, "outcome": "reproduces"}
-    assert sweeps.judge_lineage([dict(fields)], "") == []
-    later = dict(fields, flashinfer="9.9.9")
-    assert sweeps.judge_lineage([later], "") == [
-        f"VLLM-002 first reproduces {engine_release} on FlashInfer 9.9.9; docs/findings.md says {written['VLLM-002']}"]
-    gone = dict(fields, outcome="passes")
-    assert "first reproduces nowhere" in sweeps.judge_lineage([gone], "")[0]
+    born, _, flashinfer = written["VLLM-002"].partition(" on FlashInfer ")
+    release = born.rsplit(" ", 1)[1]
+    cell = {"finding": "VLLM-002", "engine": born, "flashinfer": flashinfer, "outcome": "reproduces"}
+    assert sweeps.judge_lineage(vllm, release)([cell], "") == []
+    later = dict(cell, flashinfer="9.9.9")
+    assert sweeps.judge_lineage(vllm, release)([later], "") == [
+        f"VLLM-002 first reproduces {born} on FlashInfer 9.9.9; docs/findings.md says {written['VLLM-002']}"]
+    gone = dict(cell, outcome="passes")
+    assert "first reproduces on no FlashInfer release" in sweeps.judge_lineage(vllm, release)([gone], "")[0]
+    earlier = dict(cell, engine="vLLM 0.0.1")
+    assert "before where docs/findings.md says" in sweeps.judge_lineage(vllm, "0.0.1")([earlier], "")[0]
+    assert sweeps.judge_lineage(vllm, "99.0.0")([dict(cell, engine="vLLM 99.0.0")], "") == []  # later: not bound
+    assert sweeps.judge_lineage(vllm, release)([dict(cell, finding="VLLM-999")], "")[0].startswith(
+        "VLLM-999: docs/findings.md's lineage table says nothing (no row)")
+    assert sweeps.judge_lineage(vllm, release)([], "") == ["no cell was surveyed"]
 
 
-def test_sweep_runs_its_command_apart_and_logs_it(tmp_path):
-    one = sweeps.Sweep("one scenario", ("run", "--layout", "2,1,2,1", "--tokens", "3,1"), sweeps.judge_models)
-    o = sweeps.run(one, str(tmp_path))
-    assert o.passed, o.problems
-    assert (tmp_path / "one-scenario.log").read_text().startswith("$ a2a-testbed run --layout 2,1,2,1")
-    refused = sweeps.Sweep("refused", ("run", "--tokens", "x"), sweeps.judge_models)
-    (problem,) = sweeps.run(refused, str(tmp_path)).problems
+def test_sweep_group_runs_its_commands_in_one_process_and_logs_them(tmp_path):
+    one = sweeps.Sweep("one scenario", ("run", "--layout", "2,1,2,1", "--tokens", "3,1"), sweeps.judge_whole, group="g")
+    refused = sweeps.Sweep("refused", ("run", "--tokens", "x"), sweeps.judge_whole, group="g")
+    passed, bad = sweeps.run([one, refused], str(tmp_path))
+    assert passed.passed, passed.problems
+    assert passed.seconds > 0 and passed.summary.startswith("1 passed, 0 failed")
+    log = (tmp_path / "g.log").read_text()
+    assert log.startswith("$ a2a-testbed run --layout 2,1,2,1 --tokens 3,1\n$ a2a-testbed run --tokens x\n")
+    (problem,) = bad.problems
     assert problem.startswith("exited 2 without writing its JSON")
-    slow = sweeps.run(one, str(tmp_path), timeout_s=0.5)
-    assert len(slow.problems) == 1 and slow.problems[0].startswith("did not finish in")
+    slow, never = sweeps.run([one, refused], str(tmp_path), timeout_s=0.5)
+    assert slow.problems == ["did not finish in 1 s"]
+    assert never.problems == ["did not run: its group's process ended before it (see its log)"]
 
 
 def test_sweep_shard_partitions_the_catalogue():
@@ -174,10 +189,18 @@ def test_sweep_list_names_each_command(capsys):
     assert "models" in out and "a2a-testbed run --models" in out
 
 
-def test_hunt_meets_every_kind_of_deployment_first():
+def test_hunt_meets_every_feature_within_the_first_scenarios():
     order = kill_order(MATRIX)
     assert sorted(i for i, _ in order) == list(range(1, len(MATRIX) + 1))
     assert all(MATRIX[i - 1] is sc for i, sc in order)
-    kinds = {(sc.path, sc.layout.pp > 1, sc.layout.tp > 1, sc.sequence_parallel) for sc in MATRIX}
-    first = order[:len(kinds)]
-    assert {(sc.path, sc.layout.pp > 1, sc.layout.tp > 1, sc.sequence_parallel) for _, sc in first} == kinds
+    every = frozenset().union(*map(features, MATRIX))
+    firsts = [n for n in range(1, len(order) + 1) if frozenset().union(*(features(sc) for _, sc in order[:n])) == every]
+    assert firsts and firsts[0] < len(MATRIX) / 2
+    brought = [features(sc) - frozenset().union(*(features(s) for _, s in order[:n])) for n, (_, sc) in enumerate(order)]
+    assert all(brought[:firsts[0]])  # each scenario tried first brought a feature not yet met
+    lone = [f for f in every if sum(f in features(sc) for sc in MATRIX) == 1]  # one scenario has it
+    assert lone and all(any(f in features(sc) for _, sc in order[:firsts[0]]) for f in lone)
+    rest = [i for i, _ in order[firsts[0]:]]
+    assert rest == sorted(rest)  # then matrix order
+
+

@@ -195,17 +195,37 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
 
 
 def kill_order(scenarios) -> list[tuple[int, Scenario]]:
-    """``(matrix index from 1, scenario)`` in the order a hunt tries them: round-robin over the
-    kinds of deployment (all-to-all path, pipeline and tensor parallel or not, sequence
-    parallel or not), each kind's scenarios in matrix order. A mutant of code only one kind
-    runs (the two-sided path, a PP stage's rebuild) then meets that kind within the first few
-    scenarios, not after every scenario of the others; the verdict names the matrix index."""
-    kinds: dict[tuple, list[tuple[int, Scenario]]] = {}
-    for index, sc in enumerate(scenarios, 1):
-        kind = (sc.path, sc.layout.pp > 1, sc.layout.tp > 1, sc.sequence_parallel)
-        kinds.setdefault(kind, []).append((index, sc))
-    queues = list(kinds.values())
-    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
+    """``(matrix index from 1, scenario)`` in the order a hunt tries them: first, greedily, the
+    scenario that brings the most features not yet met (:func:`features`: the all-to-all path,
+    pipeline, tensor and sequence parallel, shared experts, each layer format, ...), until every
+    feature has been met; then the rest in matrix order. A mutant of code only one kind of
+    deployment runs (the two-sided path, a PP stage's rebuild, the shared experts' reduce) then
+    meets that kind within the first few scenarios, not after every scenario of the others;
+    the verdict names the matrix index."""
+    left = list(enumerate(scenarios, 1))
+    met: set = set()
+    order = []
+    while left:
+        gain, pick = max((len(features(sc) - met), -n) for n, (_, sc) in enumerate(left))
+        if gain == 0:
+            break
+        index, sc = left.pop(-pick)
+        met |= features(sc)
+        order.append((index, sc))
+    return order + left
+
+
+def features(sc: Scenario) -> frozenset:
+    """What a scenario exercises, as a hunt tells deployments apart: each a ``(name, value)``."""
+    lay = sc.layout
+    facts = {("path", sc.path), ("api", sc.api), ("profile", sc.profile), ("level", sc.level),
+             ("pp", lay.pp > 1), ("tp", lay.tp > 1), ("dp", lay.dp > 1), ("sp", sc.splits_tokens),
+             ("shared", sc.shared_experts), ("scaled", sc.routed_scaling != 1.0),
+             ("weight on input", sc.router_weight_on_input), ("defer", sc.defer_finalize),
+             ("kernel", sc.expert_kernel), ("expert output", sc.expert_output), ("invalid id", sc.invalid_expert_id),
+             ("router ids", sc.router_ids), ("combine", sc.combine_signature), ("draft", sc.draft_layers > 0),
+             ("idle", any(0 in p for p in sc.passes)), ("layers", max(map(len, sc.stages)) > 1)}
+    return frozenset(facts | {("format", ly.fmt) for st in sc.stages for ly in st})
 
 
 def _named_tests_failing(m) -> list[str]:

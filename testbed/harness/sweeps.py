@@ -1,14 +1,16 @@
-"""The sweeps: catalogues run whole, each an ``a2a-testbed`` command in a process of its own
-(an engine release is imported once per process), judged from the JSON it writes.
+"""The sweeps: catalogues run whole, each an ``a2a-testbed`` command judged from the JSON it
+writes. The sweeps of one group run one after another in a process of their own, so an engine
+release is imported, and its rank pool's fork server started, once for all of them.
 
-The catalogue is derived, never listed. For every engine integration installed here, each
-release it drives (the installed one and :attr:`Engine.other_releases`, each on the FlashInfer
-its own metadata pins) has its matrix and its mutants swept; an integration with an engine
-level has its engine matrix; the model matrix runs on impl; and the findings' lineage over
-every release is held to ``docs/findings.md``. A release added to an adapter joins the sweeps
-with no edit here, in the tests or in CI. ``a2a-testbed sweep`` runs them (``--shard I/N``
-splits them over machines) and fails on any problem; ``tests/`` check the machinery on small
-cases and never run a catalogue.
+The catalogue is derived, never listed. impl's matrix runs as it is and moved to the newest
+FlashInfer release, and the model matrix on impl. For every engine integration installed here,
+each release it drives (the installed one and :attr:`Engine.other_releases`, each on the
+FlashInfer its own metadata pins) is a group: its matrix, its mutants, and its findings'
+survey held to ``docs/findings.md``'s lineage table (release by release, so the groups can run
+apart); an integration with an engine level has its engine matrix. A release added to an
+adapter joins the sweeps with no edit here, in the tests or in CI. ``a2a-testbed sweep`` runs
+them (``--shard I/N`` splits the groups over machines) and fails on any problem; ``tests/``
+check the machinery on small cases and never run a catalogue.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -41,6 +42,7 @@ class Sweep:
     argv: tuple[str, ...]  # after ``a2a-testbed``, without ``--json``
     judge: Judge
     engine: Optional[str] = None  # the engine integration it needs installed
+    group: str = ""  # the sweeps of one group share a process ("vllm 0.31.0"); "": its own name
 
     @property
     def command(self) -> str:
@@ -69,9 +71,14 @@ def releases(engine) -> list[tuple[str, Optional[str]]]:
 
 
 def catalogue() -> list[Sweep]:
-    """Every sweep this machine can run: those of the engines not installed are left out
-    (``a2a-testbed sweep --list`` says which and why)."""
-    sweeps = [Sweep("models", ("run", "--models"), judge_models)]
+    """Every sweep this machine can run, a group's together: those of the engines not
+    installed are left out (``a2a-testbed sweep --list`` says which and why)."""
+    from fakes.flashinfer.profiles import distinct_alltoalls, release_key
+
+    newest = max(distinct_alltoalls(), key=release_key)
+    sweeps = [Sweep("impl matrix", ("run",), judge_whole, group="impl"),
+              Sweep(f"impl matrix on {newest}", ("run", "--matrix-profile", newest), judge_moved, group="impl"),
+              Sweep("models", ("run", "--models"), judge_whole)]
     for integration in integrations.engines():
         engine = integration.engine
         if importlib.util.find_spec(engine.name) is None:
@@ -79,32 +86,32 @@ def catalogue() -> list[Sweep]:
         for release, source in releases(engine):
             flag = (f"--{engine.name}-source", source) if source else ()
             pin = engine.release(source)[1] or engine.default_pin
-            sweeps.append(Sweep(f"{engine.name} {release} matrix", ("run", "--integration", engine.name, *flag),
-                                judge_matrix(pin), engine.name))
-            sweeps.append(Sweep(f"{engine.name} {release} mutants", ("mutants", "--integration", engine.name, *flag),
-                                judge_mutants(engine, source), engine.name))
+            group = f"{engine.name} {release}"
+            sweeps.append(Sweep(f"{group} matrix", ("run", "--integration", engine.name, *flag),
+                                judge_matrix(pin), engine.name, group))
+            sweeps.append(Sweep(f"{group} mutants", ("mutants", "--integration", engine.name, *flag),
+                                judge_mutants(engine, source), engine.name, group))
+            if integration.findings():
+                sweeps.append(Sweep(f"{group} findings", ("findings", "--here", "--integration", engine.name, *flag),
+                                    judge_lineage(integration, release), engine.name, group))
         if integration.has_engine_level():
             sweeps.append(Sweep(f"{engine.name} engine matrix", ("engine", "--integration", engine.name),
                                 judge_engine(integration), engine.name))
-    surveyed = [i for i in integrations.engines() if i.findings() and importlib.util.find_spec(i.name)]
-    if surveyed:
-        argv = ["findings"]
-        for integration in surveyed:
-            argv += ["--integration", integration.name]
-            for _, source in releases(integration.engine):
-                argv += [f"--{integration.name}-source", source or _installed_root(integration.name)]
-        sweeps.append(Sweep("findings lineage", tuple(argv), judge_lineage, surveyed[0].name))
     return sweeps
+
+
+def groups(sweeps: list[Sweep]) -> list[list[Sweep]]:
+    """``sweeps`` by the process they share, in catalogue order."""
+    by: dict[str, list[Sweep]] = {}
+    for sweep in sweeps:
+        by.setdefault(sweep.group or sweep.name, []).append(sweep)
+    return list(by.values())
 
 
 def missing() -> list[str]:
     """Why the sweeps of an engine are not in :func:`catalogue` here (one line each)."""
     return [f"{i.name}: {i.engine.label} is not installed (`./dev setup --{i.name}`)" for i in integrations.engines()
             if importlib.util.find_spec(i.engine.name) is None]
-
-
-def _installed_root(name: str) -> str:
-    return str(Path(importlib.util.find_spec(name).origin).parent.parent)
 
 
 # -- the judges ------------------------------------------------------------------------------
@@ -124,14 +131,20 @@ def _verdict_problems(ran: list[dict]) -> list[str]:
     return problems + ([] if ran else ["no scenario ran"])
 
 
-def judge_models(data: dict, stdout: str) -> list[str]:
-    """The model matrix: every model on every path and release that takes it passes, and
-    none is left out."""
+def judge_whole(data: dict, stdout: str) -> list[str]:
+    """A matrix run whole (impl's, the models'): every scenario passes, compared with the
+    dense reference, and none is left out."""
     problems = _verdict_problems(data["scenarios"])
     if "NOT RUN" in stdout:
-        problems.append("the model matrix left scenarios out: " + next(
+        problems.append("the matrix left scenarios out: " + next(
             line for line in stdout.splitlines() if line.startswith("NOT RUN")))
     return problems
+
+
+def judge_moved(data: dict, stdout: str) -> list[str]:
+    """impl's matrix moved to another release: every scenario that release takes passes
+    (those it refuses are the scenario model's rules, which ``tests/`` hold)."""
+    return _verdict_problems(data["scenarios"])
 
 
 def judge_matrix(pin: str) -> Judge:
@@ -235,61 +248,101 @@ def documented_first() -> dict[str, str]:
     return dict(rows)
 
 
-def judge_lineage(data, stdout: str) -> list[str]:
-    """Every finding reproduces somewhere, first where ``docs/findings.md`` says."""
-    from testbed.harness import lineage
+def judge_lineage(integration, release: str) -> Judge:
+    """An engine release's findings survey against ``docs/findings.md``'s lineage table, which
+    says where each finding first appears (an engine release, then a FlashInfer release): on
+    an earlier engine release it reproduces on no FlashInfer release; on that one, first on
+    that FlashInfer release; later ones are not bound. So each release is judged alone, and
+    the releases can be surveyed apart; a first appearance on a release the adapter does not
+    drive is a problem of the table."""
+    def judge(data, stdout: str) -> list[str]:
+        from fakes.flashinfer.profiles import release_key
+        from testbed.harness import lineage
 
-    cells = [lineage.Cell(**c) for c in data]
-    written = documented_first()
-    problems = []
-    for finding in dict.fromkeys(c.finding for c in cells):
-        hit = lineage.first(cells, finding)
-        seen = f"{hit.engine} on FlashInfer {hit.flashinfer}" if hit else "nowhere"
-        if written.get(finding) != seen:
-            problems.append(f"{finding} first reproduces {seen}; docs/findings.md says "
-                            f"{written.get(finding, 'nothing (no row)')}")
-    return problems + ([] if cells else ["no cell was surveyed"])
+        label = integration.engine.label
+        cells = [lineage.Cell(**c) for c in data]
+        driven = {r for r, _ in releases(integration.engine)}
+        written = documented_first()
+        problems = []
+        for finding in dict.fromkeys(c.finding for c in cells):
+            hit = lineage.first(cells, finding)
+            seen = f"{hit.engine} on FlashInfer {hit.flashinfer}" if hit else "on no FlashInfer release"
+            doc = written.get(finding)
+            born = re.fullmatch(rf"{re.escape(label)} (\S+) on FlashInfer (\S+)", doc or "")
+            if born is None:
+                problems.append(f"{finding}: docs/findings.md's lineage table says {doc or 'nothing (no row)'}, not "
+                                f"'{label} <release> on FlashInfer <release>'")
+            elif born.group(1) not in driven:
+                problems.append(f"{finding}: docs/findings.md says it first appears on {label} {born.group(1)}, "
+                                f"which the adapter does not drive ({', '.join(sorted(driven, key=release_key))})")
+            elif release_key(release) < release_key(born.group(1)) and hit:
+                problems.append(f"{finding} reproduces on {seen}, before where docs/findings.md says it first "
+                                f"appears ({doc})")
+            elif release == born.group(1) and (hit is None or hit.flashinfer != born.group(2)):
+                problems.append(f"{finding} first reproduces {seen}; docs/findings.md says {doc}")
+        return problems + ([] if cells else ["no cell was surveyed"])
+    return judge
 
 
 # -- running ---------------------------------------------------------------------------------
-def run(sweep: Sweep, log_dir: str, timeout_s: float = SWEEP_TIMEOUT_S) -> Outcome:
-    """Run ``sweep``'s command in a process of its own, its whole output to a log file in
-    ``log_dir``, and judge what it wrote."""
-    started = time.monotonic()
-    stem = re.sub(r"[^\w.]+", "-", sweep.name)
-    out = Path(log_dir) / f"{stem}.json"
-    log = Path(log_dir) / f"{stem}.log"
-    outcome = Outcome(sweep, log=str(log))
+END = "\x1ea2a-testbed sweep: command ended "  # + exit code and seconds: a line of the group's stdout
+
+
+def run(group: list[Sweep], log_dir: str, timeout_s: float = SWEEP_TIMEOUT_S) -> list[Outcome]:
+    """Run a group's commands one after another in a process of its own (``timeout_s`` each),
+    the whole output to a log file in ``log_dir``, and judge what each wrote."""
+    name = group[0].group or group[0].name
+    log = Path(log_dir) / f"{_stem(name)}.log"
+    outs = [Path(log_dir) / f"{_stem(sweep.name)}.json" for sweep in group]
+    argvs = [[*sweep.argv, "--json", str(out)] for sweep, out in zip(group, outs)]
+    limit = timeout_s * len(group)
     try:
-        proc = subprocess.run([sys.executable, "-m", "testbed", *sweep.argv, "--json", str(out)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run([sys.executable, "-m", "testbed.sweep_group", json.dumps(argvs)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=limit,
                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        stdout, code = proc.stdout, proc.returncode
-        log.write_text(f"$ {sweep.command}\n{proc.stdout}\n-- stderr --\n{proc.stderr}")
+        stdout, stderr, finished = proc.stdout, proc.stderr, True
     except subprocess.TimeoutExpired as e:
-        stdout, code = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), None
-        log.write_text(f"$ {sweep.command}\n{stdout}")
-    outcome.seconds = time.monotonic() - started
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    outcome.summary = lines[-1][:160] if lines else ""
-    if code is None:
-        outcome.problems.append(f"did not finish in {timeout_s:.0f} s")
-    elif not out.is_file():
-        outcome.problems.append(f"exited {code} without writing its JSON (see {log})")
-    else:
-        outcome.problems += sweep.judge(json.loads(out.read_text()), stdout)
-        if code != 0 and not outcome.problems:
+        stdout, stderr, finished = (_text(e.stdout), _text(e.stderr), False)
+    log.write_text("".join(f"$ {sweep.command}\n" for sweep in group) + stdout + "\n-- stderr --\n" + stderr)
+    pieces = re.split(rf"^{re.escape(END)}(.*)\n?", stdout, flags=re.M)
+    ended = list(zip(pieces[0:-1:2], pieces[1::2]))  # (a command's stdout, "code seconds"), each ended one
+    outcomes = []
+    for n, (sweep, out) in enumerate(zip(group, outs)):
+        outcome = Outcome(sweep, log=str(log))
+        outcomes.append(outcome)
+        if n >= len(ended):
+            outcome.problems.append(f"did not finish in {limit:.0f} s" if not finished and n == len(ended)
+                                    else "did not run: its group's process ended before it (see its log)")
+            continue
+        text, (code, seconds) = ended[n][0], ended[n][1].split()
+        outcome.seconds = float(seconds)
+        lines = [line for line in text.splitlines() if line.strip()]
+        outcome.summary = lines[-1][:160] if lines else ""
+        if not out.is_file():
+            outcome.problems.append(f"exited {code} without writing its JSON (see {log})")
+            continue
+        outcome.problems += sweep.judge(json.loads(out.read_text()), text)
+        if code != "0" and not outcome.problems:
             outcome.problems.append(f"exited {code} though its JSON shows no problem (see {log})")
-    return outcome
+    return outcomes
 
 
-def shard(sweeps: list[Sweep], spec: str) -> list[Sweep]:
-    """Sweeps ``I`` of every ``N`` (``spec`` ``"I/N"``, 1 <= I <= N), in catalogue order."""
+def _stem(name: str) -> str:
+    return re.sub(r"[^\w.]+", "-", name)
+
+
+def _text(output) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def shard(items: list, spec: str) -> list:
+    """Items ``I`` of every ``N`` (``spec`` ``"I/N"``, 1 <= I <= N), in order: the groups of
+    sweeps one machine of ``N`` runs."""
     m = re.fullmatch(r"(\d+)/(\d+)", spec)
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
         raise ValueError(f"--shard: I/N with 1 <= I <= N, got {spec!r}")
     i, n = int(m.group(1)), int(m.group(2))
-    return sweeps[i - 1::n]
+    return items[i - 1::n]
 
 
 def default_log_dir() -> str:

@@ -45,6 +45,16 @@ def _comm_of(workspace: torch.Tensor):
     raise RuntimeError("workspace is not an MNNVL allocation of this scenario (use _MnnvlMoe.get_moe_workspaces)")
 
 
+def _wire(t: Optional[torch.Tensor]):
+    """``t`` as the communicator carries it: a NumPy array of its bytes (a pickled tensor costs a
+    ``torch.save`` per storage, and not every dtype has a NumPy one), None as None."""
+    return None if t is None else t.contiguous().view(torch.uint8).numpy()
+
+
+def _unwire(a, dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[torch.Tensor]:
+    return None if a is None else torch.from_numpy(a).view(dtype).reshape(shape)
+
+
 def _fill(n: int, values: torch.Tensor, pad) -> torch.Tensor:
     out = torch.full((n,) + tuple(values.shape[1:]), pad, dtype=values.dtype)
     out[: values.size(0)] = values
@@ -80,15 +90,16 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
         first_lane = torch.where(hit_TK[tok], lanes, K).min(1).values
         ids = experts_ids[tok].clone()
         ids[ids.long() // per_rank_slots != r] = slot_count
-        outgoing.append((ids, None if scales is None else scales[tok]))
+        outgoing.append((_wire(ids), None if scales is None else _wire(scales[tok])))
         send_idx.append(tok)
         backward.append(tok * K + first_lane)
-    gathered = comm.allgather((outgoing, experts_statics, M))
+    gathered = comm.allgather((outgoing, _wire(experts_statics), M))
     counts_M = [g[2] for g in gathered]
     if len(set(counts_M)) > 1:  # stricter: the kernel would lay out its peers' rows with the wrong stride
         raise RuntimeError(f"max_token_count_per_rank differs across the EP group: {counts_M} "
                            "(every rank must pass the same value)")
-    incoming = [gathered[src][0][me] for src in range(ep_size)]
+    incoming = [(_unwire(ids, torch.int32, (-1, K)), _unwire(sc, torch.float32, (-1, K)))
+                for ids, sc in (gathered[src][0][me] for src in range(ep_size))]
     send_counts = torch.tensor([t.numel() for t in send_idx], dtype=torch.int32)
     recv_counts = torch.tensor([ids.size(0) for ids, _ in incoming], dtype=torch.int32)
     wide = M * max(ep_size, K)
@@ -101,7 +112,8 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
         prepared_scales = _fill(M * ep_size, sc_in, float("nan"))
     statics = None
     if experts_statics is not None:
-        statics = torch.stack([gathered[src][1] for src in range(ep_size)])
+        statics = torch.stack([_unwire(gathered[src][1], experts_statics.dtype, experts_statics.shape)
+                               for src in range(ep_size)])
     return (
         prepared_ids,
         prepared_scales,
@@ -131,12 +143,11 @@ def moe_comm(input, send_rank_cum_sum, send_indices, output, recv_rank_cum_sum, 
               "input.size(1) must be aligned to 16 bytes")
     comm = _comm_of(all_workspaces)
     bounds = [0] + send_rank_cum_sum.tolist()
-    # As raw bytes: the pickled transport does not carry every dtype (float8 fails).
-    outgoing = [input[send_indices[bounds[r]:bounds[r + 1]].long()].view(torch.uint8) for r in range(ep_size)]
+    outgoing = [_wire(input[send_indices[bounds[r]:bounds[r + 1]].long()]) for r in range(ep_size)]
     gathered = comm.allgather(outgoing)
     rbounds = [0] + recv_rank_cum_sum.tolist()
     for src in range(ep_size):
-        rows = gathered[src][ep_rank].view(output.dtype)
+        rows = _unwire(gathered[src][ep_rank], output.dtype, (-1, output.size(1)))
         icheck_eq(rows.size(0), rbounds[src + 1] - rbounds[src], "received rows", "recvRankCumSum range",
                   f"rank {src} sent a different token count than prepare announced")
         at = recv_indices[rbounds[src]:rbounds[src + 1]].long()
