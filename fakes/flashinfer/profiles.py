@@ -108,6 +108,42 @@ class UnservedRelease(ValueError):
     """A FlashInfer release no profile serves; the message is one line naming what is served."""
 
 
+# Releases an engine pins that PyPI has no wheel of (so no source a profile could be built from):
+# each can be served only by evidence (:func:`serve_by_evidence`), never by a profile's name.
+WHEELLESS = {"0.7.3": "flashinfer-python on PyPI goes from 0.7.2.post1 to 0.7.4, with no 0.7.3 or rc of it"}
+EVIDENCE_ENV = "A2A_FLASHINFER_SERVED_BY_EVIDENCE"  # "0.7.3=0.7.4=83=vLLM 0.34.0;...": inherited by the ranks
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Why a wheelless ``pin`` runs on profile ``by``: every one of the ``uses`` uses of FlashInfer
+    ``engine`` makes has the same form in ``by`` (:mod:`testbed.contract.serving` finds it)."""
+
+    pin: str
+    by: str
+    uses: int
+    engine: str  # "vLLM 0.34.0"
+
+
+def serve_by_evidence(evidence: Evidence) -> None:
+    """From now on ``evidence.pin`` resolves to ``evidence.by``, in this process and every one
+    it starts (the environment carries it)."""
+    if evidence.pin not in WHEELLESS:
+        raise ValueError(f"{evidence.pin} has a wheel: it is served by a profile of its own, not by evidence")
+    resolve(evidence.by)
+    entries = dict(e.split("=", 1) for e in filter(None, os.environ.get(EVIDENCE_ENV, "").split(";")))
+    entries[evidence.pin] = f"{evidence.by}={evidence.uses}={evidence.engine}"
+    os.environ[EVIDENCE_ENV] = ";".join(f"{k}={v}" for k, v in entries.items())
+
+
+def _evidence(release: str) -> Optional[Evidence]:
+    for entry in filter(None, os.environ.get(EVIDENCE_ENV, "").split(";")):
+        pin, by, uses, engine = entry.split("=", 3)
+        if pin == release:
+            return Evidence(pin, by, int(uses), engine)
+    return None
+
+
 def served_releases() -> tuple[str, ...]:
     """Every release a profile serves, oldest first."""
     return tuple(sorted((r for p in PROFILES.values() for r in (p.name,) + p.serves), key=release_key))
@@ -136,6 +172,9 @@ def resolve(release: str, what: str = "FlashInfer release") -> Profile:
     for profile in PROFILES.values():
         if release in profile.serves:
             return profile
+    evidence = _evidence(release)
+    if evidence is not None:
+        return PROFILES[evidence.by]
     raise UnservedRelease(f"{what} {release!r} is not served by the fake: it serves "
                           f"{', '.join(served_releases())}")
 
@@ -151,6 +190,9 @@ def serving(release: str) -> Optional[str]:
 def served_by(release: str) -> str:
     """``release`` as a report names it: ``0.6.16.post3 (served by 0.6.16)``, or the profile's own."""
     name = resolve(release).name
+    evidence = _evidence(release)
+    if evidence is not None:
+        return f"{release} (no wheel; served by {name} for the {evidence.uses} uses {evidence.engine} makes)"
     return release if name == release else f"{release} (served by {name})"
 
 

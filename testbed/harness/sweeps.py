@@ -152,15 +152,17 @@ def judge_matrix(pin: str) -> Judge:
     findings say (the runner judges that), each on the release's own pin, each verdict line
     naming the profile that serves a pin no profile has by name."""
     def judge(data: dict, stdout: str) -> list[str]:
-        from fakes.flashinfer.profiles import resolve
+        from fakes.flashinfer.profiles import serving
 
         ran = data["scenarios"]
         problems = _verdict_problems(ran)
         off = [s["label"] for s in ran if f"--profile {pin} " not in s["cli"] + " "]
         if off:
             problems.append(f"{len(off)} scenarios not on the release's pin {pin}: {off[:3]}")
-        served = resolve(pin).name
-        if served != pin and f"{pin} (served by {served})" not in stdout:
+        served = serving(pin)
+        if served is None and f"{pin} (no wheel; served by " not in stdout:
+            problems.append(f"the verdict lines do not say which profile serves the wheelless pin {pin}, and why")
+        elif served not in (None, pin) and f"{pin} (served by {served})" not in stdout:
             problems.append(f"the verdict lines do not say that {served} serves the pin {pin}")
         return problems
     return judge

@@ -20,12 +20,15 @@ import inspect
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from testbed import patch
 from testbed.scenario.events import Collective
+
+if TYPE_CHECKING:
+    from testbed.contract.consumer import Consumer
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Engine:
     default_pin: str = "0.7.2"  # the FlashInfer release to imitate where no metadata says (a git checkout)
     # Other releases the adapter drives, each from its wheel (``--<name>-source RELEASE``).
     other_releases: tuple[str, ...] = ()
+    consumer: "Consumer | None" = None  # its FlashInfer all-to-all path's files (the consumer contract's)
 
     @property
     def preload_module(self) -> str:
@@ -64,19 +68,30 @@ class Engine:
         """The FlashInfer release this engine runs on: the one its metadata pins, as pip prints
         it (``default_pin`` for a checkout without metadata).
 
+        A pin PyPI has no wheel of is served by evidence
+        (:func:`testbed.contract.serving.evidence`): the profile under which every use this
+        release's all-to-all path makes of FlashInfer is there, registered for this process
+        and the ranks it starts.
+
         Raises
         ------
         UnservedRelease
             No profile serves the pin: one line naming the engine release, its pin and what
-            the fake serves.
+            the fake serves (for a wheelless pin: the use no profile has).
         """
-        from fakes.flashinfer.profiles import UnservedRelease, resolve, unserved_pin
+        from fakes.flashinfer.profiles import WHEELLESS, UnservedRelease, resolve, serve_by_evidence, unserved_pin
 
         version, pin = self.release()
         try:
             resolve(pin or self.default_pin)
         except UnservedRelease:
-            raise unserved_pin(f"{self.label} {version}", pin) from None
+            if pin not in WHEELLESS:
+                raise unserved_pin(f"{self.label} {version}", pin) from None
+            from testbed.contract.serving import evidence
+            from testbed.contract.source import open_package
+
+            source = open_package(self.name, os.environ.get(self.source_env) or None)
+            serve_by_evidence(evidence(f"{self.label} {version}", source, self.consumer, pin))
         return pin or self.default_pin
 
     def module(self, name: str):

@@ -58,9 +58,7 @@ class SglangIntegration(Integration):
         return FINDINGS
 
     def consumer(self):
-        from testbed.integrations.sglang.consumer import CONSUMER
-
-        return CONSUMER
+        return self.engine.consumer
 
 
 INTEGRATION = SglangIntegration()

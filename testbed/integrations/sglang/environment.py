@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from testbed.integrations import engine as support
+from testbed.integrations.sglang.consumer import CONSUMER
 
 TESTED = ("0.5.23",)  # pins flashinfer-python 0.7.2
 
@@ -109,7 +110,7 @@ def _module_attr(module: str, attr: str):
 
 
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
-                        prepare_environment, default_pin="0.7.2", other_releases=("0.5.22",))
+                        prepare_environment, default_pin="0.7.2", other_releases=("0.5.22",), consumer=CONSUMER)
 
 
 @functools.cache

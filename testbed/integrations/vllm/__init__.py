@@ -72,9 +72,7 @@ class VllmIntegration(Integration):
         return FINDINGS
 
     def consumer(self):
-        from testbed.integrations.vllm.consumer import CONSUMER
-
-        return CONSUMER
+        return self.engine.consumer
 
     def engine_matrix(self):
         from testbed.integrations.vllm.matrix import ENGINE_MATRIX

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from testbed.integrations import engine as support
+from testbed.integrations.vllm.consumer import CONSUMER
 
 # Tested with vLLM 0.33.0 (which pins flashinfer-python 0.7.2.post1).
 TESTED = ("0.33.0",)
@@ -52,7 +53,7 @@ def prepare_environment() -> None:
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
-    ("0.31.0", "0.32.0"))
+    ("0.31.0", "0.32.0"), CONSUMER)
 
 
 @functools.cache
