@@ -7,6 +7,7 @@ into ``$A2A_TESTBED_CACHE`` (default ``~/.cache/a2a-testbed``) and read from the
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import shutil
@@ -125,6 +126,9 @@ def unpacked(dist: str, version: str) -> Path:
         for name in zf.namelist():
             if not re.search(r"\.so(\.[\d.]+)?$|\.pyd$", name):
                 zf.extract(name, partial)
+    # Its bytecode now, in parallel: where PYTHONDONTWRITEBYTECODE is set, every process that
+    # imports the release would otherwise compile it from source again.
+    compileall.compile_dir(str(partial), ddir=str(root), quiet=2, workers=0)
     (partial / ".complete").touch()
     try:
         partial.rename(root)  # atomic: a process that unpacked it first keeps its copy
