@@ -17,7 +17,7 @@ from fakes.flashinfer import profiles
 from testbed.harness import lineage
 
 ROOT = Path(__file__).resolve().parent.parent
-UNSERVED = "0.7.3"  # between 0.7.2.post1 and 0.7.4: never released
+UNSERVED = "0.9.0"  # a release no profile serves (and not one without a wheel, which is served by evidence)
 # The flashinfer-python releases on PyPI from 0.6.8 to 0.7.4 (pip index versions, 2026-12-02).
 PYPI_0_6_8_TO_0_7_4 = (
     "0.6.8 0.6.8.post1 0.6.9 0.6.10 0.6.10.post1 0.6.11 0.6.11.post1 0.6.11.post2 0.6.11.post3 0.6.12 0.6.13 0.6.14 "
