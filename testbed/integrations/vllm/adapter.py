@@ -39,7 +39,12 @@ import torch
 from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.vllm import kernels
-from testbed.integrations.vllm.environment import destroy_parallel_state, prepare_environment, stub_accelerator
+from testbed.integrations.vllm.environment import (
+    destroy_parallel_state,
+    prepare_environment,
+    stub_accelerator,
+    vllm_config,
+)
 from testbed.integrations.vllm.experts import experts_class
 from testbed.integrations.vllm.layer import build_runner
 from testbed.scenario.reference import ACT_DTYPE
@@ -53,7 +58,7 @@ MANAGERS = {"flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
 class VllmSession:
     def __init__(self, ctx, sc, api, log):
         prepare_environment()
-        from vllm.config import ParallelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+        from vllm.config import ParallelConfig, SchedulerConfig, set_current_vllm_config
         from vllm.distributed import parallel_state as ps
 
         self.ctx, self.sc, self.log = ctx, sc, log
@@ -75,7 +80,7 @@ class VllmSession:
                                   all2all_backend=_backend(sc), distributed_executor_backend="external_launcher")
         scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=budget, max_model_len=budget,
                                     is_encoder_decoder=False)
-        self.config = VllmConfig(parallel_config=parallel, scheduler_config=scheduler)
+        self.config = vllm_config(parallel_config=parallel, scheduler_config=scheduler)
         entered = set_current_vllm_config(self.config)
         entered.__enter__()
         ctx.add_cleanup(lambda: entered.__exit__(None, None, None))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.vllm.consumer import CONSUMER
 
@@ -97,6 +98,26 @@ def stub_accelerator(ctx) -> None:
     for name, fn in stubs.items():
         setattr(acc, name, fn)
     ctx.add_cleanup(lambda: [setattr(acc, name, fn) for name, fn in saved.items()])
+
+
+def vllm_config(**configs):
+    """vLLM's ``VllmConfig(**configs)``, built as on a GPU host.
+
+    From 0.34 vLLM's CPU platform refuses an x86 CPU whose Triton has no CPU backend when a
+    config is built (``CpuPlatform.check_and_update_config``: "vLLM on x86 CPUs requires
+    Triton (triton-cpu)"), for the kernels of its own CPU model runner, which the layer level
+    never runs (the testbed's experts stand in for vLLM's). Where the release reads
+    ``vllm.triton_utils.HAS_TRITON`` (a probe, not a version), it answers true while the
+    config is built, and only then."""
+    from vllm.config import VllmConfig
+
+    triton_utils = sys.modules.get("vllm.triton_utils") or importlib.import_module("vllm.triton_utils")
+    undo = patch.attribute(triton_utils, "HAS_TRITON", True) if "HAS_TRITON" in vars(triton_utils) else None
+    try:
+        return VllmConfig(**configs)
+    finally:
+        if undo is not None:
+            undo()
 
 
 def destroy_parallel_state() -> None:
