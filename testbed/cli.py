@@ -575,7 +575,11 @@ def _scenarios(args) -> list:
         if engine is not None and args.profile is None and getattr(args, "backend", None) in (None, "fake"):
             args.profile = engine.pinned()  # an engine's scenario runs on the FlashInfer it pins
         try:
-            return [from_args(args, args.layout[0] if args.layout else None)]
+            sc = from_args(args, args.layout[0] if args.layout else None)
+            release = _integrations().get(sc.integration).release_refusal(sc)
+            if release:
+                raise ScenarioInputError(*release)
+            return [sc]
         except ScenarioInputError as e:
             raise UsageError(str(e)) from None
     from testbed.harness.matrix import MATRIX
@@ -652,6 +656,10 @@ def _judge(scenarios, args, refused=()) -> int:
     seconds = time.monotonic() - started
     ordered = [verdicts[i] for i in sorted(verdicts)]
     _not_run(refused, getattr(args, "show_not_run", False))
+    from testbed.harness.findings import gone_lines
+
+    for line in gone_lines(scenarios):
+        print(line, flush=True)
     _reports(args, ordered, refused, seconds)
     return _summary(ordered, len(refused), seconds, f" on Ray ({args.ray})" if args.ray else "")
 

@@ -13,6 +13,9 @@ so the write-up and this entry must go.
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 from typing import Optional
 
 from testbed import integrations
@@ -22,7 +25,44 @@ from testbed.scenario.model import Scenario
 
 
 def known(sc: Scenario) -> list[Finding]:
-    return [f for f in integrations.get(sc.integration).findings() if f.applies(sc)]
+    """The findings that apply to ``sc`` in the engine release this process runs."""
+    integration = integrations.get(sc.integration)
+    return [f for f in integration.findings() if f.applies(sc) and gone(integration, f) is None]
+
+
+def gone(integration, finding: Finding) -> Optional[str]:
+    """Why the engine release this process runs no longer has ``finding`` (one line: the file
+    and the pattern of :attr:`Finding.code` that no longer match), or None where it has it
+    (every pattern matches, or the finding names no code of the engine's)."""
+    engine = integration.engine
+    if not finding.code or engine is None:
+        return None
+    return _gone(engine.name, engine.label, finding.code, os.environ.get(engine.source_env) or None)
+
+
+def gone_lines(scenarios) -> list[str]:
+    """``GONE <id>: why`` for each finding of the scenarios' integrations that the engine
+    release this process runs no longer has (their scenarios were judged as any other)."""
+    lines = []
+    for name in dict.fromkeys(sc.integration for sc in scenarios):
+        integration = integrations.get(name)
+        lines += [f"GONE     {f.id}: {why}" for f in integration.findings() if (why := gone(integration, f))]
+    return lines
+
+
+@functools.cache
+def _gone(dist: str, label: str, code: tuple, source: Optional[str]) -> Optional[str]:
+    from testbed.contract.source import open_package
+
+    package = open_package(dist, source)
+    for path, pattern in code:
+        try:
+            text = package.read(path)
+        except (KeyError, FileNotFoundError):
+            return f"{label} {package.version} has no {path}"
+        if re.search(pattern, text) is None:
+            return f"{path} of {label} {package.version} no longer matches /{pattern}/"
+    return None
 
 
 def judge(v: Verdict) -> Optional[str]:

@@ -141,6 +141,9 @@ def on_integration(integration: str, profile: str | None = None
                 a2a_api="auto" if integrations.get(integration).engine else sc.a2a_api,
                 label=f"{sc.label} [{integration} on {profile or sc.profile}]")
             moved.validate()
+            release = integrations.get(integration).release_refusal(moved)
+            if release:
+                raise ScenarioInputError(*release)
         except ScenarioInputError as e:
             refused.append((sc, str(e)))
         else:

@@ -136,6 +136,11 @@ class Finding:
     # The ``a2a-testbed run`` line of a scenario that shows it, where no entry of the
     # integration's matrix does (a latent finding: raw passes, the kernel level).
     reproducer: str = ""
+    # Where it lives in the engine's code, ``(file of the release, regular expression)`` pairs
+    # that all match in a release that has it: a release where one does not is judged as if
+    # the finding were never written (it is gone there: :func:`testbed.harness.findings.gone`).
+    # Empty for a finding of FlashInfer's, which ``applies`` decides by the release's profile.
+    code: tuple[tuple[str, str], ...] = ()
 
 
 class Integration:
@@ -153,6 +158,11 @@ class Integration:
     levels: tuple[str, ...] = ("layer",)
 
     # -- the scenario model asks these (testbed.scenario.model) -----------------------------
+    def release_refusal(self, sc: "Scenario") -> Optional[tuple[str, str]]:
+        """``(flag, rule)`` where the engine release this process runs cannot be driven at
+        ``sc`` (read from that release's code); scenarios are made and validated apart from it."""
+        return None
+
     def api(self, sc: "Scenario") -> Optional[str]:
         """The FlashInfer API the integration runs ``sc.path`` on (None off the FlashInfer paths)."""
         from testbed.scenario.model import api_for

@@ -5,12 +5,25 @@ from __future__ import annotations
 
 from typing import Optional
 
+from fakes.flashinfer.profiles import resolve
 from testbed.integrations.base import Finding
 from testbed.scenario.model import Scenario, row_bytes
 
 
 def _vllm(sc: Scenario, path: str, profile: Optional[str] = None) -> bool:
-    return sc.path == path and (profile is None or sc.profile == profile)
+    """``sc`` on ``path``, and on FlashInfer ``profile`` (by the profile that serves its release)."""
+    return sc.path == path and (profile is None or resolve(sc.profile).name == profile)
+
+
+def _orders_rounds(sc: Scenario) -> bool:
+    """Whether the release's one-sided kernels order a round after the previous round's
+    combine reads: moe_ep's own kernels (0.7.4) do; MoeAlltoAll's do not."""
+    return resolve(sc.profile).moe_ep_kernels
+
+
+# Where each lives in vLLM's code (Finding.code), relative to the release's root.
+_ALL2ALL = "vllm/distributed/device_communicators/all2all.py"
+_PF = "vllm/model_executor/layers/fused_moe/prepare_finalize/"
 
 
 def _payload_grows_within_a_forward(sc: Scenario) -> bool:
@@ -43,12 +56,14 @@ FINDINGS: tuple[Finding, ...] = (
                         "0.7.4 renamed runtime_max_tokens_per_rank (keyword-only): every forward raises TypeError",
             lambda sc: _vllm(sc, "one_sided", "0.7.4"),
             (("completes", "unexpected keyword argument 'max_tokens_per_rank'"),),
-            "yes", _EVERY_FORWARD),
+            "yes", _EVERY_FORWARD,
+            code=((_PF + "flashinfer_nvlink_one_sided.py", r"(?<!runtime_)max_tokens_per_rank=self\.runtime"),)),
     Finding("VLLM-002", "vLLM 0.33.0's two-sided backend needs flashinfer.comm.trtllm_alltoall.MnnvlMoe, which "
                         "FlashInfer 0.7.4 removed: the manager's constructor asserts",
             lambda sc: _vllm(sc, "two_sided", "0.7.4"),
             (("completes", "flashinfer all2all module not found"),),
-            "yes", "the manager is built when vLLM's EP group starts (CudaCommunicator), before any forward"),
+            "yes", "the manager is built when vLLM's EP group starts (CudaCommunicator), before any forward",
+            code=((_ALL2ALL, r"\bMnnvlMoe\b"),)),
     Finding("VLLM-003", "vLLM 0.33.0's one-sided prepare dispatches max_tokens_per_rank=0 in a forward where no DP "
                         "rank has a token; FlashInfer refuses it (must be in (0, capacity])",
             lambda sc: _vllm(sc, "one_sided") and _all_idle_pass(sc),
@@ -59,7 +74,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("FI-RACE", "FlashInfer's one-sided protocol does not order a round after the previous round's combine "
                        "reads: vLLM runs an MoE layer whose dispatch payload is larger right after another in one "
                        "forward, with nothing between them",
-            lambda sc: _vllm(sc, "one_sided") and _payload_grows_within_a_forward(sc),
+            lambda sc: _vllm(sc, "one_sided") and not _orders_rounds(sc) and _payload_grows_within_a_forward(sc),
             (("round-ordering", "the cross-round race"), ("output", "x the tolerance"),
              ("expert-load", "lanes")),
             "not checked", "needs a model whose MoE layers dispatch different payloads in one forward (a mixed-"
@@ -67,19 +82,21 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("VLLM-005", "vLLM 0.33.0's two-sided manager hands FlashInfer's Mapping the function "
                         "torch.accelerator.device_count as gpus_per_node; Mapping's node_rank, local_rank and "
                         "has_multi_node then compute with a function",
-            lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4",
+            lambda sc: _vllm(sc, "two_sided") and not _vllm(sc, "two_sided", "0.7.4"),
             (("arguments", "gpus_per_node=<function device_count"),),
-            "yes", "the manager's initialize runs on the first forward of MoERunner at every two-sided deployment"),
+            "yes", "the manager's initialize runs on the first forward of MoERunner at every two-sided deployment",
+            code=((_ALL2ALL, r"gpus_per_node=torch\.accelerator\.device_count\b"),)),
     Finding("VLLM-006", "vLLM 0.33.0's two-sided prepare/finalize declares topk_indices_dtype() None, so vLLM's "
                         "router hands it ids in the router's own dtype, and passes them to MnnvlMoe's moe_prepare, "
                         "which takes int32 only: a router computing int64 ids fails every forward",
-            lambda sc: _vllm(sc, "two_sided") and sc.profile != "0.7.4" and sc.router_ids == "int64",
+            lambda sc: _vllm(sc, "two_sided") and not _vllm(sc, "two_sided", "0.7.4") and sc.router_ids == "int64",
             (("completes", "Inconsistency of Tensor type: expertsIds"),),
             "not checked", "needs a router that hands the prepare int64 ids: vLLM 0.33.0's CPURouter and "
             "CustomRoutingRouter cast to int32; its routing simulator (VLLM_MOE_ROUTING_SIMULATION_STRATEGY) is the "
             "candidate, not driven here (--level kernel reaches it)",
             "a2a-testbed run --integration vllm --layout 2,1,2,1 --path two_sided --experts 4 --top-k 2 --hidden 64 "
-            "--stages bf16:1 --tokens 1,1 --router-ids int64 --level kernel"),
+            "--stages bf16:1 --tokens 1,1 --router-ids int64 --level kernel",
+            code=((_PF + "flashinfer_nvlink_two_sided.py", r"MnnvlMoe\.mnnvl_moe_alltoallv_prepare_without_allgather\("),)),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,

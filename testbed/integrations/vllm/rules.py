@@ -3,7 +3,12 @@ CPU, what only impl has, and the passes vLLM's engine makes."""
 
 from __future__ import annotations
 
+import ast
+import functools
+import os
+
 from testbed.cluster.layout import ParallelLayout
+from testbed.integrations.vllm.environment import SOURCE_ENV
 from testbed.scenario.model import Scenario, first_given
 
 # The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
@@ -35,6 +40,36 @@ _LAYER_ONLY = (("--sequence-parallel", "sequence_parallel", False), ("--shared-e
 # What the layer level decides itself: the router's id dtype (CPURouter casts to int32) and
 # the mxfp8 scale alignment (the quant method's).
 _KERNEL_ONLY = (("--router-ids", "router_ids", "int32"), ("--mx-alignment", "mx_alignment", 0))
+
+
+@functools.cache
+def refuses_pp_with_external_launcher() -> bool:
+    """Whether the vLLM this process runs refuses PP > 1 under ``external_launcher`` when its
+    config is built (from 0.34: its GPU model runner does not broadcast PP outputs to keep
+    torchrun ranks in sync), read from its source (a probe, not a version)."""
+    from testbed.contract.source import SourceError, open_package
+
+    try:
+        config = open_package("vllm", os.environ.get(SOURCE_ENV) or None).read("vllm/config/vllm.py")
+    except (SourceError, FileNotFoundError, KeyError):
+        return False
+    # The GPU model runner's own list (0.34); 0.33 lists it only for its optional V2 runner.
+    for node in ast.walk(ast.parse(config)):
+        if isinstance(node, ast.FunctionDef) and node.name == "_get_model_runner_unsupported_features":
+            return any(isinstance(c, ast.Constant) and c.value == "pipeline parallelism with external_launcher"
+                       for c in ast.walk(node))
+    return False
+
+
+def release_rule(sc: Scenario) -> tuple[str, str] | None:
+    """``(flag, rule)`` the vLLM release this process runs cannot be driven at for ``sc``
+    (a rule of that release's code, so not part of the scenario's validation)."""
+    if sc.layout.pp > 1 and refuses_pp_with_external_launcher():
+        return "--layout", ("this vLLM refuses pipeline parallelism with the external_launcher executor its ranks "
+                            "are started as here (VllmConfig._get_model_runner_unsupported_features: \"pipeline "
+                            "parallelism with external_launcher\"); the adapter does not yet start PP as vLLM's mp "
+                            "executor does")
+    return None
 
 
 def engine_passes(sc: Scenario) -> tuple[tuple[int, ...], ...]:

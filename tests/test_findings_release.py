@@ -1,0 +1,123 @@
+"""A finding is in an engine release where its code is (``Finding.code``, read from that
+release's files, never its version), and gone where it is not: its scenarios are then judged
+as any other and the run names it ``GONE``. Rules of a release's own code (vLLM 0.34's
+refusal of pipeline parallel under ``external_launcher``) refuse a scenario by name, apart
+from its validation. No engine is imported: the releases' path files checked in, and
+synthetic releases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from testbed import integrations
+from testbed.harness import findings
+from testbed.integrations.base import Finding
+from testbed.scenario.model import from_text
+
+EXCERPTS = Path(__file__).parent / "data" / "consumer_excerpts"
+VLLM_SOURCE = "A2A_VLLM_SOURCE"
+
+
+def _toy_release(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "toy" / "__init__.py").write_text("")
+    (root / "toy-2.0.dist-info").mkdir()
+    (root / "toy-2.0.dist-info" / "METADATA").write_text("Name: toy\nVersion: 2.0\n")
+    return root
+
+
+def _toy(finding: Finding):
+    engine = SimpleNamespace(name="toy", label="Toy", source_env="A2A_TOY_SOURCE")
+    return SimpleNamespace(engine=engine, findings=lambda: (finding,))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probes():
+    from testbed.integrations.vllm import rules
+
+    findings._gone.cache_clear()
+    rules.refuses_pp_with_external_launcher.cache_clear()
+    yield
+    findings._gone.cache_clear()
+    rules.refuses_pp_with_external_launcher.cache_clear()
+
+
+def test_findings_gone_where_a_pattern_no_longer_matches(tmp_path, monkeypatch):
+    finding = Finding("TOY-1", "toy", lambda sc: True, (("completes", "x"),),
+                      code=(("toy/a2a.py", r"dispatch\(max_tokens="), ("toy/a2a.py", r"\bMnnvlMoe\b")))
+    root = _toy_release(tmp_path / "has", {"toy/a2a.py": "MnnvlMoe.prepare()\nc.dispatch(max_tokens=n)\n"})
+    monkeypatch.setenv("A2A_TOY_SOURCE", str(root))
+    assert findings.gone(_toy(finding), finding) is None
+
+    root = _toy_release(tmp_path / "fixed", {"toy/a2a.py": "MnnvlMoe.prepare()\nc.dispatch(runtime_max=n)\n"})
+    monkeypatch.setenv("A2A_TOY_SOURCE", str(root))
+    assert findings.gone(_toy(finding), finding) == r"toy/a2a.py of Toy 2.0 no longer matches /dispatch\(max_tokens=/"
+
+    root = _toy_release(tmp_path / "moved", {"toy/other.py": ""})
+    monkeypatch.setenv("A2A_TOY_SOURCE", str(root))
+    assert findings.gone(_toy(finding), finding) == "Toy 2.0 has no toy/a2a.py"
+    # A finding of FlashInfer's names no engine code: never gone by this probe.
+    assert findings.gone(_toy(finding), Finding("FI-X", "fi", lambda sc: True, (("completes", "x"),))) is None
+
+
+@pytest.mark.parametrize("release, absent", [
+    ("0.31.0", {"VLLM-001"}),  # its one-sided prepare passes runtime_max_tokens_per_rank already
+    ("0.32.0", {"VLLM-001"}),
+    ("0.33.0", set()),
+    ("0.34.0", {"VLLM-001", "VLLM-002", "VLLM-005", "VLLM-006"}),  # moe_ep both ways, no MnnvlMoe or Mapping
+])
+def test_findings_vllm_release_has_what_its_code_holds(release, absent, monkeypatch):
+    monkeypatch.setenv(VLLM_SOURCE, str(EXCERPTS / f"vllm-{release}"))
+    vllm = integrations.get("vllm")
+    gone = {f.id for f in vllm.findings() if findings.gone(vllm, f)}
+    assert gone == absent
+    assert {"VLLM-003", "VLLM-004"}.isdisjoint(gone)  # the latent ones stay on every release
+
+
+def test_findings_gone_finding_no_longer_judged_known(monkeypatch):
+    """A two-sided scenario of vLLM 0.34.0 is judged as any other: VLLM-005 no longer applies."""
+    sc = from_text("4,2,2,1", "bf16:8", "1,5 3,3", integration="vllm", path="two_sided", hidden=512)
+    monkeypatch.setenv(VLLM_SOURCE, str(EXCERPTS / "vllm-0.33.0"))
+    assert "VLLM-005" in {f.id for f in findings.known(sc)}
+    findings._gone.cache_clear()
+    monkeypatch.setenv(VLLM_SOURCE, str(EXCERPTS / "vllm-0.34.0"))
+    assert "VLLM-005" not in {f.id for f in findings.known(sc)}
+
+
+def test_findings_fi_race_not_on_kernels_that_order_rounds():
+    """FI-RACE is FlashInfer's: MoeAlltoAll's protocol, not moe_ep's own kernels (0.7.4)."""
+    vllm = integrations.get("vllm")
+    race = next(f for f in vllm.findings() if f.id == "FI-RACE")
+    grows = dict(integration="vllm")
+    assert race.applies(from_text("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", profile="0.7.2.post1", **grows))
+    assert not race.applies(from_text("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", profile="0.7.4", **grows))
+
+
+def test_findings_release_rule_refuses_pp_where_the_release_refuses_it(tmp_path, monkeypatch):
+    from testbed.integrations.vllm.rules import release_rule
+
+    pp = from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", sequence_parallel=True)
+    refused = ('    unsupported = []\n    if pp:\n        unsupported.append("pipeline parallelism with '
+               'external_launcher")\n    return unsupported\n')
+    for name, config in (("refuses", "def _get_model_runner_unsupported_features(self):\n" + refused),
+                         # vLLM 0.33: the same words, for its optional V2 runner only
+                         ("takes", "def _get_v2_model_runner_unsupported_features(self):\n" + refused)):
+        root = tmp_path / name
+        (root / "vllm" / "config").mkdir(parents=True)
+        (root / "vllm" / "config" / "vllm.py").write_text(config)
+        (root / "vllm-9.0.dist-info").mkdir()
+        monkeypatch.setenv(VLLM_SOURCE, str(root))
+        from testbed.integrations.vllm import rules
+
+        rules.refuses_pp_with_external_launcher.cache_clear()
+        rule = release_rule(pp)
+        if name == "refuses":
+            assert rule is not None and rule[0] == "--layout" and "external_launcher" in rule[1]
+        else:
+            assert rule is None
+    assert release_rule(from_text("2,1,2,1", "bf16:16", "5,7 3,1", integration="vllm")) is None
