@@ -54,9 +54,12 @@ def apply(name: str) -> Callable[[], None]:
     module = importlib.import_module(module_name)
     *owner_path, attr = path.split(".")
     owner = module
-    for part in owner_path:
-        owner = getattr(owner, part)
-    original = inspect.getattr_static(owner, attr)
+    try:
+        for part in owner_path:
+            owner = getattr(owner, part)
+        original = inspect.getattr_static(owner, attr)
+    except AttributeError:  # the release has moved or removed the target: broken here, never killed
+        raise MutantError(f"mutant {name}: {m.target} is not in this release's {module_name}") from None
     function = original.fget if isinstance(original, property) else original  # its source has @property
     lines, first = inspect.getsourcelines(function)
     source = "".join(lines)
