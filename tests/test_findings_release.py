@@ -121,3 +121,10 @@ def test_findings_release_rule_refuses_pp_where_the_release_refuses_it(tmp_path,
         else:
             assert rule is None
     assert release_rule(from_text("2,1,2,1", "bf16:16", "5,7 3,1", integration="vllm")) is None
+
+
+def test_findings_never_gone_without_a_release_to_read(monkeypatch):
+    """Where the engine is not installed (the plain tier) nothing shows a finding gone."""
+    finding = Finding("TOY-2", "toy", lambda sc: True, (("completes", "x"),), code=(("toy/a2a.py", "x"),))
+    monkeypatch.delenv("A2A_TOY_SOURCE", raising=False)
+    assert findings.gone(_toy(finding), finding) is None  # no distribution named toy is installed

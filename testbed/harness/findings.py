@@ -33,7 +33,8 @@ def known(sc: Scenario) -> list[Finding]:
 def gone(integration, finding: Finding) -> Optional[str]:
     """Why the engine release this process runs no longer has ``finding`` (one line: the file
     and the pattern of :attr:`Finding.code` that no longer match), or None where it has it
-    (every pattern matches, or the finding names no code of the engine's)."""
+    (every pattern matches, the finding names no code of the engine's, or no release of the
+    engine is here to read)."""
     engine = integration.engine
     if not finding.code or engine is None:
         return None
@@ -52,9 +53,12 @@ def gone_lines(scenarios) -> list[str]:
 
 @functools.cache
 def _gone(dist: str, label: str, code: tuple, source: Optional[str]) -> Optional[str]:
-    from testbed.contract.source import open_package
+    from testbed.contract.source import SourceError, open_package
 
-    package = open_package(dist, source)
+    try:
+        package = open_package(dist, source)
+    except SourceError:  # no release here to read (the engine not installed): nothing shows it gone
+        return None
     for path, pattern in code:
         try:
             text = package.read(path)
