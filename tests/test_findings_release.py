@@ -15,6 +15,7 @@ import pytest
 from testbed import integrations
 from testbed.harness import findings
 from testbed.integrations.base import Finding
+from testbed.integrations.engine import Engine
 from testbed.scenario.model import from_text
 
 EXCERPTS = Path(__file__).parent / "data" / "consumer_excerpts"
@@ -31,9 +32,11 @@ def _toy_release(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
+TOY = Engine("toy", "Toy", "A2A_TOY_SOURCE", "root", (), (), lambda: None)
+
+
 def _toy(finding: Finding):
-    engine = SimpleNamespace(name="toy", label="Toy", source_env="A2A_TOY_SOURCE")
-    return SimpleNamespace(engine=engine, findings=lambda: (finding,))
+    return SimpleNamespace(engine=TOY, findings=lambda: (finding,))
 
 
 @pytest.fixture(autouse=True)

@@ -38,7 +38,7 @@ def gone(integration, finding: Finding) -> Optional[str]:
     engine = integration.engine
     if not finding.code or engine is None:
         return None
-    return _gone(engine.name, engine.label, finding.code, os.environ.get(engine.source_env) or None)
+    return _gone(engine, finding.code, os.environ.get(engine.source_env) or None)
 
 
 def gone_lines(scenarios) -> list[str]:
@@ -52,13 +52,14 @@ def gone_lines(scenarios) -> list[str]:
 
 
 @functools.cache
-def _gone(dist: str, label: str, code: tuple, source: Optional[str]) -> Optional[str]:
-    from testbed.contract.source import SourceError, open_package
+def _gone(engine, code: tuple, source: Optional[str]) -> Optional[str]:
+    from testbed.contract.source import SourceError
 
     try:
-        package = open_package(dist, source)
+        package = engine.package(source)
     except SourceError:  # no release here to read (the engine not installed): nothing shows it gone
         return None
+    label = engine.label
     for path, pattern in code:
         try:
             text = package.read(path)

@@ -51,18 +51,31 @@ class Engine:
         """What a rank pool's fork server imports to have the engine loaded (:meth:`preload`)."""
         return f"testbed.integrations.{self.name}.preload"
 
+    def package(self, source: str | None = None):
+        """The files (read as text, never imported) of ``source`` (a release number, wheel or
+        directory) or else of the copy in use: the checkout or unpacked wheel in
+        ``source_env``, else the installed one.
+
+        Raises
+        ------
+        SourceError
+            No such copy (the engine not installed, a release not on the registry).
+        """
+        from testbed.contract.source import open_package
+
+        return open_package(self.name, source or os.environ.get(self.source_env) or None)
+
     def release(self, source: str | None = None) -> tuple[str, str | None]:
-        """``(version, FlashInfer pin)`` of ``source`` (a release number, wheel or directory)
-        or else of the copy in use: the checkout or unpacked wheel in ``source_env``, else the
-        installed one, read from its metadata (``unknown``, None without any)."""
+        """``(version, FlashInfer pin)`` of :meth:`package`, read from its metadata
+        (``unknown``, None without any)."""
         from testbed.contract.consumer import pinned_flashinfer
-        from testbed.contract.source import SourceError, open_package
+        from testbed.contract.source import SourceError
 
         try:
-            source = open_package(self.name, source or os.environ.get(self.source_env) or None)
+            package = self.package(source)
         except SourceError:
             return "unknown", None
-        return source.version, pinned_flashinfer(source)
+        return package.version, pinned_flashinfer(package)
 
     def pinned(self) -> str:
         """The FlashInfer release this engine runs on: the one its metadata pins, as pip prints
@@ -88,10 +101,8 @@ class Engine:
             if pin not in WHEELLESS:
                 raise unserved_pin(f"{self.label} {version}", pin) from None
             from testbed.contract.serving import evidence
-            from testbed.contract.source import open_package
 
-            source = open_package(self.name, os.environ.get(self.source_env) or None)
-            serve_by_evidence(evidence(f"{self.label} {version}", source, self.consumer, pin))
+            serve_by_evidence(evidence(f"{self.label} {version}", self.package(), self.consumer, pin))
         return pin or self.default_pin
 
     def module(self, name: str):

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import ast
 import functools
-import os
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.integrations.vllm.environment import SOURCE_ENV
+from testbed.integrations.vllm.environment import ENGINE
 from testbed.scenario.model import Scenario, first_given
 
 # The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
@@ -47,10 +46,10 @@ def refuses_pp_with_external_launcher() -> bool:
     """Whether the vLLM this process runs refuses PP > 1 under ``external_launcher`` when its
     config is built (from 0.34: its GPU model runner does not broadcast PP outputs to keep
     torchrun ranks in sync), read from its source (a probe, not a version)."""
-    from testbed.contract.source import SourceError, open_package
+    from testbed.contract.source import SourceError
 
     try:
-        config = open_package("vllm", os.environ.get(SOURCE_ENV) or None).read("vllm/config/vllm.py")
+        config = ENGINE.package().read("vllm/config/vllm.py")
     except (SourceError, FileNotFoundError, KeyError):
         return False
     # The GPU model runner's own list (0.34); 0.33 lists it only for its optional V2 runner.
