@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 
 from fakes.flashinfer.profiles import distinct_alltoalls, release_key, resolve
 from testbed import integrations
-from testbed.harness import runner
+from testbed.harness import findings, runner
 from testbed.harness.invariants import Verdict
 from testbed.integrations.base import Finding
 from testbed.scenario.model import Scenario, ScenarioInputError, from_cli
@@ -55,9 +55,11 @@ def reproducer(name: str, finding: Finding, pin: str) -> Optional[Scenario]:
     return None
 
 
-def outcome(finding: Finding, v: Verdict) -> tuple[str, str]:
+def outcome(finding: Finding, v: Verdict, gone: Optional[str] = None) -> tuple[str, str]:
+    """How ``v`` went for ``finding``; ``gone``: why the engine release no longer has it (its
+    signature showing there is another failure that reads alike, never the finding)."""
     inv, piece = finding.expect[0]
-    if finding.id in v.known or any(g.invariant == inv and piece in g.evidence for g in v.failures):
+    if not gone and (finding.id in v.known or any(g.invariant == inv and piece in g.evidence for g in v.failures)):
         return "reproduces", ""
     others = [g for g in v.failures if g.invariant != "known-finding"]
     if not others:
@@ -76,6 +78,7 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
         if only and finding.id not in only:
             continue
         base = reproducer(name, finding, pin)
+        absent = findings.gone(integration, finding)
         for release in releases(pin):
             if base is None:
                 cells.append(Cell(finding.id, label, release, "not run", "no scenario of the matrix it applies to"))
@@ -86,7 +89,7 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
             except ScenarioInputError as e:
                 cells.append(Cell(finding.id, label, release, "not run", str(e)))
                 continue
-            result, detail = outcome(finding, runner.run(pool, sc, timeout_s=timeout_s))
+            result, detail = outcome(finding, runner.run(pool, sc, timeout_s=timeout_s), absent)
             cells.append(Cell(finding.id, label, release, result, detail))
     return cells
 
