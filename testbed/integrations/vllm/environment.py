@@ -111,7 +111,7 @@ def vllm_config(**configs):
     config is built, and only then."""
     from vllm.config import VllmConfig
 
-    triton_utils = sys.modules.get("vllm.triton_utils") or importlib.import_module("vllm.triton_utils")
+    triton_utils = importlib.import_module("vllm.triton_utils")
     undo = patch.attribute(triton_utils, "HAS_TRITON", True) if "HAS_TRITON" in vars(triton_utils) else None
     try:
         return VllmConfig(**configs)
