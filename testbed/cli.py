@@ -566,6 +566,7 @@ def _judge_on(backend: str, args) -> int:
 
 
 def _scenarios(args) -> list:
+    from testbed.harness.matrix import check_driven
     from testbed.scenario.model import ScenarioInputError, from_args, scenario_given
 
     if scenario_given(args) or args.layout:
@@ -576,9 +577,7 @@ def _scenarios(args) -> list:
             args.profile = engine.pinned()  # an engine's scenario runs on the FlashInfer it pins
         try:
             sc = from_args(args, args.layout[0] if args.layout else None)
-            release = _integrations().get(sc.integration).release_refusal(sc)
-            if release:
-                raise ScenarioInputError(*release)
+            check_driven(sc)
             return [sc]
         except ScenarioInputError as e:
             raise UsageError(str(e)) from None

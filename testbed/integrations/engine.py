@@ -218,7 +218,7 @@ def guarded_flashinfer_imports(module) -> dict:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _guarded_blocks(path: str, mtime_ns: int) -> tuple:
     """The guarded top-level ``from flashinfer`` blocks of the module file at ``path``, each
     ``(its if-test compiled, or None for a try block; its imports; the flags its except
