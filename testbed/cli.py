@@ -907,10 +907,10 @@ def _mutants(args) -> int:
     started = time.monotonic()
     hunts = []
     print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
-    absent = {m.name: m.requires() for m in catalogue if m.name in names and m.requires is not None}
-    absent = {name: why for name, why in absent.items() if why}
-    for name, why in absent.items():  # the release has none of the code the mutant changes
-        print(f"{name:32s} {'N/A':9s} {why}", flush=True)
+    absent = {m.name: m.not_applicable() for m in catalogue if m.name in names}
+    absent = {name: found for name, found in absent.items() if found}
+    for name, (kind, why) in absent.items():
+        print(f"{name:32s} {'N/A':9s} {kind}: {why}", flush=True)
     names = [name for name in names if name not in absent]
     def show(h) -> None:
         print(f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
@@ -938,7 +938,7 @@ def _mutants(args) -> int:
         report.dump_json(args.json, {"killed": killed, "total": len(hunts),
                                      "seconds": round(time.monotonic() - started, 3),
                                      "mutants": [h.__dict__ for h in hunts],
-                                     "not_applicable": [{"mutant": n, "why": w} for n, w in absent.items()]})
+                                     "not_applicable": [{"mutant": n, "kind": k, "why": w} for n, (k, w) in absent.items()]})
     print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s"
           + (f" ({len(absent)} not applicable to this release)" if absent else ""))
     return 0 if killed == len(hunts) else 1

@@ -101,10 +101,14 @@ def test_findings_fi_race_not_on_kernels_that_order_rounds():
     assert not race.applies(from_text("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", profile="0.7.4", **grows))
 
 
-def test_findings_release_rule_refuses_pp_where_the_release_refuses_it(tmp_path, monkeypatch):
-    from testbed.integrations.vllm.rules import release_rule
+def test_findings_release_pp_starts_as_mp_where_external_launcher_refuses_it(tmp_path, monkeypatch):
+    """A release whose GPU runner refuses PP under the external launcher (0.34) is driven as its
+    mp executor starts PP: each DP rank's engine given its ``data_parallel_rank``, each worker's
+    rank within its DP rank's TP x PP world; elsewhere every rank is one of one world."""
+    from testbed.cluster.layout import ParallelLayout
+    from testbed.integrations.vllm import rules
 
-    pp = from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", sequence_parallel=True)
+    layout = ParallelLayout(8, tp=2, dp=2, pp=2)
     refused = ('    unsupported = []\n    if pp:\n        unsupported.append("pipeline parallelism with '
                'external_launcher")\n    return unsupported\n')
     for name, config in (("refuses", "def _get_model_runner_unsupported_features(self):\n" + refused),
@@ -115,15 +119,18 @@ def test_findings_release_rule_refuses_pp_where_the_release_refuses_it(tmp_path,
         (root / "vllm" / "config" / "vllm.py").write_text(config)
         (root / "vllm-9.0.dist-info").mkdir()
         monkeypatch.setenv(VLLM_SOURCE, str(root))
-        from testbed.integrations.vllm import rules
-
         rules.refuses_pp_with_external_launcher.cache_clear()
-        rule = release_rule(pp)
+        launches = [rules.executor_launch(layout, rank) for rank in range(layout.world_size)]
         if name == "refuses":
-            assert rule is not None and rule[0] == "--layout" and "external_launcher" in rule[1]
+            assert {la.config["distributed_executor_backend"] for la in launches} == {"mp"}
+            assert [la.config["data_parallel_rank"] for la in launches] == [0] * 4 + [1] * 4
+            assert [(la.world_size, la.rank) for la in launches] == [(4, r % 4) for r in range(8)]
         else:
-            assert rule is None
-    assert release_rule(from_text("2,1,2,1", "bf16:16", "5,7 3,1", integration="vllm")) is None
+            assert [la.config for la in launches] == [{"distributed_executor_backend": "external_launcher"}] * 8
+            assert [(la.world_size, la.rank) for la in launches] == [(8, r) for r in range(8)]
+        assert rules.executor_launch(ParallelLayout(4, tp=2, dp=2), 3).config == \
+            {"distributed_executor_backend": "external_launcher"}
+    rules.refuses_pp_with_external_launcher.cache_clear()
 
 
 def test_findings_never_gone_without_a_release_to_read(monkeypatch):

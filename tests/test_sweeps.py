@@ -86,8 +86,14 @@ def test_sweep_mutants_judge_finds_a_survivor_and_an_excuse_the_source_contradic
         (root / f"sglang-{version}.dist-info" / "METADATA").write_text(f"Name: sglang\nVersion: {version}\n")
     engine = integrations.get("sglang").engine
     data = {"mutants": [{"mutant": "s-capacity-halved", "killed": True, "by": "workspace @ 1"}],
-            "not_applicable": [{"mutant": m.name, "why": "no such code"}]}
+            "not_applicable": [{"mutant": m.name, "kind": "absent", "why": "no such code"}]}
     assert sweeps.judge_mutants(engine, str(tmp_path / "9.0.0"))(data, "") == []
+    equivalent = copy.deepcopy(data)  # an equivalent mutant's code is there: its probe names the guard
+    equivalent["not_applicable"][0].update(kind="equivalent", why="a guard undoes it")
+    assert sweeps.judge_mutants(engine, str(tmp_path / "9.0.1"))(equivalent, "") == []
+    equivalent["not_applicable"][0]["why"] = ""
+    (problem,) = sweeps.judge_mutants(engine, str(tmp_path / "9.0.1"))(equivalent, "")
+    assert problem == f"{m.name} was left out as equivalent without a reason"
     (problem,) = sweeps.judge_mutants(engine, str(tmp_path / "9.0.1"))(data, "")
     assert problem.startswith(f"{m.name} was left out as N/A (no such code), but {module}")
     survived = copy.deepcopy(data)

@@ -170,8 +170,8 @@ def judge_matrix(pin: str) -> Judge:
 
 def judge_mutants(engine, source: Optional[str]) -> Judge:
     """An engine release's mutants: every one killed, each by the failure it names; one is
-    left out (N/A) only where the release's source of its target has none of the code it
-    changes."""
+    left out (N/A) as absent only where the release's source of its target has none of the
+    code it changes, and as equivalent only by its probe's reason."""
     def judge(data: dict, stdout: str) -> list[str]:
         from testbed.contract.source import open_package
         from testbed.harness import mutants
@@ -184,6 +184,10 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
         package = open_package(engine.name, source)
         for absent in data["not_applicable"]:
             m = mutants.get(absent["mutant"])
+            if absent["kind"] == "equivalent":  # its code is there by definition: the probe names the guard
+                if not absent["why"]:
+                    problems.append(f"{m.name} was left out as equivalent without a reason")
+                continue
             module = m.target.partition(":")[0]
             text = package.read(module.replace(".", "/") + ".py")
             present = [old for old in (m.old,) + tuple(old for old, _ in m.forms) if old in text]

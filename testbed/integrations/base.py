@@ -105,12 +105,28 @@ class Mutant:
     # A capability probe of the integration's release: why it has none of the code the change
     # is about (one line; the mutant is then not applicable there), or None.
     requires: Optional[Callable[[], Optional[str]]] = None
+    # A probe of the release: why the change, though its code is there, changes nothing the
+    # release does (a guard it always passes through undoes it; one line naming that guard),
+    # or None. The mutant is then equivalent there: not hunted, and reported as such.
+    equivalent: Optional[Callable[[], Optional[str]]] = None
 
     @classmethod
-    def of(cls, name, description, target, old, new, *expect, tests=(), forms=(), requires=None) -> "Mutant":
+    def of(cls, name, description, target, old, new, *expect, tests=(), forms=(), requires=None,
+           equivalent=None) -> "Mutant":
         """A catalogue entry as written: the ``expect`` pairs after the change, tests, other
-        releases' forms and the capability it needs by keyword."""
-        return cls(name, description, target, old, new, tuple(expect), tuple(tests), tuple(forms), requires)
+        releases' forms, the capability it needs and its equivalence probe by keyword."""
+        return cls(name, description, target, old, new, tuple(expect), tuple(tests), tuple(forms), requires,
+                   equivalent)
+
+    def not_applicable(self) -> Optional[tuple[str, str]]:
+        """``(kind, why)`` this mutant is not hunted on the release: ``absent`` (the release has
+        none of the code it changes) or ``equivalent`` (its change is undone on every path), or
+        None."""
+        for kind, probe in (("absent", self.requires), ("equivalent", self.equivalent)):
+            why = probe() if probe is not None else None
+            if why:
+                return kind, why
+        return None
 
     @property
     def needs_scenarios(self) -> bool:

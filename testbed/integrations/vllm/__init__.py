@@ -34,11 +34,6 @@ class VllmIntegration(Integration):
 
         return vllm_rule(sc) or sp_prefill_elsewhere(sc)
 
-    def release_refusal(self, sc):
-        from testbed.integrations.vllm.rules import release_rule
-
-        return release_rule(sc)
-
     def engine_passes(self, sc):
         from testbed.integrations.vllm.rules import engine_passes
 

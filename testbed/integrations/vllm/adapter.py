@@ -47,6 +47,7 @@ from testbed.integrations.vllm.environment import (
 )
 from testbed.integrations.vllm.experts import experts_class
 from testbed.integrations.vllm.layer import build_runner
+from testbed.integrations.vllm.rules import executor_launch
 from testbed.scenario.reference import ACT_DTYPE
 
 BACKENDS = {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}
@@ -75,16 +76,17 @@ class VllmSession:
         ctx.add_cleanup(patch.environment({"RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.rank),
                                            "WORLD_SIZE": str(ctx.world_size)}))
         budget = sc.stages[0][0].max_num_tokens  # one for every layer (the model refuses others)
+        launch = executor_launch(lay, ctx.rank)
         parallel = ParallelConfig(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                                   data_parallel_size=lay.dp, enable_expert_parallel=True,
-                                  all2all_backend=_backend(sc), distributed_executor_backend="external_launcher")
+                                  all2all_backend=_backend(sc), **launch.config)
         scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=budget, max_model_len=budget,
                                     is_encoder_decoder=False)
         self.config = vllm_config(parallel_config=parallel, scheduler_config=scheduler)
         entered = set_current_vllm_config(self.config)
         entered.__enter__()
         ctx.add_cleanup(lambda: entered.__exit__(None, None, None))
-        ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
+        ps.init_distributed_environment(world_size=launch.world_size, rank=launch.rank, local_rank=launch.rank,
                                         backend="gloo", timeout=ctx.pg_timeout)
         ctx.add_cleanup(destroy_parallel_state)
         ps.initialize_model_parallel(tensor_model_parallel_size=lay.tp, pipeline_model_parallel_size=lay.pp,

@@ -68,6 +68,17 @@ def one_sided_api() -> str:
         else "moe_ep"
 
 
+@functools.cache
+def two_sided_api() -> str:
+    """The FlashInfer API vLLM's two-sided manager drives, by what it has (a capability probe):
+    ``moe_ep`` (0.34: ``get_communication``, one ``NVLinkTwoSidedAlltoAll`` per size) or
+    ``mnnvl`` (before: ``MnnvlMoe`` on a ``Mapping``); ``mnnvl`` where vLLM is not installed
+    (the release the adapter is written for)."""
+    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
+    return "moe_ep" if module is not None and hasattr(module.FlashInferNVLinkTwoSidedManager, "get_communication") \
+        else "mnnvl"
+
+
 # vLLM's integration code: its distributed layer and its fused-MoE layer; at the engine level
 # only the MoE layer's (attention's TP all-reduce and the logits' gather are the model's).
 LAYER_CODE = ("distributed/", "model_executor/layers/fused_moe/")

@@ -8,6 +8,39 @@ from __future__ import annotations
 from testbed.integrations.base import Mutant
 
 _m = Mutant.of
+
+
+def _two_sided_on_mnnvl():
+    from testbed.integrations.vllm.environment import two_sided_api
+
+    return None if two_sided_api() == "mnnvl" else (
+        "this vLLM's two-sided manager drives flashinfer.moe_ep (get_communication): it builds no Mapping, and "
+        "its combine takes no token count (moe_ep's combine uses its dispatch's)")
+
+
+def _two_sided_on_moe_ep():
+    from testbed.integrations.vllm.environment import two_sided_api
+
+    return None if two_sided_api() == "moe_ep" else (
+        "this vLLM's two-sided path drives MnnvlMoe, not flashinfer.moe_ep's NVLinkTwoSidedAlltoAll")
+
+
+def _one_sided_buffer():
+    from testbed.integrations.vllm.environment import ENGINE
+
+    module = ENGINE.module(V_OS)
+    return None if module is not None and hasattr(module.FlashInferNVLinkOneSidedPrepareAndFinalize,
+                                                  "allocate_fused_expert_output") else (
+        "this vLLM's one-sided prepare hands the experts no combine-input buffer (no allocate_fused_expert_output)")
+
+
+def _ids_cast_on_every_path():
+    from testbed.integrations.vllm.environment import one_sided_api, two_sided_api
+
+    if one_sided_api() == "moe_ep" and two_sided_api() == "moe_ep":
+        return ("every path of this vLLM dispatches through flashinfer.moe_ep, whose dispatch casts topk_ids to "
+                "int32 itself in every FlashInfer release that has it (moe_ep/nvlink.py): int64 ids are what it takes")
+    return None
 V_MGR = "vllm.distributed.device_communicators.all2all:FlashInferNVLinkOneSidedManager"
 V_MGR2 = "vllm.distributed.device_communicators.all2all:FlashInferNVLinkTwoSidedManager"
 V_PF = ("vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided:"
@@ -90,10 +123,20 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        "            output=torch.empty_like(output),\n", ("output", "x the tolerance")),
     _m("v-two-sided-combine-token-count", "the two-sided combine is told the received rows' count, not the layer's",
        f"{V_TS}:FlashInferNVLinkTwoSidedPrepareAndFinalize.finalize", "token_count = output.shape[0]",
-       "token_count = fused_expert_output.shape[0]", ("completes", ""), ("output", "")),
+       "token_count = fused_expert_output.shape[0]", ("completes", ""), ("output", ""), requires=_two_sided_on_mnnvl),
     _m("v-two-sided-mapping-tp-1", "the two-sided Mapping is built with tp_size 1 instead of the EP group's size",
        f"{V_MGR2}.initialize", "            tp_size=world_size,", "            tp_size=1,", ("completes", ""),
-       ("output", "x the tolerance")),
+       ("output", "x the tolerance"), requires=_two_sided_on_mnnvl),
+    # -- the two-sided path on flashinfer.moe_ep (0.34) ---------------------------------------------
+    _m("v-two-sided-combine-discarded", "the two-sided finalize combines without output= and drops the result: the "
+       "layer's output is never written", f"{V_TS}:flashinfer_alltoall_combine",
+       "    return communication.combine(fused_expert_output, output=output)",
+       "    communication.combine(fused_expert_output)\n    return output", ("output", "x the tolerance"),
+       requires=_two_sided_on_moe_ep),
+    _m("v-two-sided-invalid-id-real-expert", "the two-sided communication marks padding rows with expert 0, a real "
+       "expert, instead of num_experts, which no rank owns", f"{V_MGR2}.get_communication",
+       "            invalid_expert_id=num_experts,", "            invalid_expert_id=0,", ("expert-load", "lanes"),
+       ("output", "x the tolerance"), ("completes", ""), requires=_two_sided_on_moe_ep),
     # -- one level up: vLLM's MoERunner, its sequence-parallel context and the model's chunking --
     _m("r-shared-reduced-under-sp", "the runner all-reduces the shared experts' output under sequence parallel, "
        "where vLLM's models replicate them", f"{V_RUNNER}._maybe_reduce_shared_expert_output",
@@ -136,7 +179,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     # -- the router hand-off and the layer's quantize ---------------------------------------------
     _m("r-router-ids-int64", "the CPU router hands the custom function's ids on as int64",
        f"{V_ROUTER}._compute_routing", "            topk_ids = topk_ids.to(torch.int32).contiguous()",
-       "            topk_ids = topk_ids.to(torch.int64).contiguous()", ("completes", "")),
+       "            topk_ids = topk_ids.to(torch.int64).contiguous()", ("completes", ""),
+       equivalent=_ids_cast_on_every_path),
     _m("r-router-weights-dropped", "the CPU router replaces the custom function's weights by ones",
        f"{V_ROUTER}._compute_routing", "            topk_weights = topk_weights.to(torch.float32).contiguous()",
        "            topk_weights = torch.ones_like(topk_weights, dtype=torch.float32)", ("output", "x the tolerance")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from dataclasses import dataclass
 
 from testbed.cluster.layout import ParallelLayout
 from testbed.integrations.vllm.environment import ENGINE
@@ -60,15 +61,28 @@ def refuses_pp_with_external_launcher() -> bool:
     return False
 
 
-def release_rule(sc: Scenario) -> tuple[str, str] | None:
-    """``(flag, rule)`` the vLLM release this process runs cannot be driven at for ``sc``
-    (a rule of that release's code, so not part of the scenario's validation)."""
-    if sc.layout.pp > 1 and refuses_pp_with_external_launcher():
-        return "--layout", ("this vLLM refuses pipeline parallelism with the external_launcher executor its ranks "
-                            "are started as here (VllmConfig._get_model_runner_unsupported_features: \"pipeline "
-                            "parallelism with external_launcher\"); the adapter does not yet start PP as vLLM's mp "
-                            "executor does")
-    return None
+@dataclass(frozen=True)
+class Launch:
+    """How a rank's vLLM is started: ``config`` the ``ParallelConfig`` keywords of its executor,
+    ``world_size`` and ``rank`` what its worker hands ``init_distributed_environment`` (vLLM
+    offsets them by the DP rank where the executor is not the external launcher)."""
+
+    config: dict
+    world_size: int
+    rank: int
+
+
+def executor_launch(layout: ParallelLayout, rank: int) -> Launch:
+    """The executor ``rank`` runs under: the external launcher (every rank one process of one
+    world, its DP rank read from ``RANK``), or, where the release refuses pipeline parallelism
+    under it (:func:`refuses_pp_with_external_launcher`), vLLM's mp executor as a PP
+    deployment runs: one engine per DP rank, its ``data_parallel_rank`` given, each worker's
+    rank within its DP rank's TP x PP world."""
+    if layout.pp > 1 and refuses_pp_with_external_launcher():
+        per_dp = layout.tp * layout.pp
+        return Launch({"distributed_executor_backend": "mp", "data_parallel_rank": rank // per_dp},
+                      per_dp, rank % per_dp)
+    return Launch({"distributed_executor_backend": "external_launcher"}, layout.world_size, rank)
 
 
 def engine_passes(sc: Scenario) -> tuple[tuple[int, ...], ...]:
