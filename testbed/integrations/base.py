@@ -45,6 +45,9 @@ class Traits:
     the tokens unevenly. ``shared_tp_sharded``: the shared experts are TP-sharded (a partial
     sum the layer reduces) wherever the layer is not sequence parallel (vLLM's models:
     ``disable_tp=is_sequence_parallel``), instead of sharded only where the routed experts are.
+    ``expert_output_by_scenario``: the experts write into the combine region exactly when the
+    scenario asks (``--expert-output``, impl's); an integration whose own code decides it (vLLM's
+    modular kernel, from the prepare's ``allocate_fused_expert_output``) is not held to the flag.
     """
 
     shared_communication: bool
@@ -54,6 +57,7 @@ class Traits:
     combine_output: bool = True
     sp_pads_routed: bool = False
     shared_tp_sharded: bool = False
+    expert_output_by_scenario: bool = True
 
 
 class Layer(Protocol):

@@ -41,6 +41,7 @@ from testbed.integrations import engine as support
 from testbed.integrations.vllm import kernels
 from testbed.integrations.vllm.environment import (
     destroy_parallel_state,
+    gpu_buffers,
     prepare_environment,
     stub_accelerator,
     vllm_config,
@@ -65,6 +66,7 @@ class VllmSession:
         self.ctx, self.sc, self.log = ctx, sc, log
         lay = sc.layout
         stub_accelerator(ctx)
+        gpu_buffers(ctx)
         support.name_the_fake(ctx, sc)
         _forget_probes()
         # Before 0.33 the managers' module binds FlashInfer's classes at import, under its probes.

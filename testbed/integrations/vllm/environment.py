@@ -111,6 +111,41 @@ def stub_accelerator(ctx) -> None:
     ctx.add_cleanup(lambda: [setattr(acc, name, fn) for name, fn in saved.items()])
 
 
+def gpu_buffers(ctx) -> None:
+    """The experts' buffers allocated as on a GPU host, where the release decides there whether
+    the experts write straight into the all-to-all's workspace (a capability probe: its modular
+    kernel asks the prepare for ``allocate_fused_expert_output``, 0.34).
+
+    vLLM's ``FusedMoEKernel._allocate_buffers`` takes a CPU branch on its CPU platform that
+    fetches the prepare's combine-input buffer and drops it (``modular_kernel.py``: "skip the
+    workspace manager entirely here"); on a GPU it hands the experts that buffer as their
+    output. The modular kernel's module sees a platform that is not a CPU (its other platform
+    questions, CUDA and ROCm, answer false on either), and vLLM's workspace manager is
+    started on this rank's device as its GPU model runner starts it."""
+    mk = importlib.import_module("vllm.model_executor.layers.fused_moe.modular_kernel")
+    if not hasattr(mk.FusedMoEPrepareAndFinalizeModular, "allocate_fused_expert_output"):
+        return
+    from vllm.v1.worker import workspace
+
+    workspace.init_workspace_manager(torch.device("cpu"))
+    ctx.add_cleanup(lambda: setattr(workspace, "_manager", None))
+    ctx.add_cleanup(patch.attribute(mk, "current_platform", _NotACpu(mk.current_platform)))
+
+
+class _NotACpu:
+    """vLLM's platform, answering that it is not a CPU."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    @staticmethod
+    def is_cpu() -> bool:
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+
 def vllm_config(**configs):
     """vLLM's ``VllmConfig(**configs)``, built as on a GPU host.
 
