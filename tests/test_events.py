@@ -16,6 +16,7 @@ SAMPLES = (
     ev.CommunicationBuilt(1, "nvlink_one_sided", 8, 2, 8, 1 << 20, 256, 520),
     ev.Dispatch(4, 3), ev.Dispatch(None, 0, build=2),
     ev.Dispatched(1, 1024),
+    ev.WorkspaceWritten(1),
     ev.Combine(1, True, None, False),
     ev.ArgumentRefused("flashinfer.comm.Mapping", "gpus_per_node", "<function f>", "int", "vllm/x.py:1 in g"),
     ev.MnnvlSetup(("Get_rank", "allgather")),

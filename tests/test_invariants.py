@@ -76,7 +76,7 @@ def test_invariant_reduce_and_probe():
     logs = {r: [] for r in range(4)}
     logs[0] = [{"ev": "forward", "pass_index": 0, "layer": 0, "reduced": False, "pending": False, "sp": False},
                {"ev": "forward_end", "pass_index": 0, "layer": 0},
-               {"ev": "combine", "build": 1, "output": False, "runtime_max": 1, "in_workspace": False}]
+               {"ev": "combine", "build": 1, "output": False, "runtime_max": 1, "resident": False}]
     v = _check(logs)
     (r,) = v.failed("reduce")
     assert "output_is_reduced() is False" in r.evidence
@@ -115,7 +115,7 @@ def _rounds(offsets, between=None):
     events = [{"ev": "forward", "pass_index": 0, "layer": 0, "reduced": True, "pending": False, "sp": False}]
     for offset in offsets:
         events += [{"ev": "dispatch", "runtime_max": 1, "tokens": 1}, {"ev": "dispatched", "build": 1, "combine_offset": offset},
-                   {"ev": "combine", "build": 1, "output": False, "runtime_max": 1, "in_workspace": False}]
+                   {"ev": "combine", "build": 1, "output": False, "runtime_max": 1, "resident": False}]
         if between:
             events.append(between)
     return {0: events, 1: [], 2: [], 3: []}
@@ -243,7 +243,7 @@ def _two_builds(workspaces):
     events.append(ForwardStart(pass_index=0, layer=0, reduced=True, pending=False, sp=False))
     for build, offset in ((1, 1024), (2, 2048)):
         events += [Dispatch(runtime_max=1, tokens=1), Dispatched(build=build, combine_offset=offset),
-                   Combine(build=build, output=False, runtime_max=1, in_workspace=False)]
+                   Combine(build=build, output=False, runtime_max=1, resident=False)]
     return {0: events, 1: [], 2: [], 3: []}
 
 

@@ -92,7 +92,7 @@ def _fixed_logs(*builds, rounds=((0, 0, 1),), layers=1):
     events += [LayerBuilt(layer=i) for i in range(layers)]
     for p, i, b in rounds:
         events += [ForwardStart(pass_index=p, layer=i, reduced=True, pending=False, sp=False),
-                   Combine(build=b, runtime_max=5, output=False, in_workspace=False)]
+                   Combine(build=b, runtime_max=5, output=False, resident=False)]
     return {0: events, 1: events}
 
 

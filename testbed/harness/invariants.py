@@ -40,7 +40,10 @@
   previous round's combine region (its combine offset is larger) comes after a collective of
   every EP rank since that combine: FlashInfer's one-sided protocol waits for peers only at
   the start of its reads, so otherwise a peer still reading its combine output can be
-  overwritten (decided from the logged offsets, not from timing).
+  overwritten (decided from the logged offsets, not from timing). And no rank writes into a
+  workspace between a round's combine and the next dispatch: the experts' writes into the
+  combine region are writes of their round, which FlashInfer's buffer is handed for (the fake
+  tells each write it sees outside a round).
 - ``no-leaks`` (checked by the runner): no process or shared-memory segment left behind.
 """
 
@@ -71,6 +74,7 @@ from testbed.scenario.events import (
     ForwardStart,
     LayerBuilt,
     MnnvlSetup,
+    WorkspaceWritten,
 )
 from testbed.scenario.model import Scenario, row_bytes
 from testbed.scenario.reference import (
@@ -521,7 +525,7 @@ def _expert_output(sc: Scenario, logs, v: Verdict) -> None:
     want = sc.expert_output == "workspace"
     for rank, events in sorted(logs.items()):
         for e in events:
-            got = e.in_workspace if isinstance(e, (ExpertsCall, Combine)) else None
+            got = (e.region if isinstance(e, ExpertsCall) else e.resident if isinstance(e, Combine) else None)
             if got is not None and got != want:
                 what = "the experts were handed" if isinstance(e, ExpertsCall) else "combine ran with"
                 f.add(f"rank {rank}: {what} {'the combine region' if isinstance(e, ExpertsCall) else 'payload_in_workspace'}"
@@ -597,6 +601,10 @@ def _round_ordering(sc: Scenario, logs, v: Verdict) -> None:
                           "with no collective of every EP rank between the rounds: a peer still reading its combine "
                           "output can be overwritten (the cross-round race, docs/findings.md FI-RACE)")
                 last[key] = e.combine_offset
+            elif isinstance(e, WorkspaceWritten):
+                f.add(f"rank {rank} {where}: it wrote into the workspace of all-to-all build {e.build} after a round's "
+                      "combine and before the next dispatch: FlashInfer hands its buffers for one round (valid only "
+                      "between dispatch and combine), and a peer still reading that round can be overwritten")
     f.close()
 
 

@@ -64,14 +64,15 @@ def _install(ctx, sc: Scenario, log: EventLog):
             record(api.moe_alltoall, "MoeAlltoAll",
                    recording_public_moe_alltoall(api.moe_alltoall.MoeAlltoAll, log, ep_ranks))
         else:
-            base = fake_mod.MoeAlltoAll if sc.combine_signature == "release" else \
-                fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature])
-            record(api.moe_alltoall, "MoeAlltoAll", recording_moe_alltoall(base, log, ep_ranks))
+            if sc.combine_signature != "release":
+                record(api.moe_alltoall, "MoeAlltoAll",
+                       fake_mod.custom_moe_alltoall(CUSTOM_COMBINES[sc.combine_signature]))
+            ctx.add_cleanup(recording_moe_alltoall(log, ep_ranks))
     if sc.api == "comm" and api.has("comm", two_sided=True):
         record(api.alltoall, "MnnvlMoe", recording_mnnvl_moe(api.alltoall.MnnvlMoe, log, ep_ranks))
     if sc.api == "moe_ep" and api.has("moe_ep"):
         record(api.moe_ep, "create_communication",
-               recording_communication(api.moe_ep.create_communication, log, ep_ranks))
+               recording_communication(api.moe_ep.create_communication, log, ep_ranks, ctx.add_cleanup))
     if sc.flashinfer_backend == "fake":
         recording_arguments(sc.profile, log, ctx.add_cleanup)
         ctx.add_cleanup(recording_mnnvl_setup(log))

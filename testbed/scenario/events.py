@@ -97,15 +97,26 @@ class Dispatched(Event):
 
 
 @dataclass(frozen=True)
+class WorkspaceWritten(Event):
+    """This rank wrote into the workspace of all-to-all ``build`` after a round's combine and
+    before the next round's dispatch (seen by the fake when that dispatch begins)."""
+
+    kind = "workspace_written"
+    build: int
+
+
+@dataclass(frozen=True)
 class Combine(Event):
     """A combine on ``build``: whether it got ``output=``, its runtime max tokens per rank
-    (None: the API takes none, the dispatch's holds) and ``payload_in_workspace``."""
+    (None: the API takes none, the dispatch's holds) and ``resident``: whether the caller
+    passed its payload as lying in the workspace (``payload_in_workspace``; for a ``moe_ep``
+    communication, whether the payload is the combine-input buffer it handed out)."""
 
     kind = "combine"
     build: int
     output: bool
     runtime_max: Optional[int]
-    in_workspace: bool
+    resident: bool
 
 
 @dataclass(frozen=True)
@@ -131,11 +142,12 @@ class MnnvlSetup(Event):
 
 @dataclass(frozen=True)
 class ExpertsCall(Event):
-    """The experts called in a forward: asked to defer finalize, handed the combine region."""
+    """The experts called in a forward: asked to defer finalize, handed the combine region
+    (``region``) as their output."""
 
     kind = "experts"
     defer: bool
-    in_workspace: bool
+    region: bool
 
 
 @dataclass(frozen=True)
@@ -174,8 +186,8 @@ class ForwardEnd(Event):
 
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Collective, AlltoallBuilt, CommunicationBuilt, Dispatch, Dispatched, Combine, ArgumentRefused, MnnvlSetup,
-    ExpertsCall, SharedMemoryCreated, LayerBuilt, ForwardStart, ForwardEnd)}
+    Collective, AlltoallBuilt, CommunicationBuilt, Dispatch, Dispatched, WorkspaceWritten, Combine, ArgumentRefused,
+    MnnvlSetup, ExpertsCall, SharedMemoryCreated, LayerBuilt, ForwardStart, ForwardEnd)}
 # Per kind, read once: its fields, those without a default, and those written as JSON lists.
 _SHAPES = {kind: (frozenset(f.name for f in dataclasses.fields(cls)),
                   frozenset(f.name for f in dataclasses.fields(cls)

@@ -23,6 +23,7 @@ import torch
 
 from fakes.flashinfer import profiles
 from fakes.flashinfer.comm.mapping import Mapping
+from fakes import observe
 from fakes.arena import ShmArena
 
 if _TYPE_CHECKING:  # served per release by __getattr__ below
@@ -164,7 +165,18 @@ class _MnnvlMemory:
         0's segment of every rank's row, created before rank 0 contributes it, so a peer
         attaches only after the exchange."""
         memory = _MnnvlMemory._release_class()
-        comm = _MnnvlMemory.get_comm(mapping)
+        given = _MnnvlMemory.get_comm(mapping)
+        comm = observe.Noting(given)
+        try:
+            ptr, stride = _MnnvlMemory._open(memory, given, comm, size)
+        finally:
+            observe.emit("mnnvl_setup", calls=tuple(comm.calls))
+        return ptr, stride
+
+    @staticmethod
+    def _open(memory, given, comm, size: int) -> tuple[int, int]:
+        """:meth:`open_mnnvl_memory` with the integration's communicator ``given``, called
+        through ``comm``."""
         comm_rank, comm_size = comm.Get_rank(), comm.Get_size()
         sizes = comm.allgather(size)
         assert len(sizes) == comm_size
@@ -192,7 +204,7 @@ class _MnnvlMemory:
             segment, side = arena.attach(handles[0]), arena.attach(handles[0] + "-side")
         ptr = next(_MnnvlMemory._next_ptr)
         _MnnvlMemory.allocated_map[ptr] = _AllocationRecord(
-            comm, comm_size, comm_rank, segment, stride, side.view(torch.int32).view(comm_size, comm_size, SIDE_SLOTS),
+            given, comm_size, comm_rank, segment, stride, side.view(torch.int32).view(comm_size, comm_size, SIDE_SLOTS),
             _MnnvlMemory._range)
         if _MnnvlMemory._watched_arena is not arena:
             _MnnvlMemory._watched_arena = arena

@@ -17,6 +17,7 @@ from typing_extensions import deprecated
 
 import torch
 
+from fakes import observe
 from fakes.flashinfer import profiles
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from fakes.flashinfer.comm.mapping import Mapping
@@ -339,6 +340,7 @@ class _MoeAlltoAllBase:
                 "mnnvl_mem": mem,
                 "workspace": workspace,
                 "metainfo": metainfo,
+                "writes": observe.WriteWatch(),
             }
         return cls._WORKSPACE_CACHE[key]
 
@@ -389,6 +391,7 @@ class _MoeAlltoAllBase:
         self._state = _A2AState()
         # Instance-owned, so the views cannot outlive the workspace this object keeps alive.
         self._recv_view_cache = {"_workspace": self.workspace} if profiles.active().recv_view_cache else None
+        observe.emit("moe_alltoall_built", alltoall=self)
 
     def _check_mask_allowed(self, active_rank_mask) -> None:
         if active_rank_mask is not None and not self.enable_rank_mask:
@@ -400,6 +403,9 @@ class _MoeAlltoAllBase:
     def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
                   invalid_token_expert_id=None, expert_id_payload_index=None,
                   eplb_local_stats=None, active_rank_mask=None) -> list[torch.Tensor]:
+        observe.emit("moe_alltoall_dispatch", alltoall=self, runtime_max=runtime_max_tokens_per_rank,
+                     tokens=token_selected_experts.size(0))
+        self._WORKSPACE["writes"].round_begins(self.workspace, self)
         if not _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         assert self._state.phase == "idle", "dispatch called twice without combine"
@@ -424,6 +430,7 @@ class _MoeAlltoAllBase:
         self._state.combine_payload_offset = combine_offset
         self._state.eplb_gathered_stats = stats
         self._state.phase = "dispatched"
+        observe.emit("moe_alltoall_dispatched", alltoall=self, combine_offset=int(combine_offset))
         if invalid_token_expert_id is not None:
             assert expert_id_payload_index is not None, (
                 "expert_id_payload_index required when invalid_token_expert_id is set"
@@ -435,6 +442,8 @@ class _MoeAlltoAllBase:
     def _combine(self, payload, runtime_max_tokens_per_rank, payload_in_workspace=False,
                  output_dtype=None, output_scales=None, output=None, use_low_precision=False,
                  active_rank_mask=None) -> torch.Tensor:
+        observe.emit("moe_alltoall_combine", alltoall=self, output=output is not None,
+                     runtime_max=runtime_max_tokens_per_rank, resident=bool(payload_in_workspace))
         if not _MnnvlMemory.allocated_map[self.mnnvl_mem.ptr].mapped:
             raise RuntimeError("MNNVL handles are unmapped")
         assert self._state.phase == "dispatched", "combine called before successful dispatch"
@@ -449,6 +458,7 @@ class _MoeAlltoAllBase:
             use_low_precision, self.enable_rank_mask, active_rank_mask, output,
         )
         self._state = _A2AState()
+        self._WORKSPACE["writes"].round_ended(self.workspace)
         return result
 
     def get_combine_payload_tensor_in_workspace(self, runtime_max_tokens_per_rank, hidden_size, dtype):
@@ -547,6 +557,7 @@ class _Checkpoint:
                                "existing CUDA graphs are not safe to replay")
         comm_backend.barrier()
         self._state = _A2AState()
+        self._WORKSPACE["writes"].round_ended(self.workspace)  # its own re-initialization
 
 
 class _MoeAlltoAll_0_6_15(_Checkpoint, _MoeAlltoAll_0_6_14):

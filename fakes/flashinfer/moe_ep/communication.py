@@ -15,6 +15,8 @@ from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
+from fakes import observe
+
 # name -> registered classes, oldest first; a release sees the last one that belongs to it.
 _COMMUNICATION_REGISTRY: dict[str, list[type["_Communication"]]] = {}
 
@@ -218,4 +220,20 @@ def create_communication(bootstrap, params: MoEEpCommParams, backend: Any, **opt
         raise KeyError(f"unknown communication backend {name!r}; available: {sorted(registered)}")
     if not isinstance(backend, str):
         options["config"] = backend
-    return cls(bootstrap, params, **options)
+    communication = cls(bootstrap, params, **options)
+    observe.emit("communication_built", communication=communication,
+                 workspace_bytes=_workspace_bytes(communication))
+    return communication
+
+
+def _workspace_bytes(communication) -> int:
+    """Bytes per rank of a communication's (main) workspace: 0.7.4's one-sided layout, 0.7.2's
+    ``MoeAlltoAll`` or the two-sided FIFO (0 for a backend a user registered)."""
+    metainfo = getattr(communication, "metainfo", None)
+    if metainfo is not None:
+        return int(metainfo[communication._index.WORKSPACE_SIZE_INDEX])
+    alltoall = getattr(communication, "_alltoall", None)
+    if alltoall is not None:
+        return alltoall.workspace_size_per_rank
+    workspace = getattr(communication, "_workspace", None)
+    return 0 if workspace is None else workspace.size(1) * workspace.element_size()

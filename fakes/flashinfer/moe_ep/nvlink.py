@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
+from fakes import observe
+
 from fakes.flashinfer.moe_ep.communication import (
     MoEEpCommParams,
     MoEEpCommunication,
@@ -159,6 +161,8 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication):
                                  expert_id_payload_index=ids_at, eplb_local_stats=eplb_local_stats,
                                  active_rank_mask=active_rank_mask)
         self._tokens_per_rank = tokens_per_rank
+        observe.emit("communication_dispatched", communication=self,
+                     combine_offset=int(alltoall._state.combine_payload_offset))
         return dispatch_result(recv, ids_at, hidden_states_scale is not None, topk_weights is not None,
                                tokens_per_rank, alltoall.eplb_gathered_stats)
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
+from fakes import observe
 from fakes.flashinfer.comm.mnnvl import on_scenario_end
 from fakes.flashinfer.moe_ep import one_sided_ops as ops
 from fakes.flashinfer.moe_ep import nvlink
@@ -136,7 +137,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             self._module.moe_a2a_initialize(workspace, metainfo, self.ep_rank, self.ep_size)
             comm.barrier()  # no peer may publish into this workspace before every rank cleared its slice
             state = {"key": key, "mnnvl_mem": memory, "workspace": workspace, "metainfo": metainfo,
-                     "views": {}, "refcount": 0, "round_owner": None}
+                     "views": {}, "refcount": 0, "round_owner": None, "writes": observe.WriteWatch()}
             self._WORKSPACES[key] = state
         state["refcount"] += 1
         return state
@@ -199,6 +200,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             raise RuntimeError(f"another {type(self).__name__} sharing this workspace has a dispatch awaiting its "
                                "combine; instances that share a workspace must run their rounds one after another")
         self._check_rank_mask(active_rank_mask)
+        self._state["writes"].round_begins(self.workspace, self)
         params = self.params
         tokens_per_rank = self._resolve_runtime_max_tokens_per_rank(runtime_max_tokens_per_rank)
         payloads, ids_at = dispatch_payloads(hidden_states, hidden_states_scale, topk_ids, topk_weights)
@@ -249,6 +251,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
             self._enable_pdl, False)
         self._round = None
         self._state["round_owner"] = None
+        self._state["writes"].round_ended(self.workspace)
         return output
 
     def checkpoint_prepare(self) -> None:
@@ -286,6 +289,7 @@ class NVLinkOneSidedAlltoAll(MoEEpCommunication_0_7_4):
         self._module.moe_a2a_initialize(self.workspace, self.metainfo, self.ep_rank, self.ep_size)
         comm_backend.barrier()
         self._round = None
+        self._state["writes"].round_ended(self.workspace)  # its own re-initialization
 
     def destroy(self) -> None:
         """Release this instance's share of the workspace; the last one frees it."""

@@ -1,7 +1,8 @@
 """FlashInfer's ``MoeAlltoAll`` recorded: each construction (capacity, workspace), each dispatch and
 combine as a collective of the EP group (which they are: every rank waits for every peer's flags),
-where each round put its combine region; and the combine signatures no release has, which a
-scenario can give the fake's."""
+where each round put its combine region and the writes into a workspace between rounds (the
+fake's, from its hooks; a real one's through its public methods); and the combine signatures no
+release has, which a scenario can give the fake's."""
 
 from __future__ import annotations
 
@@ -10,35 +11,45 @@ import inspect
 import itertools
 
 from testbed.harness import audit
-from testbed.scenario.events import AlltoallBuilt, Collective, Combine, Dispatch, Dispatched, EventLog
+from testbed.scenario.events import (
+    AlltoallBuilt,
+    Collective,
+    Combine,
+    Dispatch,
+    Dispatched,
+    EventLog,
+    WorkspaceWritten,
+)
 
 
-def recording_moe_alltoall(base: type, log: EventLog, ep_ranks: tuple[int, ...]) -> type:
-    """``base`` logging its constructions and, as collectives of the EP group (which they
-    are: every rank waits for every peer's flags), its dispatches and combines."""
-    builds = itertools.count(1)
+def recording_moe_alltoall(log: EventLog, ep_ranks: tuple[int, ...]):
+    """Log the fake's ``MoeAlltoAll`` constructions and, as collectives of the EP group, its
+    dispatches and combines, where each round put its combine region, and the writes into a
+    workspace between rounds (from the fake's own hooks, :mod:`fakes.observe`); returns what
+    stops it."""
+    from fakes import observe
 
-    def __init__(self, *args, **kwargs):
-        base.__init__(self, *args, **kwargs)
-        self._testbed_build = next(builds)
-        log.write(AlltoallBuilt(index=self._testbed_build, max_num_tokens=self.max_num_tokens, workspace_size=self.workspace_size_per_rank, top_k=self.top_k, num_experts=self.num_experts, workspace=self.workspace.data_ptr()))
+    builds: dict[int, int] = {}  # id(alltoall) -> its build number (an alltoall lives for the scenario)
 
-    def _dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank, *args, **kwargs):
-        log.write(Collective(op="moe_a2a_dispatch", group=tuple(ep_ranks), site=audit.integration_call_site()))
-        log.write(Dispatch(runtime_max=runtime_max_tokens_per_rank, tokens=token_selected_experts.size(0)))
-        recv = base._dispatch(self, token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
-                              *args, **kwargs)
-        log_dispatched(log, self._testbed_build, self)
-        return recv
+    def listener(event: str, alltoall=None, owner=None, **fields) -> None:
+        if event == "moe_alltoall_built":
+            builds[id(alltoall)] = index = len(builds) + 1
+            log.write(AlltoallBuilt(index=index, max_num_tokens=alltoall.max_num_tokens,
+                                    workspace_size=alltoall.workspace_size_per_rank, top_k=alltoall.top_k,
+                                    num_experts=alltoall.num_experts, workspace=alltoall.workspace.data_ptr()))
+        elif event == "moe_alltoall_dispatch":
+            log.write(Collective(op="moe_a2a_dispatch", group=tuple(ep_ranks), site=audit.integration_call_site()))
+            log.write(Dispatch(runtime_max=fields["runtime_max"], tokens=fields["tokens"]))
+        elif event == "moe_alltoall_dispatched":
+            log.write(Dispatched(build=builds[id(alltoall)], combine_offset=fields["combine_offset"]))
+        elif event == "moe_alltoall_combine":
+            log.write(Combine(build=builds[id(alltoall)], output=fields["output"], runtime_max=fields["runtime_max"],
+                              resident=fields["resident"]))
+            log.write(Collective(op="moe_a2a_combine", group=tuple(ep_ranks), site=audit.integration_call_site()))
+        elif event == "workspace_written" and id(owner) in builds:
+            log.write(WorkspaceWritten(build=builds[id(owner)]))
 
-    def _combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs):
-        output = kwargs.get("output", args[3] if len(args) > 3 else None)
-        in_workspace = kwargs.get("payload_in_workspace", args[0] if args else False)
-        log.write(Combine(build=self._testbed_build, output=output is not None, runtime_max=runtime_max_tokens_per_rank, in_workspace=bool(in_workspace)))
-        log.write(Collective(op="moe_a2a_combine", group=tuple(ep_ranks), site=audit.integration_call_site()))
-        return base._combine(self, payload, runtime_max_tokens_per_rank, *args, **kwargs)
-
-    return type("MoeAlltoAll", (base,), {"__init__": __init__, "_dispatch": _dispatch, "_combine": _combine})
+    return observe.listen(listener)
 
 
 # The combine signatures no release has (model.COMBINE_SIGNATURES), over the release's data path.
@@ -63,21 +74,16 @@ CUSTOM_COMBINES = {"kw-only": _combine_kw_only, "kwargs-only": _combine_kwargs_o
                    "positional-only": _combine_positional_only, "opaque": _combine_opaque}
 
 
-def log_dispatched(log: EventLog, build: int, alltoall) -> None:
-    """Where the round just dispatched put its combine region in this rank's workspace row
-    (the 128-aligned end of its dispatch payloads), for a fake ``MoeAlltoAll``; 0.7.4's own
-    moe_ep kernels lay out no such offset and log none."""
-    offset = getattr(getattr(alltoall, "_state", None), "combine_payload_offset", None)
-    if offset is not None:
-        log.write(Dispatched(build=build, combine_offset=int(offset)))
-
-
 def recording_public_moe_alltoall(base: type, log: EventLog, ep_ranks: tuple[int, ...]) -> type:
-    """A real ``MoeAlltoAll`` logging what :func:`recording_moe_alltoall` logs, through its
-    public ``dispatch`` and ``combine`` (the fake's hooks are its own); the probe sees their
-    signatures through ``__wrapped__``."""
+    """A real ``MoeAlltoAll`` logging what :func:`recording_moe_alltoall` logs of the fake's,
+    through its public ``dispatch`` and ``combine`` (the real one has no hooks, so no combine
+    offsets and no writes between rounds); the probe sees their signatures through
+    ``__wrapped__``."""
     builds = itertools.count(1)
     dispatch_sig, combine_sig = inspect.signature(base.dispatch), inspect.signature(base.combine)
+    # The payload's residency flag: in every release, combine's parameter after the step size.
+    names = list(combine_sig.parameters)
+    resident_flag = names[names.index("runtime_max_tokens_per_rank") + 1]
 
     def __init__(self, *args, **kwargs):
         base.__init__(self, *args, **kwargs)
@@ -94,7 +100,7 @@ def recording_public_moe_alltoall(base: type, log: EventLog, ep_ranks: tuple[int
     @functools.wraps(base.combine)
     def combine(self, *args, **kwargs):
         given = combine_sig.bind(self, *args, **kwargs).arguments
-        log.write(Combine(build=self._testbed_build, output=given.get("output") is not None, runtime_max=given["runtime_max_tokens_per_rank"], in_workspace=bool(given.get("payload_in_workspace"))))
+        log.write(Combine(build=self._testbed_build, output=given.get("output") is not None, runtime_max=given["runtime_max_tokens_per_rank"], resident=bool(given.get(resident_flag))))
         log.write(Collective(op="moe_a2a_combine", group=tuple(ep_ranks), site=audit.integration_call_site()))
         return base.combine(self, *args, **kwargs)
 

@@ -21,5 +21,5 @@ class RecordingExperts:
 
     def __call__(self, prepared, *, defer: bool = False, output=None):
         self.lanes.update(lane_keys(prepared.topk_ids.cpu(), prepared.topk_weights.cpu(), self.own))
-        self.log.write(ExpertsCall(defer=defer, in_workspace=output is not None))
+        self.log.write(ExpertsCall(defer=defer, region=output is not None))
         return self.experts(prepared, defer=defer, output=output)
