@@ -1,7 +1,10 @@
 """Mutants of the installed vLLM's own source (targets under ``vllm.``): small, realistic
 wrong changes the invariants must catch (applied at run time in the rank processes by
 :mod:`testbed.harness.mutants`). Written against 0.33.0; ``forms`` give the same change where
-0.31.0 and 0.32.0 (whose one-sided manager drives ``MoeAlltoAll`` itself) write the code otherwise."""
+0.31.0 and 0.32.0 (whose one-sided manager drives ``MoeAlltoAll`` itself) write the code otherwise.
+0.34.0's two-sided path on ``flashinfer.moe_ep`` and its experts writing into FlashInfer's
+combine-input buffer have mutants of their own; a probe of the release says where a mutant's
+code is absent or its change is undone on every path (``requires``, ``equivalent``)."""
 
 from __future__ import annotations
 
@@ -25,13 +28,15 @@ def _two_sided_on_moe_ep():
         "this vLLM's two-sided path drives MnnvlMoe, not flashinfer.moe_ep's NVLinkTwoSidedAlltoAll")
 
 
-def _one_sided_buffer():
+def _no_one_sided_buffer():
     from testbed.integrations.vllm.environment import ENGINE
 
     module = ENGINE.module(V_OS)
-    return None if module is not None and hasattr(module.FlashInferNVLinkOneSidedPrepareAndFinalize,
-                                                  "allocate_fused_expert_output") else (
-        "this vLLM's one-sided prepare hands the experts no combine-input buffer (no allocate_fused_expert_output)")
+    # Its own: the modular kernel's base has one that hands nothing (0.33).
+    if module is not None and "allocate_fused_expert_output" in vars(module.FlashInferNVLinkOneSidedPrepareAndFinalize):
+        return None
+    return ("this vLLM never hands the experts FlashInfer's combine-input buffer (its one-sided prepare has no "
+            "allocate_fused_expert_output): their output is the modular kernel's own, free once combined")
 
 
 def _ids_cast_on_every_path():
@@ -121,6 +126,19 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("v-combine-without-output", "finalize hands combine a scratch tensor as output=: the layer's output is "
        "never written", f"{V_PF}.finalize", "            output=output,\n",
        "            output=torch.empty_like(output),\n", ("output", "x the tolerance")),
+    # -- the experts' output in FlashInfer's combine-input buffer (0.34 on a GPU) -------------------
+    _m("v-buffer-cleared-after-combine", "finalize clears the experts' output after the combine for the next "
+       "round: on a GPU that output is FlashInfer's combine-input buffer, which a peer may still be reading",
+       f"{V_PF}.finalize", "            output=output,\n        )", "            output=output,\n        )\n"
+       "        fused_expert_output.zero_()", ("round-ordering", "wrote into the workspace"),
+       equivalent=_no_one_sided_buffer),
+    _m("v-buffer-fetched-before-dispatch", "the prepare fetches the experts' output buffer before its dispatch "
+       "(to overlap the allocation with the exchange): the buffer FlashInfer hands for a round is asked for "
+       "outside it", f"{V_PF}.prepare", "        communication = self.all2all_manager.get_communication()\n"
+       "        received = communication.dispatch(",
+       "        communication = self.all2all_manager.get_communication()\n"
+       "        communication.get_combine_input_buffer(torch.bfloat16)\n        received = communication.dispatch(",
+       ("completes", "get_combine_input_buffer called before dispatch")),
     _m("v-two-sided-combine-token-count", "the two-sided combine is told the received rows' count, not the layer's",
        f"{V_TS}:FlashInferNVLinkTwoSidedPrepareAndFinalize.finalize", "token_count = output.shape[0]",
        "token_count = fused_expert_output.shape[0]", ("completes", ""), ("output", ""), requires=_two_sided_on_mnnvl),
