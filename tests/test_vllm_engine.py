@@ -1,4 +1,4 @@
-"""The engine level: vLLM 0.33.0's own ``LLM`` (external launcher, DP + EP) on a tiny checkpoint
+"""The engine level: vLLM's own ``LLM`` (external launcher, DP + EP) on a tiny checkpoint
 the testbed writes, judged by the round invariants, the step rule and prompt logprobs against
 a DP 1, expert-parallel-off run; and the pieces it stands on (the CPU kernels for vLLM's compiled
 ops, the checkpoint, the engine scenario), checked without vLLM against their definitions."""
@@ -232,3 +232,69 @@ def test_engine_kernels_register_under_vllms_schemas():
     assert slots.tolist() == [4 * 32 + 3, -1]
     schema = str(torch.ops._C.cpu_attention_with_kv_cache.default._schema)
     assert "SymInt sliding_window_size" in schema and "Tensor(a3!) output" in schema
+
+
+# -- the standalone CPU runner's ops (vLLM 0.34 on a CPU without Triton) -------------------------
+def test_runner_kernels_prefill_inputs_and_positions_follow_each_request_row():
+    from testbed.integrations.vllm import runner_kernels as rk
+
+    # Two requests in rows 2 and 0: row 2 prefills tokens 1..3 of its 5-token prompt, row 0 decodes.
+    all_ids = torch.arange(100, 140).view(4, 10)
+    idx, qsl = torch.tensor([2, 0], dtype=torch.int32), torch.tensor([0, 3, 4], dtype=torch.int32)
+    prefill, done = torch.tensor([3, 0, 5, 0], dtype=torch.int32), torch.tensor([4, 0, 1, 0], dtype=torch.int32)
+    input_ids, lookahead = torch.full((4,), -7), torch.full((2, 4), -7)
+    rk.prepare_prefill_inputs_cpu(input_ids, lookahead, idx, qsl, all_ids, prefill, done)
+    assert input_ids.tolist() == [121, 122, 123, -7]  # row 0 is past its prompt: its slot is the sampler's
+    assert lookahead[:, 2].tolist() == [124, 0] and lookahead[:, 0].tolist() == [-7, -7]
+    pos, seq_lens = torch.zeros(4, dtype=torch.int64), torch.full((4,), 9, dtype=torch.int32)
+    rk.prepare_pos_seq_lens_cpu(idx, qsl, done, pos, seq_lens)
+    assert pos.tolist() == [1, 2, 3, 4] and seq_lens.tolist() == [4, 5, 0, 0]
+
+
+def test_runner_kernels_sampled_token_enters_a_decode_step_and_post_update_appends_it():
+    from testbed.integrations.vllm import runner_kernels as rk
+
+    idx, qsl = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([0, 3, 4], dtype=torch.int32)
+    input_ids = torch.tensor([11, 12, 13, -1])
+    last = torch.tensor([50, 60], dtype=torch.int32)
+    indices = rk.combine_sampled_and_draft_tokens_cpu(
+        input_ids, idx, last, qsl, torch.tensor([3, 6], dtype=torch.int32), torch.tensor([5, 3], dtype=torch.int32),
+        torch.zeros(2, 0, dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32), 2, 1)
+    assert indices.tolist() == [2, 3] and input_ids.tolist() == [11, 12, 13, 50]
+    with pytest.raises(NotImplementedError, match="draft tokens"):
+        rk.combine_sampled_and_draft_tokens_cpu(input_ids, idx, last, qsl, torch.tensor([3, 6]), torch.tensor([5, 3]),
+                                                torch.zeros(2, 1, dtype=torch.int32), torch.tensor([0, 1, 3]), 3, 1)
+    all_ids, total = torch.zeros(2, 8, dtype=torch.int64), torch.tensor([6, 3], dtype=torch.int32)
+    done, counts = torch.tensor([5, 0], dtype=torch.int32), torch.zeros(2, 80, dtype=torch.int32)
+    rk.post_update_cpu(idx, done, last, counts, torch.tensor([[71], [72]]), torch.tensor([1, 1]),
+                       torch.tensor([0, 0]), qsl, all_ids, total)
+    assert last.tolist() == [72, 71] and total.tolist() == [7, 4] and done.tolist() == [6, 3]
+    assert all_ids[0, 6] == 72 and all_ids[1, 3] == 71 and counts[0, 72] == 1 and counts[1, 71] == 1
+
+
+def test_runner_kernels_block_tables_slots_and_prompt_logprob_targets():
+    from testbed.integrations.vllm import runner_kernels as rk
+
+    table = torch.tensor([[5, 2, 9], [7, 1, 3]], dtype=torch.int32)
+    out = torch.full((3, 3), -1, dtype=torch.int32)
+    rk.gather_block_table_cpu(table, out, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([2, 1]), 3)
+    assert out.tolist() == [[7, -1, -1], [5, 2, -1], [0, 0, 0]]  # num_blocks is per request row
+    slots = torch.zeros(6, dtype=torch.int64)
+    qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
+    rk.compute_slot_mapping_cpu(table, slots, torch.tensor([0, -1], dtype=torch.int32), qsl,
+                                torch.tensor([15, 16, 0, 0, 0, 0]), 16, True, -1)
+    assert slots.tolist() == [5 * 16 + 15, 2 * 16, -1, -1, -1, -1]
+    rk.compute_slot_mapping_cpu(table, slots, torch.tensor([0, 1], dtype=torch.int32), qsl,
+                                torch.tensor([15, 16, 0, 0, 0, 0]), 16, False, -1)
+    assert slots.tolist() == [-1] * 6
+    all_ids = torch.arange(20).view(2, 10)
+    targets = rk.get_prompt_logprobs_token_ids_cpu(3, qsl, torch.tensor([1, 0], dtype=torch.int32),
+                                                   torch.tensor([4, 0], dtype=torch.int32), all_ids)
+    assert targets.tolist() == [11, 12, 5]
+    logits = torch.tensor([[0.0, 3.0, 3.0], [1.0, 0.0, 0.0]])
+    greedy = rk.gumbel_sample_cpu(logits, torch.tensor([0, 1]), torch.zeros(2), torch.zeros(2), torch.zeros(2),
+                                  True, False, False)
+    assert greedy.tolist() == [1, 0]
+    with pytest.raises(NotImplementedError, match="greedily"):
+        rk.gumbel_sample_cpu(logits, torch.tensor([0, 1]), torch.tensor([0.0, 0.7]), torch.zeros(2), torch.zeros(2),
+                             True, False, False)

@@ -6,6 +6,9 @@ What the testbed puts around vLLM's engine, and why:
 
 - the compiled ops its CPU loop calls (:mod:`.engine_kernels`) and
   ``compilation_config.custom_ops=["none"]`` (vLLM's torch versions of its custom ops);
+- where the release runs x86 CPUs only on its Triton-based model runner (0.34; triton-cpu has
+  no wheel), the runner it runs on CPUs without Triton, with its compiled ops
+  (:mod:`.runner_kernels`);
 - the expert-parallel all-to-all manager vLLM's CUDA communicator builds for the backend
   (the CPU communicator always builds ``AgRsAll2AllManager``, whose dispatch raises on a CPU);
 - experts that compute with the layer's loaded weights and honour ``expert_map`` in place
@@ -52,6 +55,7 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
     from testbed.integrations.vllm import engine_kernels
 
     engine_kernels.register()
+    _standalone_cpu_runner(ctx)
     prepares: list = []
     if not reference:
         _use_flashinfer_manager(ctx, es.path)
@@ -86,6 +90,33 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
                 for prompt, out in zip(prompts, outs)]
     return {"logprobs": logprobs, "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "prepares": prepares, "generate_from": built}
+
+
+def _standalone_cpu_runner(ctx) -> None:
+    """Where the release runs x86 CPUs on its Triton-based model runner (0.34: ``CpuPlatform.
+    check_and_update_config`` refuses an x86 CPU without Triton, and triton-cpu has no wheel),
+    vLLM's runner for CPUs without Triton (``StandaloneCPUModelRunner``, what it runs on other
+    CPU architectures) instead."""
+    from vllm.platforms import cpu
+
+    platform = cpu.CpuPlatform
+    if "uses_standalone_cpu_model_runner" not in vars(platform):
+        return
+    triton_utils = importlib.import_module("vllm.triton_utils")
+    check = platform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        undo = patch.attribute(triton_utils, "HAS_TRITON", True)
+        try:
+            return check(cls, vllm_config)
+        finally:
+            undo()
+
+    from testbed.integrations.vllm import runner_kernels
+
+    runner_kernels.register()
+    ctx.add_cleanup(patch.attribute(platform, "uses_standalone_cpu_model_runner", classmethod(lambda cls: True)))
+    ctx.add_cleanup(patch.attribute(platform, "check_and_update_config", classmethod(check_and_update_config)))
 
 
 def _quiet(ctx) -> None:
