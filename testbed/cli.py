@@ -207,6 +207,8 @@ def _parser() -> argparse.ArgumentParser:
             "an a2a-testbed command judged from its JSON; a group's commands (an engine release's) run one after "
             "another in a process of their own. Exit 1 on any problem; each group's output goes to a log file."))
     sw.add_argument("--list", action="store_true", help="list the sweeps (and the engines left out) and exit")
+    sw.add_argument("--all-releases", action="store_true",
+                    help="every engine release the adapters drive, not one per generation of its FlashInfer path")
     sw.add_argument("--only", action="append", metavar="NAME", help="just this sweep (repeatable; --list names them)")
     sw.add_argument("--shard", metavar="I/N", help="groups I, I+N, ... of the catalogue (split it over N machines)")
     sw.add_argument("--jobs", type=int, default=1, metavar="N", help="groups of sweeps run at once (default 1)")
@@ -951,7 +953,7 @@ def _sweep(args) -> int:
 
     _positive("--jobs", args.jobs)
     _positive("--timeout", args.timeout)
-    catalogue = sweeps.catalogue()
+    catalogue = sweeps.catalogue(args.all_releases)
     if args.list:
         for sweep in catalogue:
             print(f"{sweep.name:28s} {sweep.command}" + (f"   [with {sweep.group}]" if sweep.group else ""))

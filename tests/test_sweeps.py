@@ -30,8 +30,18 @@ def test_sweep_catalogue_has_every_release_the_adapter_drives(name):
         assert mine <= names
         (group,) = [g for g in sweeps.groups(sweeps.catalogue()) if g[0].group == f"{name} {release}"]
         assert {s.name for s in group} == mine  # one process imports the release for all of them
-    assert set(engine.other_releases) <= {r for r, _ in sweeps.releases(engine)}
+    assert set(engine.other_releases) == {r for r, s in sweeps.releases(engine, every=True) if s}
+    assert {r for r, s in sweeps.releases(engine) if s} == set(engine.releases()) <= set(engine.other_releases)
+    every = {s.name for s in sweeps.catalogue(every=True)}
+    assert names <= every and {f"{name} {r} matrix" for r in engine.other_releases} <= every
     assert {"models", "impl matrix"} <= names
+
+
+@pytest.mark.needs("vllm")
+def test_sweep_catalogue_runs_the_engine_level_on_the_installed_and_the_newest_release():
+    names = [s.name for s in sweeps.catalogue() if s.argv[0] == "engine" and s.engine == "vllm"]
+    newest = max(integrations.get("vllm").engine.releases(), key=lambda r: tuple(map(int, r.split("."))))
+    assert names == ["vllm engine matrix", f"vllm {newest} engine matrix"]
 
 
 def test_sweep_catalogue_names_the_engines_it_leaves_out():

@@ -63,16 +63,18 @@ class Outcome:
 
 
 # -- the catalogue ---------------------------------------------------------------------------
-def releases(engine) -> list[tuple[str, Optional[str]]]:
-    """``(release, --<engine>-source value or None for the installed one)`` of every release
-    the adapter drives, the installed one first."""
+def releases(engine, every: bool = False) -> list[tuple[str, Optional[str]]]:
+    """``(release, --<engine>-source value or None for the installed one)`` of the releases
+    the sweeps run (with ``every``, all the adapter drives), the installed one first."""
     installed, _ = engine.release()
-    return [(installed, None)] + [(r, r) for r in engine.other_releases if r != installed]
+    return [(installed, None)] + [(r, r) for r in engine.releases(every) if r != installed]
 
 
-def catalogue() -> list[Sweep]:
+def catalogue(every: bool = False) -> list[Sweep]:
     """Every sweep this machine can run, a group's together: those of the engines not
-    installed are left out (``a2a-testbed sweep --list`` says which and why)."""
+    installed are left out (``a2a-testbed sweep --list`` says which and why). Each engine
+    release sampled (``every``: each it drives) gets its matrix, mutants and findings; the
+    engine level runs on the installed release and on the newest one."""
     from fakes.flashinfer.profiles import distinct_alltoalls, release_key
 
     newest = max(distinct_alltoalls(), key=release_key)
@@ -83,7 +85,8 @@ def catalogue() -> list[Sweep]:
         engine = integration.engine
         if importlib.util.find_spec(engine.name) is None:
             continue
-        for release, source in releases(engine):
+        driven = releases(engine, every)
+        for release, source in driven:
             flag = (f"--{engine.name}-source", source) if source else ()
             pin = engine.release(source)[1] or engine.default_pin
             group = f"{engine.name} {release}"
@@ -97,6 +100,11 @@ def catalogue() -> list[Sweep]:
         if integration.has_engine_level():
             sweeps.append(Sweep(f"{engine.name} engine matrix", ("engine", "--integration", engine.name),
                                 judge_engine(integration), engine.name))
+            newest = max((source for _, source in driven if source), key=release_key, default=None)
+            if newest is not None and release_key(newest) > release_key(driven[0][0]):
+                sweeps.append(Sweep(f"{engine.name} {newest} engine matrix",
+                                    ("engine", "--integration", engine.name, f"--{engine.name}-source", newest),
+                                    judge_engine(integration), engine.name))
     return sweeps
 
 

@@ -45,6 +45,10 @@ class Engine:
     # Other releases the adapter drives, each from its wheel (``--<name>-source RELEASE``).
     other_releases: tuple[str, ...] = ()
     consumer: "Consumer | None" = None  # its FlashInfer all-to-all path's files (the consumer contract's)
+    # Those of them the sweeps run by default (CI's): one per generation of the engine's
+    # FlashInfer path, where another release of that generation is in other_releases
+    # (``a2a-testbed sweep --all-releases`` runs them all); None: all of them.
+    sampled: tuple[str, ...] | None = None
 
     @property
     def preload_module(self) -> str:
@@ -170,12 +174,18 @@ class Engine:
             os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preloaded_modules() + (self.preload_module,)))
         return why and f"--integration {self.name}: {why}"
 
+    def releases(self, every: bool = False) -> tuple[str, ...]:
+        """The other releases the sweeps run: :attr:`sampled`, or with ``every`` all of
+        :attr:`other_releases`."""
+        return self.other_releases if every or self.sampled is None else self.sampled
+
     def fetch_releases(self) -> None:
-        """Download and unpack :attr:`other_releases` into the testbed's cache, once (``./dev
-        setup`` does it, so tests running in parallel find them there)."""
+        """Download and unpack the releases the sweeps run (:meth:`releases`) into the testbed's
+        cache, once (``./dev setup`` does it, so tests running in parallel find them there; any
+        other is fetched when first asked for)."""
         from testbed.contract.source import unpacked
 
-        for release in self.other_releases:
+        for release in self.releases():
             unpacked(self.name, release)
 
     def preload(self) -> None:

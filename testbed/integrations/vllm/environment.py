@@ -51,10 +51,14 @@ def prepare_environment() -> None:
         sys.path.insert(0, source)
 
 
+# The generations of vLLM's FlashInfer path the sweeps sample, one release each: 0.31.0 (its
+# one-sided manager drives MoeAlltoAll itself; 0.32.0 is the same generation), 0.33.0 (installed:
+# one-sided on moe_ep, two-sided on MnnvlMoe), 0.34.0 (both on moe_ep, the experts writing into
+# FlashInfer's combine-input buffer, PP only under the mp executor, the standalone CPU runner).
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
-    ("0.31.0", "0.32.0"), CONSUMER)
+    ("0.31.0", "0.32.0", "0.34.0"), CONSUMER, sampled=("0.31.0", "0.34.0"))
 
 
 @functools.cache
