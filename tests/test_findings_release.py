@@ -69,9 +69,10 @@ def test_findings_gone_where_a_pattern_no_longer_matches(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("release, absent", [
-    ("0.31.0", {"VLLM-001"}),  # its one-sided prepare passes runtime_max_tokens_per_rank already
-    ("0.32.0", {"VLLM-001"}),
-    ("0.33.0", set()),
+    # VLLM-008 is 0.34.0's: no release before builds NVLinkOneSidedConfig(cft=)
+    ("0.31.0", {"VLLM-001", "VLLM-008"}),  # its one-sided prepare passes runtime_max_tokens_per_rank already
+    ("0.32.0", {"VLLM-001", "VLLM-008"}),
+    ("0.33.0", {"VLLM-008"}),
     ("0.34.0", {"VLLM-001", "VLLM-002", "VLLM-005", "VLLM-006"}),  # moe_ep both ways, no MnnvlMoe or Mapping
 ])
 def test_findings_vllm_release_has_what_its_code_holds(release, absent, monkeypatch):

@@ -275,7 +275,7 @@ def judge_lineage(integration, release: str) -> Judge:
 
         label = integration.engine.label
         cells = [lineage.Cell(**c) for c in data]
-        driven = {r for r, _ in releases(integration.engine)}
+        driven = {r for r, _ in releases(integration.engine, every=True)}
         written = documented_first()
         problems = []
         for finding in dict.fromkeys(c.finding for c in cells):

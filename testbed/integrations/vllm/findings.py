@@ -1,5 +1,6 @@
-"""What the testbed found in vLLM 0.33.0's code (and in FlashInfer through it), each written
-up in ``docs/findings.md`` under its id; they apply to scenarios of ``--integration vllm``."""
+"""What the testbed found in vLLM's code (0.33.0's, and 0.34.0's VLLM-008; FlashInfer's through it),
+each written up in ``docs/findings.md`` under its id; they apply to scenarios of ``--integration
+vllm`` on a release whose code still holds them (``Finding.code``)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ def _mxfp8_on_an_empty_rank(sc: Scenario) -> bool:
     return any(
         ly.fmt == "mxfp8" and any(not sc.tokens(p, ly, d) for d in range(sc.layout.dp))
         for p in range(len(sc.passes)) for st in sc.stages for ly in st)
+
+
+def _moe_ep_without_own_kernels(sc: Scenario) -> bool:
+    """FlashInfer's moe_ep before 0.7.3's fields (0.7.2, 0.7.2.post1): its one-sided config has
+    no ``cft`` or ``lamport``."""
+    profile = resolve(sc.profile)
+    return "moe_ep" not in profile.absent_modules and not profile.moe_ep_kernels
 
 
 _EVERY_FORWARD = "every forward of vLLM's MoERunner on that backend and release hits it, the engine's too"
@@ -97,6 +105,18 @@ FINDINGS: tuple[Finding, ...] = (
             "a2a-testbed run --integration vllm --layout 2,1,2,1 --path two_sided --experts 4 --top-k 2 --hidden 64 "
             "--stages bf16:1 --tokens 1,1 --router-ids int64 --level kernel",
             code=((_PF + "flashinfer_nvlink_two_sided.py", r"MnnvlMoe\.mnnvl_moe_alltoallv_prepare_without_allgather\("),)),
+    Finding("VLLM-008", "vLLM 0.34.0's one-sided manager builds NVLinkOneSidedConfig(cft=False, lamport=False), "
+                        "fields FlashInfer 0.7.3 added, while its probe and its message accept FlashInfer 0.7.2: on "
+                        "0.7.2 the backend raises TypeError when the first MoE layer builds its communication",
+            lambda sc: _vllm(sc, "one_sided") and _moe_ep_without_own_kernels(sc),
+            (("completes", "unexpected keyword argument 'cft'"),),
+            "yes", "its pin, flashinfer-python 0.7.3, is not on PyPI, so an install resolves another FlashInfer: "
+            "0.7.2.post1, the newest below it, passes has_flashinfer_nvlink_one_sided() (utils/flashinfer.py) and "
+            "the manager's 'Please install FlashInfer 0.7.2 or later' assertion, and every one-sided deployment "
+            "builds the communication at start-up",
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --stages bf16:16 --tokens 5,7",
+            code=((_ALL2ALL, r"NVLinkOneSidedConfig\((?s:.)*?\bcft=False"),
+                  (_ALL2ALL, r"Please install FlashInfer 0\.7\.2 or later"))),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,
