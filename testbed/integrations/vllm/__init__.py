@@ -22,12 +22,15 @@ class VllmIntegration(Integration):
     levels = ("layer", "kernel")
 
     def api(self, sc):
-        # The two-sided manager drives comm's MnnvlMoe; the one-sided one, what it is written for.
-        if sc.path == "one_sided":
-            from testbed.integrations.vllm.environment import one_sided_api
+        # Each manager drives what the release writes it for (a probe of its code): one-sided,
+        # MoeAlltoAll or moe_ep; two-sided, comm's MnnvlMoe or moe_ep (0.34).
+        from testbed.integrations.vllm.environment import one_sided_api, two_sided_api
 
+        if sc.path == "one_sided":
             return one_sided_api()
-        return {"two_sided": "comm"}.get(sc.path)
+        if sc.path == "two_sided":
+            return "comm" if two_sided_api() == "mnnvl" else "moe_ep"
+        return None
 
     def refusal(self, sc):
         from testbed.integrations.vllm.rules import vllm_rule
