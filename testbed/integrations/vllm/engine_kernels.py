@@ -144,14 +144,20 @@ def _refuse_kv_dtype(kv_cache_dtype: str) -> None:
                                   f"kv_cache_dtype {kv_cache_dtype!r} is not one of them")
 
 
-@functools.cache
-def register() -> torch.library.Library:
-    """The ops under vLLM's ``_C`` namespace, once per process (a library cannot define an op
-    twice; kept alive by the cache). A process whose vLLM carries its own (a CPU build) keeps them."""
+def define(schemas: dict[str, str], kernels: dict) -> torch.library.Library:
+    """Each of ``schemas`` defined under vLLM's ``_C`` namespace with its kernel (``kernels``
+    by name); an op a process's vLLM carries itself (a CPU build) is kept. Call once per
+    process and keep the library alive: a library cannot define an op twice."""
     lib = torch.library.Library("_C", "FRAGMENT")
-    for name, schema in SCHEMAS.items():
+    for name, schema in schemas.items():
         if hasattr(torch.ops._C, name):
             continue
         lib.define(schema)
-        lib.impl(name, globals()[name], "CompositeExplicitAutograd")
+        lib.impl(name, kernels[name], "CompositeExplicitAutograd")
     return lib
+
+
+@functools.cache
+def register() -> torch.library.Library:
+    """The ops under vLLM's ``_C`` namespace, once per process (kept alive by the cache)."""
+    return define(SCHEMAS, globals())

@@ -16,6 +16,8 @@ import functools
 
 import torch
 
+from testbed.integrations.vllm.engine_kernels import define
+
 SCHEMAS = {
     "prepare_prefill_inputs_cpu": (
         "prepare_prefill_inputs_cpu(Tensor(a0!) input_ids, Tensor(a1!) next_prefill_tokens, Tensor idx_mapping, "
@@ -175,11 +177,5 @@ def gumbel_sample_cpu(logits, expanded_idx_mapping, temperature, seeds, position
 
 @functools.cache
 def register() -> torch.library.Library:
-    """The ops under vLLM's ``_C`` namespace, once per process (a CPU build's own are kept)."""
-    lib = torch.library.Library("_C", "FRAGMENT")
-    for name, schema in SCHEMAS.items():
-        if hasattr(torch.ops._C, name):
-            continue
-        lib.define(schema)
-        lib.impl(name, globals()[name], "CompositeExplicitAutograd")
-    return lib
+    """The ops under vLLM's ``_C`` namespace, once per process (kept alive by the cache)."""
+    return define(SCHEMAS, globals())
