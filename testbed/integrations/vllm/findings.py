@@ -46,11 +46,15 @@ def _mxfp8_on_an_empty_rank(sc: Scenario) -> bool:
         for p in range(len(sc.passes)) for st in sc.stages for ly in st)
 
 
-def _moe_ep_without_own_kernels(sc: Scenario) -> bool:
-    """FlashInfer's moe_ep before 0.7.3's fields (0.7.2, 0.7.2.post1): its one-sided config has
-    no ``cft`` or ``lamport``."""
+def _moe_ep_without_the_pins_fields(sc: Scenario) -> bool:
+    """The release pins a FlashInfer with 0.7.3's moe_ep (its one-sided config's ``cft`` and
+    ``lamport``), and the scenario runs one whose moe_ep predates them (0.7.2, 0.7.2.post1): what
+    an install that cannot get the pin resolves."""
+    from testbed.integrations.vllm.environment import ENGINE
+
     profile = resolve(sc.profile)
-    return "moe_ep" not in profile.absent_modules and not profile.moe_ep_kernels
+    return (resolve(ENGINE.pinned()).moe_ep_kernels and "moe_ep" not in profile.absent_modules
+            and not profile.moe_ep_kernels)
 
 
 _EVERY_FORWARD = "every forward of vLLM's MoERunner on that backend and release hits it, the engine's too"
@@ -108,7 +112,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("VLLM-008", "vLLM 0.34.0's one-sided manager builds NVLinkOneSidedConfig(cft=False, lamport=False), "
                         "fields FlashInfer 0.7.3 added, while its probe and its message accept FlashInfer 0.7.2: on "
                         "0.7.2 the backend raises TypeError when the first MoE layer builds its communication",
-            lambda sc: _vllm(sc, "one_sided") and _moe_ep_without_own_kernels(sc),
+            lambda sc: _vllm(sc, "one_sided") and _moe_ep_without_the_pins_fields(sc),
             (("completes", "unexpected keyword argument 'cft'"),),
             "yes", "its pin, flashinfer-python 0.7.3, is not on PyPI, so an install resolves another FlashInfer: "
             "0.7.2.post1, the newest below it, passes has_flashinfer_nvlink_one_sided() (utils/flashinfer.py) and "
