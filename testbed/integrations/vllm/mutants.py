@@ -39,6 +39,14 @@ def _no_one_sided_buffer():
             "allocate_fused_expert_output): their output is the modular kernel's own, free once combined")
 
 
+def _one_sided_on_moe_ep():
+    from testbed.integrations.vllm.environment import one_sided_api
+
+    return None if one_sided_api() == "moe_ep" else (
+        "this vLLM's one-sided prepare drives MoeAlltoAll itself: it has no moe_ep communication to ask for a "
+        "combine-input buffer")
+
+
 def _ids_cast_on_every_path():
     from testbed.integrations.vllm.environment import one_sided_api, two_sided_api
 
@@ -138,7 +146,7 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        "        received = communication.dispatch(",
        "        communication = self.all2all_manager.get_communication()\n"
        "        communication.get_combine_input_buffer(torch.bfloat16)\n        received = communication.dispatch(",
-       ("completes", "get_combine_input_buffer called before dispatch")),
+       ("completes", "get_combine_input_buffer called before dispatch"), requires=_one_sided_on_moe_ep),
     _m("v-two-sided-combine-token-count", "the two-sided combine is told the received rows' count, not the layer's",
        f"{V_TS}:FlashInferNVLinkTwoSidedPrepareAndFinalize.finalize", "token_count = output.shape[0]",
        "token_count = fused_expert_output.shape[0]", ("completes", ""), ("output", ""), requires=_two_sided_on_mnnvl),
