@@ -116,18 +116,18 @@ def stub_accelerator(ctx) -> None:
 
 
 def gpu_buffers(ctx) -> None:
-    """The experts' buffers allocated as on a GPU host, where the release decides there whether
-    the experts write straight into the all-to-all's workspace (a capability probe: its modular
-    kernel asks the prepare for ``allocate_fused_expert_output``, 0.34).
+    """The experts' buffers allocated as on a GPU host, where the release's modular kernel takes
+    them from vLLM's workspace manager (a capability probe: the module binds
+    ``current_workspace_manager``).
 
-    vLLM's ``FusedMoEKernel._allocate_buffers`` takes a CPU branch on its CPU platform that
-    fetches the prepare's combine-input buffer and drops it (``modular_kernel.py``: "skip the
-    workspace manager entirely here"); on a GPU it hands the experts that buffer as their
-    output. The modular kernel's module sees a platform that is not a CPU (its other platform
-    questions, CUDA and ROCm, answer false on either), and vLLM's workspace manager is
-    started on this rank's device as its GPU model runner starts it."""
+    vLLM's GPU model runner starts that manager; the layer level starts it on this rank's device
+    in its place. Where ``FusedMoEKernel._allocate_buffers`` has a CPU branch (0.31 on: it skips
+    the manager, and from 0.34 fetches the prepare's combine-input buffer and drops it), the
+    module sees a platform that is not a CPU (its other platform questions, CUDA and ROCm,
+    answer false on either), so the experts write where they write on a GPU: from 0.34 straight
+    into FlashInfer's combine-input buffer."""
     mk = importlib.import_module("vllm.model_executor.layers.fused_moe.modular_kernel")
-    if not hasattr(mk.FusedMoEPrepareAndFinalizeModular, "allocate_fused_expert_output"):
+    if "current_workspace_manager" not in vars(mk):
         return
     from vllm.v1.worker import workspace
 
