@@ -568,7 +568,6 @@ def _judge_on(backend: str, args) -> int:
 
 
 def _scenarios(args) -> list:
-    from testbed.harness.matrix import check_driven
     from testbed.scenario.model import ScenarioInputError, from_args, scenario_given
 
     if scenario_given(args) or args.layout:
@@ -578,9 +577,7 @@ def _scenarios(args) -> list:
         if engine is not None and args.profile is None and getattr(args, "backend", None) in (None, "fake"):
             args.profile = engine.pinned()  # an engine's scenario runs on the FlashInfer it pins
         try:
-            sc = from_args(args, args.layout[0] if args.layout else None)
-            check_driven(sc)
-            return [sc]
+            return [from_args(args, args.layout[0] if args.layout else None)]
         except ScenarioInputError as e:
             raise UsageError(str(e)) from None
     from testbed.harness.matrix import MATRIX

@@ -178,11 +178,6 @@ class Integration:
     levels: tuple[str, ...] = ("layer",)
 
     # -- the scenario model asks these (testbed.scenario.model) -----------------------------
-    def release_refusal(self, sc: "Scenario") -> Optional[tuple[str, str]]:
-        """``(flag, rule)`` where the engine release this process runs cannot be driven at
-        ``sc`` (read from that release's code); scenarios are made and validated apart from it."""
-        return None
-
     def api(self, sc: "Scenario") -> Optional[str]:
         """The FlashInfer API the integration runs ``sc.path`` on (None off the FlashInfer paths)."""
         from testbed.scenario.model import api_for

@@ -40,11 +40,11 @@ from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.vllm import kernels
 from testbed.integrations.vllm.environment import (
+    config_without_triton,
     destroy_parallel_state,
     gpu_buffers,
     prepare_environment,
     stub_accelerator,
-    vllm_config,
 )
 from testbed.integrations.vllm.experts import experts_class
 from testbed.integrations.vllm.layer import build_runner
@@ -60,13 +60,14 @@ MANAGERS = {"flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
 class VllmSession:
     def __init__(self, ctx, sc, api, log):
         prepare_environment()
-        from vllm.config import ParallelConfig, SchedulerConfig, set_current_vllm_config
+        from vllm.config import ParallelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
         from vllm.distributed import parallel_state as ps
 
         self.ctx, self.sc, self.log = ctx, sc, log
         lay = sc.layout
         stub_accelerator(ctx)
         gpu_buffers(ctx)
+        config_without_triton(ctx)
         support.name_the_fake(ctx, sc)
         _forget_probes()
         # Before 0.33 the managers' module binds FlashInfer's classes at import, under its probes.
@@ -84,7 +85,7 @@ class VllmSession:
                                   all2all_backend=_backend(sc), **launch.config)
         scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=budget, max_model_len=budget,
                                     is_encoder_decoder=False)
-        self.config = vllm_config(parallel_config=parallel, scheduler_config=scheduler)
+        self.config = VllmConfig(parallel_config=parallel, scheduler_config=scheduler)
         entered = set_current_vllm_config(self.config)
         entered.__enter__()
         ctx.add_cleanup(lambda: entered.__exit__(None, None, None))

@@ -150,24 +150,31 @@ class _NotACpu:
         return getattr(self._platform, name)
 
 
-def vllm_config(**configs):
-    """vLLM's ``VllmConfig(**configs)``, built as on a GPU host.
+def config_without_triton(ctx) -> None:
+    """vLLM's configs built on this CPU as on a host with Triton.
 
     From 0.34 vLLM's CPU platform refuses an x86 CPU whose Triton has no CPU backend when a
     config is built (``CpuPlatform.check_and_update_config``: "vLLM on x86 CPUs requires
-    Triton (triton-cpu)"), for the kernels of its own CPU model runner, which the layer level
-    never runs (the testbed's experts stand in for vLLM's). Where the release reads
-    ``vllm.triton_utils.HAS_TRITON`` (a probe, not a version), it answers true while the
-    config is built, and only then."""
-    from vllm.config import VllmConfig
+    Triton (triton-cpu)"), for the kernels of its x86 model runner, which the layer level never
+    runs and the engine level replaces (``llm._standalone_cpu_runner``). Where the release reads
+    ``vllm.triton_utils.HAS_TRITON`` (a probe, not a version), it answers true inside that check,
+    and only there."""
+    from vllm.platforms import cpu
 
     triton_utils = importlib.import_module("vllm.triton_utils")
-    undo = patch.attribute(triton_utils, "HAS_TRITON", True) if "HAS_TRITON" in vars(triton_utils) else None
-    try:
-        return VllmConfig(**configs)
-    finally:
-        if undo is not None:
+    if "HAS_TRITON" not in vars(triton_utils):
+        return
+    platform = cpu.CpuPlatform
+    check = platform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        undo = patch.attribute(triton_utils, "HAS_TRITON", True)
+        try:
+            return check(cls, vllm_config)
+        finally:
             undo()
+
+    ctx.add_cleanup(patch.attribute(platform, "check_and_update_config", classmethod(check_and_update_config)))
 
 
 def destroy_parallel_state() -> None:

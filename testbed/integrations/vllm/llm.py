@@ -29,7 +29,12 @@ import logging
 from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.vllm.adapter import BACKENDS, MANAGERS
-from testbed.integrations.vllm.environment import destroy_parallel_state, prepare_environment, stub_accelerator
+from testbed.integrations.vllm.environment import (
+    config_without_triton,
+    destroy_parallel_state,
+    prepare_environment,
+    stub_accelerator,
+)
 from testbed.scenario.events import ForwardEnd, ForwardStart, LayerBuilt
 
 PREPARES = {"one_sided": ("flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize"),
@@ -96,27 +101,17 @@ def _standalone_cpu_runner(ctx) -> None:
     """Where the release runs x86 CPUs on its Triton-based model runner (0.34: ``CpuPlatform.
     check_and_update_config`` refuses an x86 CPU without Triton, and triton-cpu has no wheel),
     vLLM's runner for CPUs without Triton (``StandaloneCPUModelRunner``, what it runs on other
-    CPU architectures) instead."""
+    CPU architectures) instead, its config built past that refusal (``config_without_triton``)."""
     from vllm.platforms import cpu
 
     platform = cpu.CpuPlatform
     if "uses_standalone_cpu_model_runner" not in vars(platform):
         return
-    triton_utils = importlib.import_module("vllm.triton_utils")
-    check = platform.check_and_update_config.__func__
-
-    def check_and_update_config(cls, vllm_config):
-        undo = patch.attribute(triton_utils, "HAS_TRITON", True)
-        try:
-            return check(cls, vllm_config)
-        finally:
-            undo()
-
     from testbed.integrations.vllm import runner_kernels
 
     runner_kernels.register()
+    config_without_triton(ctx)
     ctx.add_cleanup(patch.attribute(platform, "uses_standalone_cpu_model_runner", classmethod(lambda cls: True)))
-    ctx.add_cleanup(patch.attribute(platform, "check_and_update_config", classmethod(check_and_update_config)))
 
 
 def _quiet(ctx) -> None:
