@@ -709,11 +709,10 @@ def _reports(args, verdicts, refused, seconds: float) -> None:
 
 def _summary(verdicts, not_run: int, seconds: float, how: str = "") -> int:
     """The last line of a run and its exit status."""
-    failed = sum(not v.passed for v in verdicts)
-    known = sum(bool(v.known) for v in verdicts if v.passed)
-    print(f"{len(verdicts) - failed - known} passed, {failed} failed" + (f", {known} known" if known else "")
-          + (f", {not_run} not run" if not_run else "") + f" in {seconds:.1f} s{how}")
-    return 1 if failed else 0
+    from testbed.harness import report
+
+    print(f"{report.counts(verdicts, not_run)} in {seconds:.1f} s{how}")
+    return 0 if all(v.passed for v in verdicts) else 1
 
 
 def _judge_launched(env, scenarios, args, refused) -> int:

@@ -112,3 +112,42 @@ def test_engine_release_guarded_imports_rebound_per_release(tmp_path, monkeypatc
             u()
     assert module.MoeAlltoAll is not None and module.two_sided is True
     del sys.modules["guarded_engine"]
+
+
+_OLD_PLATFORMS = '''
+def vllm_version_matches_substr(substr):
+    return substr in "0.22.0"
+
+
+def cpu_platform_plugin():
+    is_cpu = vllm_version_matches_substr("cpu")
+    return "vllm.platforms.cpu.CpuPlatform" if is_cpu else None
+
+
+VLLM_TARGET_DEVICE = "cpu"
+_current_platform = "UnspecifiedPlatform"  # importing vllm resolved it once already
+'''
+
+
+@pytest.mark.parametrize("reads_target", [False, True])
+def test_engine_release_cpu_platform_as_the_target_device_asks(tmp_path, reads_target):
+    """A vLLM whose CPU platform plugin takes the CPU platform only for a ``+cpu`` build (before
+    0.28) resolves to it here as ``VLLM_TARGET_DEVICE=cpu`` asks, its platform resolved again; one
+    whose plugin reads the variable is left as it is (a probe of the plugin's source)."""
+    import subprocess
+
+    platforms = tmp_path / "vllm" / "platforms"
+    platforms.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    body = _OLD_PLATFORMS.replace("is_cpu = vllm", "is_cpu = VLLM_TARGET_DEVICE == 'cpu' and vllm") \
+        if reads_target else _OLD_PLATFORMS
+    (platforms / "__init__.py").write_text(body)
+    code = ("from testbed.integrations.vllm.environment import prepare_environment; prepare_environment(); "
+            "import vllm.platforms as p; print(p.cpu_platform_plugin(), p._current_platform)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "A2A_VLLM_SOURCE": str(tmp_path), "VLLM_TARGET_DEVICE": "cpu"},
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    # (the plugin that reads the variable still asks for a +cpu build here: left alone, it says no)
+    assert out.stdout.split() == (["None", "UnspecifiedPlatform"] if reads_target
+                                  else ["vllm.platforms.cpu.CpuPlatform", "None"])

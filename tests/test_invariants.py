@@ -252,3 +252,28 @@ def test_invariant_round_ordering_follows_the_workspace_not_the_build():
     # is between their rounds; on workspaces of their own there is none.
     assert _check(_two_builds([7, 7])).failed("round-ordering")
     assert not _check(_two_builds([7, 8])).failed("round-ordering")
+
+
+def test_invariant_adapter_setup_error_is_the_testbeds_not_a_failure():
+    """A rank whose adapter could not stand the engine up makes the verdict a testbed error:
+    no invariant judges it, the report says whose trouble it is, and it is neither PASS nor FAIL."""
+    from testbed.cluster.pool import RankFailedError, RankReport
+    from testbed.harness import report
+    from testbed.integrations.base import AdapterSetupError, adapter_setup
+
+    with pytest.raises(AdapterSetupError, match=r"^building the config: RuntimeError: Failed to infer device type$"):
+        with adapter_setup("building the config"):
+            raise RuntimeError("Failed to infer device type")
+    reports = {0: RankReport(0, 1, "raised", "AdapterSetupError: building the config: RuntimeError: no device (in run)",
+                             "Traceback ...", failed_at=2.0),
+               1: RankReport(1, 2, "raised", "RuntimeError: connection reset (in run)", "Traceback ...", failed_at=1.0),
+               2: RankReport(2, 3, "ok"), 3: RankReport(3, 4, "ok")}
+    v = invariants.check(SC, {r: [] for r in range(4)}, None, RankFailedError("rank 1 raised first", reports))
+    assert v.status == "ERROR" and not v.passed and not v.failures
+    assert v.testbed_error.startswith("rank 0: AdapterSetupError: building the config")
+    assert "[testbed error, not a failure of impl]" in report.failure_text(v)
+    assert report.counts([v, invariants.Verdict(SC)], 3) == "1 passed, 0 failed, 1 testbed error, 3 not run"
+    # A rank that raised anything else is the integration's: a completes failure, as before.
+    reports[0] = RankReport(0, 1, "raised", "RuntimeError: boom (in run)", "Traceback ...", failed_at=2.0)
+    v = invariants.check(SC, {r: [] for r in range(4)}, None, RankFailedError("rank 1 raised first", reports))
+    assert v.status == "FAIL" and v.failed("completes") and not v.testbed_error

@@ -60,6 +60,7 @@ from fakes.flashinfer.comm import trtllm_moe_alltoall
 from fakes.flashinfer.profiles import fake_profile, resolve
 from testbed import integrations
 from testbed.harness import audit
+from testbed.integrations.base import AdapterSetupError
 from testbed.scenario.events import (
     AlltoallBuilt,
     ArgumentRefused,
@@ -111,10 +112,18 @@ class Verdict:
     seconds: float = 0.0
     known: list[str] = field(default_factory=list)  # the known findings it reproduced (testbed.harness.findings)
     known_failures: list[Failure] = field(default_factory=list)  # their failures, as evidence
+    # The testbed could not stand the integration up (its adapter's set-up of the engine's config,
+    # platform or workspace manager raised): no invariant judged it, and it is no FAIL of the engine.
+    testbed_error: str = ""
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.testbed_error
+
+    @property
+    def status(self) -> str:
+        """``ERROR`` (the testbed's own), ``FAIL``, ``KNOWN`` or ``PASS``."""
+        return "ERROR" if self.testbed_error else "FAIL" if self.failures else "KNOWN" if self.known else "PASS"
 
     def failed(self, invariant: str) -> list[Failure]:
         return [f for f in self.failures if f.invariant == invariant]
@@ -150,6 +159,9 @@ def check_rounds(sc: Scenario, logs: dict[int, list[Event]], error) -> Verdict:
     engine run's rounds: its outputs have no per-layer reference, and its experts are not
     the testbed's): every one but ``finalize``, ``output`` and ``expert-load``."""
     v = Verdict(sc)
+    v.testbed_error = adapter_setup_error(error)
+    if v.testbed_error:
+        return v
     # After a failure the ranks stopped at different points: only what is certain counts.
     finished = None if error is None else set(error.finished)
     if error is not None:
@@ -164,6 +176,18 @@ def check_rounds(sc: Scenario, logs: dict[int, list[Event]], error) -> Verdict:
     _arguments(logs, v)
     _setup_calls(sc, logs, v)
     return v
+
+
+def adapter_setup_error(error) -> str:
+    """What stopped the adapter's own set-up on the first rank it stopped (an
+    :class:`~testbed.integrations.base.AdapterSetupError`, raised before any of the engine's
+    all-to-all code ran), with that rank's traceback; empty where none did."""
+    raised = [rep for rep in (error.reports.values() if error is not None else ())
+              if rep.status == "raised" and rep.summary.startswith(AdapterSetupError.__name__ + ":")]
+    if not raised:
+        return ""
+    first = min(raised, key=lambda rep: rep.failed_at or 0.0)
+    return f"rank {first.rank}: {first.summary}\n{first.detail.rstrip()}"
 
 
 def _stage(sc: Scenario, rank: int) -> int:

@@ -16,9 +16,8 @@ from testbed.harness.invariants import Verdict
 def verdict_line(index: int, total: int, v: Verdict) -> str:
     """``PASS  3/14  <scenario>  worst 0.24x tol  builds s0 2 (69760 B) s1 1 (...)  2.1 s``."""
     builds = " ".join(f"s{s} {len(b)} ({b[-1][1]} B)" for s, b in enumerate(v.builds) if b) or "-"
-    status = "FAIL" if not v.passed else "KNOWN" if v.known else "PASS"
     known = f"  {', '.join(v.known)} (docs/findings.md)" if v.known else ""
-    return (f"{status} {index:>3}/{total:<3} {v.scenario.short()}  worst {v.worst:.2g}x tol  "
+    return (f"{v.status:<5} {index:>3}/{total:<3} {v.scenario.short()}  worst {v.worst:.2g}x tol  "
             f"builds {builds}  {v.seconds:.1f} s{known}")
 
 
@@ -30,8 +29,10 @@ def known_text(v: Verdict) -> str:
 
 
 def failure_text(v: Verdict) -> str:
-    """The failed invariants with their evidence, then the line that reproduces the scenario."""
-    lines = []
+    """The failed invariants with their evidence (or the testbed's error: not the integration's
+    failure), then the line that reproduces the scenario."""
+    lines = [f"    [testbed error, not a failure of {v.scenario.integration}] "
+             + v.testbed_error.replace("\n", "\n      ")] if v.testbed_error else []
     for f in v.failures:
         lines.append(f"    [{f.invariant}] " + f.evidence.replace("\n", "\n      "))
     lines.append(f"    reproduce: {v.scenario.to_cli()}")
@@ -54,10 +55,20 @@ class Progress:
         self.show("")
 
 
+def counts(verdicts: Sequence[Verdict], not_run: int = 0) -> str:
+    """``8 passed, 7 failed, 10 known, 2 testbed errors, 31 not run``: the statuses present
+    (passed and failed always)."""
+    by = {s: sum(v.status == s for v in verdicts) for s in ("PASS", "FAIL", "KNOWN", "ERROR")}
+    return (f"{by['PASS']} passed, {by['FAIL']} failed" + (f", {by['KNOWN']} known" if by["KNOWN"] else "")
+            + (f", {by['ERROR']} testbed error{'s' * (by['ERROR'] != 1)}" if by["ERROR"] else "")
+            + (f", {not_run} not run" if not_run else ""))
+
+
 def as_json(verdicts: Sequence[Verdict], seconds: float) -> dict:
     return {
         "passed": sum(v.passed for v in verdicts),
-        "failed": sum(not v.passed for v in verdicts),
+        "failed": sum(v.status == "FAIL" for v in verdicts),
+        "testbed_errors": sum(v.status == "ERROR" for v in verdicts),
         "seconds": round(seconds, 3),
         "scenarios": [{
             "cli": v.scenario.to_cli(), "label": v.scenario.label, "passed": v.passed,
@@ -65,7 +76,7 @@ def as_json(verdicts: Sequence[Verdict], seconds: float) -> dict:
             "builds": [[{"max_num_tokens": t, "workspace_bytes": b} for t, b in stage] for stage in v.builds],
             "layer_errors": {k: _finite(x) for k, x in v.layer_errors},
             "failures": [{"invariant": f.invariant, "evidence": f.evidence} for f in v.failures],
-            "known": v.known,
+            "known": v.known, "testbed_error": v.testbed_error,
             "known_failures": [{"invariant": f.invariant, "evidence": f.evidence} for f in v.known_failures],
         } for v in verdicts],
     }
@@ -92,18 +103,15 @@ def write_html(path: str, verdicts: Sequence[Verdict], refused: Sequence[tuple] 
       with their units (error per layer in multiples of the tolerance, workspace KiB per build).
     """
     failed = [v for v in verdicts if not v.passed]
-    known = sum(bool(v.known) for v in verdicts if v.passed)
-    counts = (f"{len(verdicts) - len(failed) - known} passed, {len(failed)} failed"
-              + (f", {known} known" if known else "") + (f", {len(refused)} not run" if refused else "")
-              + (f" in {seconds:.1f} s" if seconds else ""))
+    summary = counts(verdicts, len(refused)) + (f" in {seconds:.1f} s" if seconds else "")
     scenarios = [v.scenario for v in verdicts] + [sc for sc, _ in refused]
     facts = (f"<p>FlashInfer profiles: {html.escape(', '.join(sorted({served_by(sc.profile) for sc in scenarios})))}; "
              f"integrations: {html.escape(', '.join(sorted({sc.integration for sc in scenarios})))}</p>"
              + (f"<p>command: {_copyable(command)}</p>" if command else ""))
     first = "".join(f"<article class='failure'><details{' open' if n < OPEN_FAILURES else ''}><summary><b>{i}. "
                     f"{html.escape(v.scenario.label or v.scenario.short())}</b>: "
-                    f"{html.escape(', '.join(dict.fromkeys(f.invariant for f in v.failures)))}</summary>"
-                    f"{_evidence(v.failures)}{_copyable(v.scenario.to_cli())}</details></article>"
+                    f"{html.escape(', '.join(dict.fromkeys(f.invariant for f in v.failures)) or 'testbed error')}</summary>"
+                    f"{_evidence(v.failures)}{_testbed_error(v)}{_copyable(v.scenario.to_cli())}</details></article>"
                     for n, (i, v) in enumerate((i, v) for i, v in enumerate(verdicts, 1) if not v.passed))
     rows = [_row(i, v) for i, v in enumerate(verdicts, 1)]
     rows += [f"<tr class='notrun'><td>{len(verdicts) + i}</td><td>NOT RUN</td><td>{html.escape(sc.short())}<br>"
@@ -115,12 +123,12 @@ def write_html(path: str, verdicts: Sequence[Verdict], refused: Sequence[tuple] 
 body{{font-family:sans-serif;margin:1em;max-width:100%}} h1{{font-size:1.4em;margin:0 0 .3em}}
 table{{border-collapse:collapse;width:100%;table-layout:fixed}} td,th{{border:1px solid #ccc;padding:3px 5px;
 vertical-align:top;font-size:12px;overflow-wrap:anywhere;text-align:left}} th{{background:#eee}}
-tr.fail{{background:#fdd}} tr.pass{{background:#efe}} tr.known{{background:#ffd}} tr.notrun{{background:#f4f4f4}}
+tr.fail{{background:#fdd}} tr.pass{{background:#efe}} tr.known{{background:#ffd}} tr.notrun{{background:#f4f4f4}} tr.error{{background:#fdb}}
 col.n{{width:3em}} col.v{{width:5.5em}} col.w{{width:6em}} col.s{{width:4em}}
 pre{{white-space:pre-wrap;overflow-wrap:anywhere;margin:.3em 0;font-size:11px;background:#f8f8f8;padding:3px}}
 article.failure{{border-left:4px solid #c33;padding:0 .6em;margin:.6em 0}} summary{{cursor:pointer;color:#036}}
 button{{font-size:11px}} svg{{max-width:100%;margin:4px 12px 4px 0}}</style></head><body>
-<header><h1>{html.escape(title)}: {counts}</h1>{facts}</header>
+<header><h1>{html.escape(title)}: {summary}</h1>{facts}</header>
 {f"<section><h2>Failures</h2>{first}</section>" if first else ""}
 <section><h2>Scenarios</h2><table><colgroup><col class="n"><col class="v"><col><col class="w"><col class="s"></colgroup>
 <tr><th>#</th><th>verdict</th><th>scenario (details folded)</th><th>worst (x tol)</th><th>s</th></tr>
@@ -134,16 +142,21 @@ r.selectNodeContents(b.parentNode.querySelector('pre'));getSelection().removeAll
 
 
 def _row(i: int, v: Verdict) -> str:
-    status = "FAIL" if not v.passed else "KNOWN" if v.known else "PASS"
+    status = v.status
     builds = [(f"s{s} b{b}", size / 1024) for s, stage in enumerate(v.builds) for b, (_, size) in enumerate(stage, 1)]
     found = _evidence(v.failures or v.known_failures)
     known = f"<p>known: {html.escape(', '.join(v.known))} (docs/findings.md)</p>" if v.known else ""
-    details = (f"<details><summary>details</summary>{known}{found}{_copyable(v.scenario.to_cli())}"
+    details = (f"<details><summary>details</summary>{known}{found}{_testbed_error(v)}{_copyable(v.scenario.to_cli())}"
                + _bars("error per layer", "x tolerance (1 = the limit)", v.layer_errors, limit=1.0)
                + _bars("workspace per build", "KiB per rank", builds) + "</details>")
     return (f"<tr class='{status.lower()}'><td>{i}</td><td>{status}</td><td>{html.escape(v.scenario.short())}<br>"
             f"<small>{html.escape(v.scenario.label)}</small>{details}</td><td>{v.worst:.3g}</td>"
             f"<td>{v.seconds:.1f}</td></tr>")
+
+
+def _testbed_error(v: Verdict) -> str:
+    return (f"<p><b>testbed error</b> (not a failure of {html.escape(v.scenario.integration)})</p>"
+            f"<pre>{html.escape(v.testbed_error)}</pre>") if v.testbed_error else ""
 
 
 def _evidence(failures) -> str:

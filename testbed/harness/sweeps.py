@@ -129,7 +129,8 @@ def _first_line(failures: list[dict]) -> str:
 
 def _verdict_problems(ran: list[dict]) -> list[str]:
     """Every failed scenario, and every passing one the dense reference did not judge."""
-    problems = [f"FAIL {s['label']}: {_first_line(s['failures'])}  reproduce: a2a-testbed {s['cli']}"
+    problems = [(f"TESTBED ERROR {s['label']}: {s['testbed_error'].splitlines()[0][:200]}" if s.get("testbed_error")
+                 else f"FAIL {s['label']}: {_first_line(s['failures'])}") + f"  reproduce: a2a-testbed {s['cli']}"
                 for s in ran if not s["passed"]]
     unjudged = [s["label"] for s in ran if s["passed"] and not s["known"]
                 and (not s["layer_errors"] or not isinstance(s["worst_x_tolerance"], (int, float))

@@ -14,8 +14,9 @@ the event log is declared (:class:`Traits`), never inferred from its name.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ContextManager, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, Optional, Protocol
 
 import torch
 
@@ -24,6 +25,22 @@ if TYPE_CHECKING:
     from testbed.integrations.engine import Engine
     from testbed.scenario.engine import EngineScenario
     from testbed.scenario.model import Scenario
+
+
+class AdapterSetupError(RuntimeError):
+    """The adapter could not stand its engine up on this rank (the engine's config, platform or
+    workspace manager, built by the testbed as the engine's launcher would): the testbed's own
+    trouble, reported as its error and never as a FAIL of the engine."""
+
+
+@contextlib.contextmanager
+def adapter_setup(what: str) -> Iterator[None]:
+    """Whatever ``what`` (``building vLLM 0.21.0's VllmConfig``) raises becomes an
+    :class:`AdapterSetupError` naming it."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - any failure of the testbed's own set-up is the testbed's
+        raise AdapterSetupError(f"{what}: {type(e).__name__}: {e}") from e
 
 
 @dataclass(frozen=True)

@@ -146,8 +146,8 @@ class Engine:
                 except Exception as e:  # noqa: BLE001 - whatever breaks the import is the answer
                     return f"{self.label}'s {module} does not import: {type(e).__name__}: {e}"
                 if not hasattr(mod, name):
-                    return (f"this {self.label} has no {module}.{name} (the adapter is written for {self.label} "
-                            f"{', '.join(self.tested)})")
+                    return (f"{self.label} {self.release()[0]} has no {module}.{name}, which the adapter drives "
+                            f"(it is written for {self.label} {', '.join(self.tested)})")
         return None
 
     @functools.cache  # noqa: B019 - one Engine per adapter module, alive as long as the process

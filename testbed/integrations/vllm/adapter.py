@@ -38,6 +38,7 @@ import torch
 
 from testbed import patch
 from testbed.integrations import engine as support
+from testbed.integrations.base import adapter_setup
 from testbed.integrations.vllm import kernels
 from testbed.integrations.vllm.environment import (
     config_without_triton,
@@ -63,11 +64,14 @@ class VllmSession:
         from vllm.config import ParallelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
         from vllm.distributed import parallel_state as ps
 
+        import vllm
+
         self.ctx, self.sc, self.log = ctx, sc, log
         lay = sc.layout
-        stub_accelerator(ctx)
-        gpu_buffers(ctx)
-        config_without_triton(ctx)
+        with adapter_setup(f"standing up vLLM {vllm.__version__}'s CPU platform and workspace manager"):
+            stub_accelerator(ctx)
+            gpu_buffers(ctx)
+            config_without_triton(ctx)
         support.name_the_fake(ctx, sc)
         _forget_probes()
         # Before 0.33 the managers' module binds FlashInfer's classes at import, under its probes.
@@ -80,12 +84,13 @@ class VllmSession:
                                            "WORLD_SIZE": str(ctx.world_size)}))
         budget = sc.stages[0][0].max_num_tokens  # one for every layer (the model refuses others)
         launch = executor_launch(lay, ctx.rank)
-        parallel = ParallelConfig(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
-                                  data_parallel_size=lay.dp, enable_expert_parallel=True,
-                                  all2all_backend=_backend(sc), **launch.config)
-        scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=budget, max_model_len=budget,
-                                    is_encoder_decoder=False)
-        self.config = VllmConfig(parallel_config=parallel, scheduler_config=scheduler)
+        with adapter_setup(f"building vLLM {vllm.__version__}'s VllmConfig for {lay}"):
+            parallel = ParallelConfig(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
+                                      data_parallel_size=lay.dp, enable_expert_parallel=True,
+                                      all2all_backend=_backend(sc), **launch.config)
+            scheduler = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=budget, max_model_len=budget,
+                                        is_encoder_decoder=False)
+            self.config = VllmConfig(parallel_config=parallel, scheduler_config=scheduler)
         entered = set_current_vllm_config(self.config)
         entered.__enter__()
         ctx.add_cleanup(lambda: entered.__exit__(None, None, None))

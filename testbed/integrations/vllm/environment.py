@@ -13,6 +13,7 @@ import functools
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ CAPABILITIES = (
     ("vllm.model_executor.layers.fused_moe.modular_kernel", "FusedMoEKernel"),
     ("vllm.model_executor.layers.fused_moe.modular_kernel", "FusedMoEExpertsModular"),
     ("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner"),
+    # The layer level builds vLLM's MoE layer (its quant method, weights and runner) through it.
+    ("vllm.model_executor.layers.fused_moe.layer", "FusedMoEFactory"),
     ("vllm.forward_context", "set_forward_context"),
 )
 
@@ -49,6 +52,33 @@ def prepare_environment() -> None:
     source = os.environ.get(SOURCE_ENV)
     if source and source not in sys.path:
         sys.path.insert(0, source)
+    if importlib.util.find_spec("vllm") is not None:
+        cpu_platform_by_target()
+
+
+def cpu_platform_by_target() -> None:
+    """vLLM's platform resolves to its CPU platform here, as ``VLLM_TARGET_DEVICE=cpu`` asks.
+
+    From 0.28 vLLM's ``cpu_platform_plugin`` reads that variable; before, it takes the CPU
+    platform only for a CPU build (a version such as ``0.22.0+cpu``) or macOS, and a wheel's
+    Python fails with "Failed to infer device type". Where the release's plugin does not read
+    the variable (a probe of its source, not a version), its version check answers as a CPU
+    build's does."""
+    platforms = importlib.import_module("vllm.platforms")
+    plugin = getattr(platforms, "cpu_platform_plugin", None)
+    check = getattr(platforms, "vllm_version_matches_substr", None)
+    if plugin is None or check is None or "VLLM_TARGET_DEVICE" in inspect.getsource(plugin) \
+            or getattr(check, "cpu_build", False):
+        return
+
+    def vllm_version_matches_substr(substr: str) -> bool:
+        return (substr == "cpu" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu") or check(substr)
+
+    vllm_version_matches_substr.cpu_build = True
+    platforms.vllm_version_matches_substr = vllm_version_matches_substr
+    # Importing vllm resolves the platform once already (to none): resolved again on next use.
+    if "_current_platform" in vars(platforms):
+        platforms._current_platform = None
 
 
 # The generations of vLLM's FlashInfer path the sweeps sample, one release each: 0.31.0 (its
