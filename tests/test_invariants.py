@@ -41,15 +41,27 @@ def test_invariant_collectives_sequence_mismatch_within_group():
     assert "group [0,2]: the ranks' collective #1 differs" in f.evidence
 
 
-def test_invariant_rebuild_must_be_followed_by_ep_barrier():
+@pytest.mark.parametrize("integration", ["impl", "vllm", "sglang"])
+def test_invariant_rebuild_must_be_followed_by_ep_barrier(integration):
+    """FlashInfer's contract binds every integration alike: before 0.7.1 the caller barriers on
+    the EP group after building a MoeAlltoAll; from 0.7.1 the set-up barriers itself."""
+    import dataclasses
+
     build = {"ev": "build", "index": 1, "max_num_tokens": 8, "workspace_size": 1 << 20, "top_k": 2,
              "num_experts": 8, "workspace": 1}
     logs = {0: [build, {"ev": "layer", "layer": 0}], 1: [], 2: [], 3: []}
-    (f,) = _check(logs).failed("collectives")
-    assert "not followed by a barrier on the EP group [0,2]" in f.evidence
+    typed = {r: [from_wire(e) if isinstance(e, dict) else e for e in events] for r, events in logs.items()}
+    for release, needed in (("0.6.18", True), ("0.7.0.post1", True), ("0.7.1", False), ("0.7.2.post1", False)):
+        sc = dataclasses.replace(SC, profile=release, integration=integration)
+        failed = [f for f in invariants.check(sc, typed, None, None).failed("collectives")
+                  if "not followed by a barrier" in f.evidence]
+        assert bool(failed) == needed, (release, failed)
+    (f,) = invariants.check(dataclasses.replace(SC, profile="0.7.0"), typed, None, None).failed("collectives")
+    assert "not followed by a barrier on the EP group [0,2]" in f.evidence and "FlashInfer 0.7.0's" in f.evidence
     logs[0].insert(1, _coll("barrier", (0, 2)))
     logs[2] = [_coll("barrier", (0, 2))]
-    assert not _check(logs).failed("collectives")
+    typed = {r: [from_wire(e) if isinstance(e, dict) else e for e in events] for r, events in logs.items()}
+    assert not invariants.check(dataclasses.replace(SC, profile="0.7.0"), typed, None, None).failed("collectives")
 
 
 def test_invariant_workspace_reports_cover_shrink_and_builds():

@@ -201,7 +201,9 @@ def _group_text(ranks) -> str:
 def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
     f = _Findings(v, "collectives")
     lay = sc.layout
-    barrier_after_build = integrations.get(sc.integration).traits(sc).barrier_after_build
+    # FlashInfer's contract, per release: before 0.7.1 MoeAlltoAll's workspace set-up does not
+    # barrier after zeroing this rank's row, so its caller must, on the EP group, before first use.
+    caller_barriers = not resolve(sc.profile).init_barrier
     for rank, events in sorted(logs.items()):
         ep, tp, dp = lay.group_of("ep", rank), lay.group_of("tp", rank), lay.group_of("dp", rank)
         allowed = {(ep, None), (tp, "all_reduce")}
@@ -217,8 +219,8 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
                       + (" and the sequence-parallel all-gather" if sc.sequence_parallel else "")
                       + (f", and its DP group {_group_text(dp)} to gather and reduce-scatter"
                          if sc.path == "allgather_reducescatter" and not sc.sequence_parallel else ""))
-        if barrier_after_build:
-            _rebuild_barriers(rank, events, ep, f)
+        if caller_barriers:
+            _rebuild_barriers(rank, events, ep, f, sc.profile)
     for group, by_rank in sorted(audit.calls_per_group(logs).items()):
         found = audit.divergence(group, by_rank, finished)
         if found:
@@ -226,19 +228,23 @@ def _collectives(sc: Scenario, logs, v: Verdict, finished) -> None:
     f.close()
 
 
-def _rebuild_barriers(rank: int, events: list[Event], ep: tuple[int, ...], f: _Findings) -> None:
+def _rebuild_barriers(rank: int, events: list[Event], ep: tuple[int, ...], f: _Findings, release: str) -> None:
+    """Every ``MoeAlltoAll`` build followed by a barrier on the EP group before a layer is built
+    or a forward starts (FlashInfer ``release``'s contract: its set-up leaves the barrier to
+    the caller). A ``moe_ep`` communication barriers inside its own set-up on every release."""
     pending = None
     for e in events:
-        if isinstance(e, (AlltoallBuilt, CommunicationBuilt)):
+        if isinstance(e, AlltoallBuilt):
             pending = e
         elif isinstance(e, Collective) and pending and e.op in ("barrier", "monitored_barrier") \
                 and e.group == ep:
             pending = None
         elif isinstance(e, (LayerBuilt, ForwardStart)) and pending:
-            f.add(f"rank {rank}: {'MoeAlltoAll' if isinstance(pending, AlltoallBuilt) else 'communication'} build "
-                  f"{pending.index} (max_num_tokens "
-                  f"{pending.max_num_tokens}, {pending.workspace_size} bytes) was not followed by a "
-                  f"barrier on the EP group {_group_text(ep)} before the layer was used")
+            f.add(f"rank {rank}: MoeAlltoAll build {pending.index} (max_num_tokens {pending.max_num_tokens}, "
+                  f"{pending.workspace_size} bytes) was not followed by a barrier on the EP group {_group_text(ep)} "
+                  f"before the layer was used: FlashInfer {release}'s workspace set-up does not barrier after "
+                  "zeroing this rank's row (0.7.1 on does), so a peer's first dispatch can land before the zeroing "
+                  "and be erased")
             pending = None
 
 

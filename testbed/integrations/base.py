@@ -49,8 +49,8 @@ class Traits:
 
     ``shared_communication``: one ``moe_ep`` communication for every layer of the EP group,
     replaced (never shrunk) when a layer needs more (vLLM's manager), instead of one per
-    layer sizing (impl's). ``barrier_after_build``: the integration itself barriers on the EP
-    group after building a communication, before a layer uses it. ``code``: the integration's
+    layer sizing (impl's). (Whether the caller barriers after a build is FlashInfer's contract
+    per release, which binds every integration: not a trait.) ``code``: the integration's
     source as ``(real path prefix, shown name)`` pairs: collectives from these frames are its.
     ``fixed_capacity``: one ``MoeAlltoAll`` per layer, all at one token capacity, sharing a
     workspace through FlashInfer's size-keyed cache (SGLang's), instead of one grown to each
@@ -68,7 +68,6 @@ class Traits:
     """
 
     shared_communication: bool
-    barrier_after_build: bool
     code: tuple[tuple[str, str], ...]
     fixed_capacity: bool = False
     combine_output: bool = True

@@ -27,7 +27,7 @@ class ToyIntegration(Integration):
 
     def traits(self, sc) -> Traits:
         impl = IMPL.traits(sc)
-        return Traits(impl.shared_communication, impl.barrier_after_build, ((HERE, "toy/"),) + IMPL_CODE)
+        return Traits(impl.shared_communication, ((HERE, "toy/"),) + IMPL_CODE)
 
     def start(self, ctx, sc, api, log):
         from toy_integration.adapter import ToySession

@@ -23,10 +23,8 @@ class ImplIntegration(Integration):
     summary = "this project's reference integration"
 
     def traits(self, sc) -> Traits:
-        # impl's moe_ep manager keeps one communication per layer sizing; FlashInfer's moe_ep
-        # barriers inside create_communication, MoeAlltoAll's users barrier themselves.
-        return Traits(shared_communication=False, barrier_after_build=sc.path == "one_sided" and sc.api == "comm",
-                      code=CODE)
+        # impl's moe_ep manager keeps one communication per layer sizing.
+        return Traits(shared_communication=False, code=CODE)
 
     def start(self, ctx, sc, api, log):
         from testbed.integrations.impl.adapter import ImplSession

@@ -28,9 +28,8 @@ class SglangIntegration(Integration):
 
     def traits(self, sc) -> Traits:
         # One MoeAlltoAll per layer at one fixed capacity; the size-keyed cache shares their
-        # workspace. SGLang never barriers after a build and never passes combine's output=.
-        return Traits(shared_communication=False, barrier_after_build=False, code=code(), fixed_capacity=True,
-                      combine_output=False)
+        # workspace. SGLang never passes combine's output=.
+        return Traits(shared_communication=False, code=code(), fixed_capacity=True, combine_output=False)
 
     def start(self, ctx, sc, api, log):
         from testbed.integrations.sglang.adapter import SglangSession

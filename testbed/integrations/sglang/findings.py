@@ -3,6 +3,7 @@ under its id; they apply to scenarios of ``--integration sglang``."""
 
 from __future__ import annotations
 
+from fakes.flashinfer.profiles import resolve
 from testbed.integrations.base import Finding
 
 FINDINGS: tuple[Finding, ...] = (
@@ -11,4 +12,14 @@ FINDINGS: tuple[Finding, ...] = (
                        "raises ImportError",
             lambda sc: sc.profile == "0.7.4",
             (("completes", "Flashinfer is not installed or does not support A2A"),)),
+    Finding("SGL-003", "SGLang's FlashinferDispatcher builds MoeAlltoAll on a FlashInfer before 0.7.1 without the "
+                       "barrier on the EP group that those releases leave to the caller",
+            lambda sc: not resolve(sc.profile).init_barrier,
+            (("collectives", "was not followed by a barrier"),),
+            reachable="no",
+            evidence="SGLang's ModelRunner.load_model ends with dist_barrier_after_load, a monitored_barrier on "
+                     "the TP group's CPU group, after the whole model (every dispatcher's MoeAlltoAll) is built and "
+                     "before any forward; the FlashInfer A2A backend runs only where DP attention spans the TP "
+                     "group, whose ranks are the EP group's",
+            code=(("sglang/srt/layers/moe/token_dispatcher/flashinfer.py", r"MoeAlltoAll\("),)),
 )

@@ -46,7 +46,7 @@ class VllmIntegration(Integration):
         # vLLM's one-sided manager shares one communication, grows it and barriers itself.
         one_sided = sc.path == "one_sided"
         layer = sc.level == "layer"
-        return Traits(shared_communication=one_sided, barrier_after_build=one_sided, code=code(),
+        return Traits(shared_communication=one_sided, code=code(),
                       sp_pads_routed=layer, shared_tp_sharded=layer, expert_output_by_scenario=False)
 
     def start(self, ctx, sc, api, log):
