@@ -25,7 +25,9 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
     _m("s-capacity-halved", "the MoeAlltoAll capacity is half the configured dispatch tokens per rank",
        f"{S_D}.__init__", "            max_prefill_buffer_tokens()\n        )\n",
        "            max_prefill_buffer_tokens()\n        ) // 2\n", ("workspace", "needs max_num_tokens"),
-       ("completes", "exceeds its fixed workspace")),
+       ("completes", "exceeds its fixed workspace"),
+       # 0.5.21 takes the configured tokens or its default, without the prefill buffer's ceiling.
+       forms=(("            else default_max_tokens\n        )\n", "            else default_max_tokens\n        ) // 2\n"),)),
     _m("s-workspace-without-weights", "the dispatch payload size leaves out the router weights' bytes",
        f"{S_D}.__init__", "topk_id_and_weight_bytes = self.router_topk * 4 + self.router_topk * 4",
        "topk_id_and_weight_bytes = self.router_topk * 4", ("workspace", "bytes"), ("completes", "")),
