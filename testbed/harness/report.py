@@ -17,7 +17,7 @@ def verdict_line(index: int, total: int, v: Verdict) -> str:
     """``PASS  3/14  <scenario>  worst 0.24x tol  builds s0 2 (69760 B) s1 1 (...)  2.1 s``."""
     builds = " ".join(f"s{s} {len(b)} ({b[-1][1]} B)" for s, b in enumerate(v.builds) if b) or "-"
     known = f"  {', '.join(v.known)} (docs/findings.md)" if v.known else ""
-    return (f"{v.status:<5} {index:>3}/{total:<3} {v.scenario.short()}  worst {v.worst:.2g}x tol  "
+    return (f"{v.status} {index:>3}/{total:<3} {v.scenario.short()}  worst {v.worst:.2g}x tol  "
             f"builds {builds}  {v.seconds:.1f} s{known}")
 
 

@@ -143,9 +143,14 @@ class Engine:
             for module, name in self.capabilities:
                 try:
                     mod = importlib.import_module(module)
+                except ModuleNotFoundError as e:
+                    if e.name is not None and module.startswith(e.name):
+                        return (f"{self.label} {self.release()[0]} has no module {e.name}, which the adapter drives "
+                                f"(it is written for {self.label} {', '.join(self.tested)})")
+                    return f"{self.label}'s {module} does not import: {type(e).__name__}: {e}"
                 except Exception as e:  # noqa: BLE001 - whatever breaks the import is the answer
                     return f"{self.label}'s {module} does not import: {type(e).__name__}: {e}"
-                if not hasattr(mod, name):
+                if not _has(mod, name):
                     return (f"{self.label} {self.release()[0]} has no {module}.{name}, which the adapter drives "
                             f"(it is written for {self.label} {', '.join(self.tested)})")
         return None
@@ -199,6 +204,15 @@ class Engine:
         with fakes.flashinfer.install(self.pinned()):  # the modules an engine imports lazily stay unimported
             for module in dict.fromkeys([module for module, _ in self.capabilities] + list(self.preload_extra)):
                 importlib.import_module(module)
+
+
+def _has(obj, dotted: str) -> bool:
+    """Whether ``obj`` has ``dotted`` (``FusedMoE._dispatch_with_pre_quant``)."""
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
 
 
 def guarded_flashinfer_imports(module) -> dict:

@@ -43,10 +43,11 @@ CAPABILITIES = (
     ("sglang.srt.runtime_context", "publish"),
     ("sglang.srt.distributed.parallel_state", "init_distributed_environment"),
     ("sglang.srt.distributed.parallel_state", "initialize_model_parallel"),
-    ("sglang.srt.distributed.bootstrap", "reset_parallel_initialised"),  # destroy_model_parallel imports it
     ("sglang.srt.layers.moe.utils", "initialize_moe_config"),
     ("sglang.srt.layers.moe.fused_moe_triton.layer", "create_moe_dispatcher"),
     ("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE"),
+    ("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE._dispatch_with_pre_quant"),
+    ("sglang.srt.layers.moe.utils", "reduce_moe_output"),  # the MoE block's post-experts reduce
     (DISPATCHER, "FlashinferDispatcher"),
     ("sglang.srt.layers.dp_attention", "set_dp_buffer_len"),
 )
@@ -58,6 +59,31 @@ def prepare_environment() -> None:
     if source and source not in sys.path:
         sys.path.insert(0, source)
     _stand_in_torchvision()
+    _configs_transformers_ships()
+
+
+def _configs_transformers_ships() -> None:
+    """A model config an older SGLang registers under a name the installed transformers has
+    since shipped itself keeps transformers' class, as ``exist_ok=True`` does: SGLang 0.5.11 ..
+    0.5.19 register ``qwen3_asr`` without it, and the transformers SGLang 0.5.23 needs (5.20)
+    ships it, so ``import sglang.srt.server_args`` raised "'qwen3_asr' is already used by a
+    Transformers config". Model configs are not on the all-to-all's path."""
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from transformers import AutoConfig
+    from transformers.models.auto import configuration_auto
+
+    register = AutoConfig.register  # a staticmethod
+    if getattr(register, "keeps_shipped", False):
+        return
+
+    def keeps_shipped(model_type, config, exist_ok=False):
+        if model_type in configuration_auto.CONFIG_MAPPING_NAMES:
+            return None
+        return register(model_type, config, exist_ok=exist_ok)
+
+    keeps_shipped.keeps_shipped = True
+    AutoConfig.register = staticmethod(keeps_shipped)
 
 
 class _Placeholder:

@@ -64,7 +64,10 @@ def cpu_platform_by_target() -> None:
     Python fails with "Failed to infer device type". Where the release's plugin does not read
     the variable (a probe of its source, not a version), its version check answers as a CPU
     build's does."""
-    platforms = importlib.import_module("vllm.platforms")
+    try:
+        platforms = importlib.import_module("vllm.platforms")
+    except ImportError:  # not a vLLM this adapter can run: the capability probes say so
+        return
     plugin = getattr(platforms, "cpu_platform_plugin", None)
     check = getattr(platforms, "vllm_version_matches_substr", None)
     if plugin is None or check is None or "VLLM_TARGET_DEVICE" in inspect.getsource(plugin) \
@@ -163,18 +166,21 @@ def gpu_buffers(ctx) -> None:
 
     workspace.init_workspace_manager(torch.device("cpu"))
     ctx.add_cleanup(lambda: setattr(workspace, "_manager", None))
-    ctx.add_cleanup(patch.attribute(mk, "current_platform", _NotACpu(mk.current_platform)))
+    ctx.add_cleanup(patch.attribute(mk, "current_platform", NotACpu(mk.current_platform)))
 
 
-class _NotACpu:
-    """vLLM's platform, answering that it is not a CPU."""
+class NotACpu:
+    """vLLM's platform, answering that it is not a CPU (and, with ``cuda``, that it is CUDA)."""
 
-    def __init__(self, platform):
-        self._platform = platform
+    def __init__(self, platform, cuda: bool = False):
+        self._platform, self._cuda = platform, cuda
 
     @staticmethod
     def is_cpu() -> bool:
         return False
+
+    def is_cuda(self) -> bool:
+        return self._cuda or self._platform.is_cuda()
 
     def __getattr__(self, name):
         return getattr(self._platform, name)

@@ -20,12 +20,16 @@ weights, so vLLM's own sequence-parallel chunking splits it with the hidden stat
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import re
 from typing import NamedTuple, Optional
 
 import torch
 
 from testbed import patch
+from testbed.integrations.vllm.environment import NotACpu
 from testbed.integrations.vllm.experts import experts_class
 from testbed.scenario.reference import (
     ACT_DTYPE,
@@ -107,13 +111,36 @@ class SharedLinear(torch.nn.Module):
         return self.weight(x_tH[:, self.cols], self.cols).to(x_tH.dtype)
 
 
+def _format(fmt: str) -> tuple[Format, tuple]:
+    """How a layer of ``fmt`` is built on this vLLM, and the modules whose platform must not be a
+    CPU for it: where the release's unquantized oracle answers a CPU platform with its CPU
+    backend and no experts class (before 0.28: "TODO: migrate to MK structure", a probe of its
+    source), that layer never gets a modular kernel on a CPU, so it is built as on a CUDA host
+    (what those two modules ask of the platform answers so), on vLLM's Triton backend, the
+    testbed's experts standing in for Triton's."""
+    form = FORMATS[fmt]
+    if form.kind is None and _cpu_backend_without_kernel():
+        return form._replace(moe_backend="triton", member="TRITON"), (
+            "vllm.model_executor.layers.fused_moe.oracle.unquantized",
+            "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method")
+    return form, ()
+
+
+@functools.cache
+def _cpu_backend_without_kernel() -> bool:
+    oracle = importlib.import_module("vllm.model_executor.layers.fused_moe.oracle.unquantized")
+    source = inspect.getsource(oracle.select_unquantized_moe_backend)
+    return re.search(r"if current_platform\.is_cpu\(\):\s*(#[^\n]*\s*)*return UnquantizedMoeBackend\.CPU, None",
+                     source) is not None
+
+
 def build_runner(session, index: int, fmt: str, experts):
     """vLLM's ``MoERunner`` of one scenario layer, its weights loaded and processed."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
     sc, ctx, config = session.sc, session.ctx, session.config
-    form = FORMATS[fmt]
+    form, gpu_modules = _format(fmt)
     oracle = importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
     chosen = getattr(getattr(oracle, form.enum), form.member)
     resolve = getattr(oracle, form.resolver)
@@ -124,7 +151,10 @@ def build_runner(session, index: int, fmt: str, experts):
         tp = (ctx.coords.tp_rank, sc.layout.tp)
         shared = SharedLinear(shared_weight(sc.seed, ctx.coords.pp_rank, index, sc.hidden),
                               (0, 1) if sp else tp)
-    restore = patch.attribute(oracle, form.resolver, lambda b: [cls] if b == chosen else resolve(b))
+    undo = [patch.attribute(oracle, form.resolver, lambda b: [cls] if b == chosen else resolve(b))]
+    for name in gpu_modules:
+        module = importlib.import_module(name)
+        undo.append(patch.attribute(module, "current_platform", NotACpu(module.current_platform, cuda=True)))
     try:
         config.kernel_config.moe_backend = form.moe_backend
         with set_current_vllm_config(config):
@@ -140,7 +170,8 @@ def build_runner(session, index: int, fmt: str, experts):
                 is_sequence_parallel=sp, shared_experts=shared, reduce_results=True)
             _load_weights(runner)
     finally:
-        restore()
+        for restore in reversed(undo):
+            restore()
     if runner.moe_config.num_local_experts != len(experts.own) or \
             _local_to_global(runner) != list(experts.own):
         raise RuntimeError(f"vLLM placed experts {_local_to_global(runner)} on EP rank; the testbed's experts are "

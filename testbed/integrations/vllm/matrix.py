@@ -8,7 +8,9 @@ from testbed.scenario.model import Scenario, from_text
 
 # vLLM 0.33.0's own layer (FusedMoEFactory -> MoERunner): one budget per model
 # (scheduler_config's max_num_batched_tokens), sequence parallel wherever vLLM turns it on
-# (one-sided, TP > 1, DP > 1), and the engine's step rule on every pass (an idle DP rank
+# (one-sided, TP > 1, DP > 1), and the engine's step rule on every pass. The sequence-parallel
+# and blockwise-FP8 entries are validated where they run: before 0.29 the one-sided backend is
+# not sequence parallel and its prepare builder refuses fp8 (``rules.vllm_rule``) (an idle DP rank
 # runs the 1-token dummy batch; a step where every DP rank is idle runs no forward).
 VLLM_MATRIX: tuple[Scenario, ...] = (
     from_text("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", label="vLLM one-sided; an idle DP rank's dummy batch"),
@@ -18,23 +20,23 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
        label="vLLM: an mxfp8 model with a bf16 MTP layer: the shared communication grows"),
     from_text("2,1,2,1", "bf16:16,mxfp8:16", "4,6 1,3", integration="vllm",
        label="vLLM: a bf16 layer then an mxfp8 one: the shared communication is kept"),
-    from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", routing="spread", sequence_parallel=True,
+    from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", validated=False, routing="spread", sequence_parallel=True,
        label="vLLM TP 2 (sequence parallel); bf16 then mxfp8 (kept)"),
-    from_text("4,2,2,1", "bf16:16", "5,0 0,3", integration="vllm", sequence_parallel=True,
+    from_text("4,2,2,1", "bf16:16", "5,0 0,3", integration="vllm", validated=False, sequence_parallel=True,
        label="vLLM TP 2 (sequence parallel), idle DP ranks' dummy batches"),
-    from_text("4,2,2,1", "bf16:16", "5,3 0,4", integration="vllm", sequence_parallel=True, shared_experts=True,
+    from_text("4,2,2,1", "bf16:16", "5,3 0,4", integration="vllm", validated=False, sequence_parallel=True, shared_experts=True,
        routed_scaling=2.5, label="vLLM's MoERunner: sequence parallel, replicated shared experts, routed scaling"),
-    from_text("4,2,2,1", "fp8_block:16", "5,1 2,6", integration="vllm", sequence_parallel=True, shared_experts=True,
+    from_text("4,2,2,1", "fp8_block:16", "5,1 2,6", integration="vllm", validated=False, sequence_parallel=True, shared_experts=True,
        routed_scaling=2.5, label="DeepSeek-V3 style: blockwise FP8 under sequence parallel, shared experts, scaling"),
-    from_text("2,1,2,1", "bf16:16,fp8_block:16", "4,6 0,3", integration="vllm", shared_experts=True,
+    from_text("2,1,2,1", "bf16:16,fp8_block:16", "4,6 0,3", integration="vllm", validated=False, shared_experts=True,
        label="vLLM: a bf16 layer then a blockwise FP8 one, shared experts (kept)"),
     from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", label="vLLM mxfp8, an idle DP rank's dummy batch"),
     from_text("4,1,4,1", "bf16:16,nvfp4:16", "3,0,7,1 2,2,0,5", integration="vllm", shared_experts=True,
        label="vLLM ModelOpt nvfp4 after a bf16 layer (kept), shared experts, DP 4"),
     # nvfp4 then bf16: the bf16 dispatch (2H bytes a token) reaches past nvfp4's (H/2 + H/16) (FI-RACE).
-    from_text("4,2,2,1", "nvfp4:16,bf16:16", "5,1 2,6", integration="vllm", sequence_parallel=True, shared_experts=True,
+    from_text("4,2,2,1", "nvfp4:16,bf16:16", "5,1 2,6", integration="vllm", validated=False, sequence_parallel=True, shared_experts=True,
        routed_scaling=2.5, label="vLLM ModelOpt nvfp4 then bf16 under sequence parallel: the shared communication grows"),
-    from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", sequence_parallel=True,
+    from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", validated=False, sequence_parallel=True,
        label="vLLM PP 2 with TP 2 (sequence parallel): the stages replace 1 and 0 times"),
     from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm",
        label="vLLM DP 4: an all-idle step (no forward), then idle ranks' dummy batches"),

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
+import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from testbed.cluster.layout import ParallelLayout
 from testbed.integrations.vllm.environment import ENGINE
@@ -92,9 +95,42 @@ def engine_passes(sc: Scenario) -> tuple[tuple[int, ...], ...]:
 
 
 def sequence_parallel(path: str, layout: ParallelLayout) -> bool:
-    """vLLM 0.33.0's own rule (ParallelConfig.use_sequence_parallel_moe): the MoE is sequence
-    parallel on the one-sided backend with expert parallel, TP > 1 and DP > 1."""
-    return path == "one_sided" and layout.tp > 1 and layout.dp > 1
+    """Whether the release's MoE runs sequence parallel at ``layout`` on ``path``'s backend with
+    expert parallel: its own rule, ``ParallelConfig.use_sequence_parallel_moe``, evaluated on
+    those fields (the one-sided backend joined its list in 0.29; two-sided never did). Where
+    vLLM is not installed, 0.33.0's (the release the adapter is written for): one-sided, TP > 1
+    and DP > 1."""
+    from testbed.integrations.vllm.adapter import BACKENDS
+
+    rule = _sequence_parallel_rule()
+    if rule is None:
+        return path == "one_sided" and layout.tp > 1 and layout.dp > 1
+    return bool(rule(SimpleNamespace(all2all_backend=BACKENDS.get(path, path), enable_expert_parallel=True,
+                                     tensor_parallel_size=layout.tp, data_parallel_size=layout.dp)))
+
+
+@functools.cache
+def _sequence_parallel_rule():
+    module = ENGINE.module("vllm.config.parallel")
+    return None if module is None else module.ParallelConfig.use_sequence_parallel_moe.fget
+
+
+@functools.cache
+def one_sided_dispatch_formats() -> tuple[str, ...] | None:
+    """The activation formats the release's one-sided prepare builder dispatches, where it names
+    them in the error it raises for any other when the layer is built (before 0.29:
+    ``all2all_utils.maybe_make_prepare_finalize``, "flashinfer_nvlink_one_sided dispatch
+    supports nvfp4, mxfp8, and bf16 (quant_dtype=None) today"); None where it dispatches every
+    format the layer level builds (a probe of its source)."""
+    module = ENGINE.module("vllm.model_executor.layers.fused_moe.all2all_utils")
+    if module is None:
+        return None
+    source = re.sub(r'"\s*\n\s*f?"', "", inspect.getsource(module))  # the message's pieces joined
+    found = re.search(r"flashinfer_nvlink_one_sided dispatch supports (.+?) today", source)
+    if found is None:
+        return None
+    names = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "bf16": "bf16", "Blockwise FP8": "fp8_block"}
+    return tuple(fmt for name, fmt in names.items() if name in found.group(1))
 
 
 def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
@@ -133,12 +169,20 @@ def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
         vllm_sp = sequence_parallel(sc.path, sc.layout)
         if sc.sequence_parallel != vllm_sp:
             return "--sequence-parallel", (
-                "vLLM 0.33.0 runs the MoE sequence parallel exactly when the backend is one-sided, TP > 1 and "
-                "DP > 1 (ParallelConfig.use_sequence_parallel_moe): "
-                + ("give --sequence-parallel" if vllm_sp else "this deployment is not"))
+                f"vLLM {ENGINE.release()[0]} runs this deployment's MoE "
+                + ("sequence parallel" if vllm_sp else "without sequence parallel")
+                + " (its ParallelConfig.use_sequence_parallel_moe; 0.29 on: the one-sided backend with TP > 1 and "
+                "DP > 1): " + ("give --sequence-parallel" if vllm_sp else "drop --sequence-parallel"))
         if sc.shared_experts and sc.layout.tp > 1 and not sc.sequence_parallel and sc.hidden % sc.layout.tp:
             return "--hidden", (f"vLLM's models shard the shared experts over TP off sequence parallel; hidden "
                                 f"{sc.hidden} % tp {sc.layout.tp} != 0")
+    dispatched = one_sided_dispatch_formats() if sc.path == "one_sided" else None
+    if dispatched is not None:
+        fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(dispatched))
+        if fmts:
+            return "--stages", (f"vLLM {ENGINE.release()[0]} refuses a {', '.join(fmts)} layer on the one-sided "
+                                "backend when it builds the layer (all2all_utils.maybe_make_prepare_finalize raises "
+                                f"NotImplementedError: its one-sided dispatch supports {', '.join(dispatched)})")
     formats = VLLM_FORMATS[sc.level]
     fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(formats))
     if fmts:
