@@ -198,6 +198,18 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--here", action="store_true",
                     help="survey one engine release in this process, with --json (what the sweeps run)")
     _source_arguments(fi, repeatable=True)
+    hi = sub.add_parser(
+        "history", help="every release of an engine since its FlashInfer all-to-all appeared: run or refused",
+        description=(
+            "For each release of the engine's history (or --release), in processes of its own: its layer matrix on "
+            "the FlashInfer its metadata pins, then its mutants, or the one line the adapter refuses it with. "
+            "Prints a row per release (the profile serving its pin; passed / failed / known / testbed errors / not "
+            "run; mutants killed of applicable) and writes them, dated, with --json. Exit 1 on a FAIL, a testbed "
+            "error or a surviving mutant."))
+    hi.add_argument("--integration", required=True, metavar="NAME", help="an engine (vllm, sglang)")
+    hi.add_argument("--release", action="append", metavar="RELEASE", help="just this release (repeatable)")
+    hi.add_argument("--no-mutants", action="store_true", help="the matrices alone")
+    hi.add_argument("--json", metavar="PATH", help="write the rows as JSON, with the date and the command")
     sw = sub.add_parser(
         "sweep", help="run the catalogues whole, a group's in a process of its own; any problem fails",
         description=(
@@ -241,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
-    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "findings", "sweep"):
+    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "findings", "sweep", "history"):
         try:
             return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract,
-                    "engine": _engine, "findings": _findings, "sweep": _sweep}[args.command](args)
+                    "engine": _engine, "findings": _findings, "sweep": _sweep, "history": _history}[args.command](args)
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
             return 2
@@ -408,6 +420,24 @@ def _served(flag: str, release: str) -> str:
         return resolve(release).name
     except UnservedRelease as e:
         raise UsageError(f"{flag}: {e}") from None
+
+
+def _history(args) -> int:
+    from testbed.harness import history, report
+
+    if args.integration not in _integrations().names() or _integrations().get(args.integration).engine is None:
+        raise UsageError(f"--integration {args.integration}: not an engine (engines: "
+                         + ", ".join(i.name for i in _integrations().engines()) + ")")
+    engine = _integrations().get(args.integration).engine
+    releases = args.release or list(engine.history)
+    started = time.monotonic()
+    rows = history.survey(_integrations().get(args.integration), releases, mutants=not args.no_mutants,
+                          log=lambda line: print(line, flush=True))
+    print(history.markdown(rows))
+    if args.json:
+        report.dump_json(args.json, history.as_json(rows, shlex.join(["a2a-testbed", *sys.argv[1:]]),
+                                                    time.monotonic() - started))
+    return 1 if any(row.failures for row in rows) else 0
 
 
 def _findings(args) -> int:
@@ -697,7 +727,7 @@ def _reports(args, verdicts, refused, seconds: float) -> None:
     from testbed.harness import junit, report
 
     if args.json:
-        report.dump_json(args.json, report.as_json(verdicts, seconds))
+        report.dump_json(args.json, report.as_json(verdicts, seconds, refused))
     if args.html:
         report.write_html(args.html, verdicts, refused, seconds, shlex.join(["a2a-testbed", *sys.argv[1:]]))
     if args.junit_xml:

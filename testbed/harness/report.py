@@ -64,8 +64,9 @@ def counts(verdicts: Sequence[Verdict], not_run: int = 0) -> str:
             + (f", {not_run} not run" if not_run else ""))
 
 
-def as_json(verdicts: Sequence[Verdict], seconds: float) -> dict:
+def as_json(verdicts: Sequence[Verdict], seconds: float, refused: Sequence[tuple] = ()) -> dict:
     return {
+        "not_run": len(refused),
         "passed": sum(v.passed for v in verdicts),
         "failed": sum(v.status == "FAIL" for v in verdicts),
         "testbed_errors": sum(v.status == "ERROR" for v in verdicts),

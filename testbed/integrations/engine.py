@@ -49,6 +49,9 @@ class Engine:
     # FlashInfer path, where another release of that generation is in other_releases
     # (``a2a-testbed sweep --all-releases`` runs them all); None: all of them.
     sampled: tuple[str, ...] | None = None
+    # Every release since the engine's FlashInfer all-to-all appeared, oldest first: what
+    # ``a2a-testbed history`` runs or refuses.
+    history: tuple[str, ...] = ()
 
     @property
     def preload_module(self) -> str:

@@ -136,7 +136,9 @@ def _module_attr(module: str, attr: str):
 
 
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
-                        prepare_environment, default_pin="0.7.2", other_releases=("0.5.21", "0.5.22"), consumer=CONSUMER)
+                        prepare_environment, default_pin="0.7.2", other_releases=("0.5.21", "0.5.22"), consumer=CONSUMER,
+                        # FlashinferDispatcher came with 0.5.9.
+                        history=tuple(f"0.5.{patch}" for patch in range(9, 24)))
 
 
 @functools.cache

@@ -41,6 +41,7 @@ from testbed.integrations import engine as support
 from testbed.integrations.base import adapter_setup
 from testbed.integrations.vllm import kernels
 from testbed.integrations.vllm.environment import (
+    BACKENDS,
     config_without_triton,
     destroy_parallel_state,
     gpu_buffers,
@@ -52,7 +53,6 @@ from testbed.integrations.vllm.layer import build_runner
 from testbed.integrations.vllm.rules import executor_launch
 from testbed.scenario.reference import ACT_DTYPE
 
-BACKENDS = {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}
 # vLLM's CudaCommunicator (device_communicators/cuda_communicator.py) -> the manager it builds.
 MANAGERS = {"flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
             "flashinfer_nvlink_two_sided": "FlashInferNVLinkTwoSidedManager"}

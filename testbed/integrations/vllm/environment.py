@@ -27,6 +27,8 @@ from testbed.integrations.vllm.consumer import CONSUMER
 # Tested with vLLM 0.33.0 (which pins flashinfer-python 0.7.2.post1).
 TESTED = ("0.33.0",)
 SOURCE_ENV = "A2A_VLLM_SOURCE"
+# The scenario's path -> vLLM's all2all_backend.
+BACKENDS = {"one_sided": "flashinfer_nvlink_one_sided", "two_sided": "flashinfer_nvlink_two_sided"}
 
 
 # The capabilities the adapter reaches for, as (module, name): a vLLM lacking one is named.
@@ -91,7 +93,9 @@ def cpu_platform_by_target() -> None:
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
-    ("0.31.0", "0.32.0", "0.34.0"), CONSUMER, sampled=("0.31.0", "0.34.0"))
+    ("0.31.0", "0.32.0", "0.34.0"), CONSUMER, sampled=("0.31.0", "0.34.0"),
+    # The FlashInfer NVLink backends came with 0.18.0 (fused_moe/flashinfer_nvlink_*_prepare_finalize.py).
+    history=tuple(f"0.{minor}.0" for minor in range(18, 35)))
 
 
 @functools.cache

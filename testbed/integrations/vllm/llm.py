@@ -28,8 +28,9 @@ import logging
 
 from testbed import patch
 from testbed.integrations import engine as support
-from testbed.integrations.vllm.adapter import BACKENDS, MANAGERS
+from testbed.integrations.vllm.adapter import MANAGERS
 from testbed.integrations.vllm.environment import (
+    BACKENDS,
     config_without_triton,
     destroy_parallel_state,
     prepare_environment,

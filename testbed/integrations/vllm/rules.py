@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.integrations.vllm.environment import ENGINE
+from testbed.integrations.vllm.environment import BACKENDS, ENGINE
 from testbed.scenario.model import Scenario, first_given
 
 # The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
@@ -100,8 +100,6 @@ def sequence_parallel(path: str, layout: ParallelLayout) -> bool:
     those fields (the one-sided backend joined its list in 0.29; two-sided never did). Where
     vLLM is not installed, 0.33.0's (the release the adapter is written for): one-sided, TP > 1
     and DP > 1."""
-    from testbed.integrations.vllm.adapter import BACKENDS
-
     rule = _sequence_parallel_rule()
     if rule is None:
         return path == "one_sided" and layout.tp > 1 and layout.dp > 1

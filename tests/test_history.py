@@ -1,0 +1,70 @@
+"""``a2a-testbed history``: each engine release run (its matrix, then its mutants) or refused in
+one line, from the JSON its commands write; the commands themselves stand in here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+from testbed.harness import history
+
+
+def _integration(pins):
+    engine = SimpleNamespace(label="vLLM", release=lambda source=None: ("0.33.0", pins[source or "0.33.0"]))
+    return SimpleNamespace(name="vllm", engine=engine)
+
+
+def _fake_commands(monkeypatch, outcomes):
+    """Each ``run`` / ``mutants`` call answers from ``outcomes[(command, release)]``: a dict
+    written as its --json, or a refusal line on stderr with exit 2."""
+    calls = []
+
+    def call(cmd):
+        command = cmd[3]
+        release = cmd[cmd.index("--vllm-source") + 1] if "--vllm-source" in cmd else "0.33.0"
+        calls.append((command, release))
+        answer = outcomes[(command, release)]
+        if isinstance(answer, str):
+            return subprocess.CompletedProcess(cmd, 2, "", f"a2a-testbed {command}: error: {answer}\n")
+        with open(cmd[cmd.index("--json") + 1], "w") as f:
+            json.dump(answer, f)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(history, "_call", call)
+    return calls
+
+
+def test_history_rows_run_refused_and_failed(monkeypatch):
+    scenarios = [{"label": "a", "passed": True, "known": []}, {"label": "b", "passed": True, "known": ["VLLM-005"]},
+                 {"label": "c", "passed": False, "known": [], "testbed_error": ""},
+                 {"label": "d", "passed": False, "known": [], "testbed_error": "rank 0: AdapterSetupError: ..."}]
+    calls = _fake_commands(monkeypatch, {
+        ("run", "0.33.0"): {"failed": 1, "testbed_errors": 1, "not_run": 31, "seconds": 9.0, "scenarios": scenarios},
+        ("mutants", "0.33.0"): {"killed": 2, "total": 3, "seconds": 5.0, "not_applicable": [{"mutant": "x"}],
+                                "mutants": [{"mutant": "m1", "killed": True}, {"mutant": "m2", "killed": True},
+                                            {"mutant": "m3", "killed": False}]},
+        ("run", "0.22.0"): "--integration vllm: vLLM 0.22.0 has no ...FusedMoEFactory, which the adapter drives",
+    })
+    rows = history.survey(_integration({"0.33.0": "0.7.2.post1", "0.22.0": "0.6.11.post2"}), ["0.22.0", "0.33.0"],
+                          log=lambda line: None)
+    assert calls == [("run", "0.22.0"), ("run", "0.33.0"), ("mutants", "0.33.0")]
+    refused, ran = rows
+    assert refused.refused.endswith("which the adapter drives") and not refused.matrix and not refused.mutants
+    assert refused.served_by == "0.6.11.post2 (served by 0.6.11)"
+    assert ran.matrix == {"passed": 1, "failed": 1, "known": 1, "testbed_errors": 1, "not_run": 31, "seconds": 9.0}
+    assert ran.mutants == {"killed": 2, "total": 3, "not_applicable": 1, "seconds": 5.0}
+    assert ran.failures == ["FAIL c", "ERROR d", "SURVIVED m3"]
+    table = history.markdown(rows).splitlines()
+    assert table[2].startswith("| 0.22.0 | 0.6.11.post2 (served by 0.6.11) | refused: --integration vllm: vLLM 0.22.0")
+    assert table[3] == ("| 0.33.0 | 0.7.2.post1 | 1 / 1 / 1 / 1 / 31 | 2 of 3 (1 N/A) | "
+                        "FAIL c; ERROR d; SURVIVED m3 |")
+
+
+def test_history_unserved_pin_named_without_the_served_list(monkeypatch):
+    _fake_commands(monkeypatch, {("run", "0.18.0"): "--integration vllm: vLLM 0.18.0 pins flashinfer-python 0.6.6, "
+                                                    "which no profile of the fake serves: it serves 0.6.8, 0.6.9"})
+    (row,) = history.survey(_integration({"0.33.0": "0.7.2.post1", "0.18.0": "0.6.6"}), ["0.18.0"],
+                            log=lambda line: None)
+    assert row.served_by == "" and row.cells()[1] == "0.6.6 (none)"
+    assert row.cells()[2].endswith("which no profile of the fake serves")
