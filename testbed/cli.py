@@ -935,7 +935,7 @@ def _mutants(args) -> int:
     started = time.monotonic()
     hunts = []
     print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
-    absent = {m.name: m.not_applicable() for m in catalogue if m.name in names}
+    absent = {m.name: mutants.not_applicable(m) for m in catalogue if m.name in names}
     absent = {name: found for name, found in absent.items() if found}
     for name, (kind, why) in absent.items():
         print(f"{name:32s} {'N/A':9s} {kind}: {why}", flush=True)

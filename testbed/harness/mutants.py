@@ -45,6 +45,32 @@ def get(name: str) -> Mutant:
     return next(m for m in owner_of(name).mutants() if m.name == name)
 
 
+def not_applicable(m: Mutant) -> tuple[str, str] | None:
+    """``(kind, why)`` mutant ``m`` is not hunted on the release in use: its own probes'
+    answer (:meth:`Mutant.not_applicable`), else ``absent`` where the release has no module or
+    function the mutant targets (an older release, before the code was written)."""
+    found = m.not_applicable()
+    if found:
+        return found
+    integration = owner_of(m.name)
+    engine = integration.engine
+    module_name, _, path = m.target.partition(":")
+    try:
+        owner = engine.module(module_name) if engine is not None else importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not module_name.startswith(e.name):
+            raise
+        owner = None
+    label = f"{engine.label} {engine.release()[0]}" if engine is not None else integration.name
+    if owner is None:
+        return "absent", f"{label} has no module {module_name} (its code came later)"
+    for part in path.split("."):
+        if not hasattr(owner, part):
+            return "absent", f"{label} has no {module_name}:{path} (its code came later)"
+        owner = getattr(owner, part)
+    return None
+
+
 def apply(name: str) -> Callable[[], None]:
     """Patch the integration's code in this process with mutant ``name``; returns the function
     that undoes it."""

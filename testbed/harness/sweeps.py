@@ -198,7 +198,10 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
                     problems.append(f"{m.name} was left out as equivalent without a reason")
                 continue
             module = m.target.partition(":")[0]
-            text = package.read(module.replace(".", "/") + ".py")
+            try:
+                text = package.read(module.replace(".", "/") + ".py")
+            except (KeyError, FileNotFoundError):  # the module came later
+                continue
             present = [old for old in (m.old,) + tuple(old for old, _ in m.forms) if old in text]
             if present:
                 problems.append(f"{m.name} was left out as N/A ({absent['why']}), but {module} of this release "

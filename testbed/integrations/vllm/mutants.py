@@ -21,6 +21,18 @@ def _two_sided_on_mnnvl():
         "its combine takes no token count (moe_ep's combine uses its dispatch's)")
 
 
+def _no_flashinfer_sequence_parallel():
+    from testbed.cluster.layout import ParallelLayout
+    from testbed.integrations.vllm.rules import sequence_parallel
+
+    wide = ParallelLayout.parse("4,2,2,1")
+    if any(sequence_parallel(path, wide) for path in ("one_sided", "two_sided")):
+        return None
+    return ("no FlashInfer backend of this vLLM runs the MoE sequence parallel (its "
+            "ParallelConfig.use_sequence_parallel_moe lists neither; one-sided from 0.29): the code it changes never "
+            "runs on a FlashInfer all-to-all deployment")
+
+
 def _two_sided_on_moe_ep():
     from testbed.integrations.vllm.environment import two_sided_api
 
@@ -132,7 +144,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("v-scales-not-dispatched", "the activation scales are not dispatched",
        f"{V_PF}.prepare", "hidden_states_scale=dispatch_x_sf,", "hidden_states_scale=None,",
        ("completes", "NoneType"), ("output", "x the tolerance"),
-       forms=(("payloads.append(dispatch_x_sf)", "payloads.append(torch.zeros_like(dispatch_x_sf))"),)),
+       forms=(("payloads.append(dispatch_x_sf)", "payloads.append(torch.zeros_like(dispatch_x_sf))"),
+              ("payloads.append(a1q_scale)", "payloads.append(torch.zeros_like(a1q_scale))"))),
     _m("v-router-weight-not-applied", "with the router weight on the input, prepare does not apply it",
        f"{V_PF}.prepare", "a1.mul_(topk_weights.to(a1.dtype))", "a1.mul_(1)", ("output", "x the tolerance")),
     # -- the reduce contract (seed 002) ----------------------------------------------------------
@@ -181,7 +194,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("r-shared-reduced-under-sp", "the runner all-reduces the shared experts' output under sequence parallel, "
        "where vLLM's models replicate them", f"{V_RUNNER}._maybe_reduce_shared_expert_output",
        "            and not self.moe_config.is_sequence_parallel\n", "", ("reduce", "TP all_reduce"),
-       ("output", "x the tolerance")),
+       ("output", "x the tolerance"),
+       equivalent=_no_flashinfer_sequence_parallel),
     _m("r-shared-not-reduced", "the TP-sharded shared output is reduced only when the routed one is not",
        f"{V_RUNNER}._maybe_reduce_shared_expert_output", "            and fused_output_is_reduced\n",
        "            and not fused_output_is_reduced\n", ("reduce", "TP all_reduce"), ("output", "x the tolerance")),
@@ -200,17 +214,23 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        ("completes", ""), ("output", "x the tolerance")),
     _m("r-sp-sizes-unchunked", "the runner's sequence-parallel context counts each DP rank's tokens unchunked",
        f"{V_RUNNER}._sequence_parallel_context", "                self.moe_config.sp_size,", "                1,",
-       ("runtime-max-tokens", ""), ("completes", "")),
+       ("runtime-max-tokens", ""), ("completes", ""),
+       # 0.29 and 0.30 pass the SP size alone.
+       forms=(("sp_local_sizes(self.moe_config.sp_size)", "sp_local_sizes(1)"),),
+       equivalent=_no_flashinfer_sequence_parallel),
     _m("r-sp-sizes-floor", "the sequence-parallel chunk sizes round down instead of up",
        V_SP_SIZES, "        num_tokens_across_dp_cpu + sequence_parallel_size - 1\n",
-       "        num_tokens_across_dp_cpu\n", ("runtime-max-tokens", ""), ("completes", "")),
+       "        num_tokens_across_dp_cpu\n", ("runtime-max-tokens", ""), ("completes", ""),
+       equivalent=_no_flashinfer_sequence_parallel),
     # (sequence_parallel_chunk_impl itself is a registered op: a mutant of it would not reach the op.)
     _m("r-sp-chunk-skipped", "the model's sequence-parallel chunk hands every TP rank all the tokens",
        V_SP_CHUNK, "    return torch.ops.vllm.sequence_parallel_chunk_impl(x)", "    return x",
-       ("runtime-max-tokens", ""), ("completes", ""), ("expert-load", "lanes")),
+       ("runtime-max-tokens", ""), ("completes", ""), ("expert-load", "lanes"),
+       equivalent=_no_flashinfer_sequence_parallel),
     _m("r-sp-gather-skipped", "the TP all-gather after a sequence-parallel layer returns this rank's chunk",
        V_TP_GATHER, "    return get_tp_group().all_gather(input_, dim)", "    return input_",
-       ("output", ""), ("completes", "")),
+       ("output", ""), ("completes", ""),
+       equivalent=_no_flashinfer_sequence_parallel),
     _m("r-nvfp4-scales-not-interleaved", "the one-sided prepare leaves received nvfp4 scales linear where the "
        "experts read them 128x4-interleaved", f"{V_PF}.prepare",
        'if quant_config.quant_dtype == "nvfp4" and quant_config.is_scale_swizzled:',
