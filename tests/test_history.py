@@ -11,7 +11,8 @@ from testbed.harness import history
 
 
 def _integration(pins):
-    engine = SimpleNamespace(label="vLLM", release=lambda source=None: ("0.33.0", pins[source or "0.33.0"]))
+    engine = SimpleNamespace(label="vLLM", release=lambda source=None: ("0.33.0", pins[source or "0.33.0"]),
+                             pinned=lambda source=None: pins[source or "0.33.0"])
     return SimpleNamespace(name="vllm", engine=engine)
 
 

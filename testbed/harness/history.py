@@ -73,8 +73,8 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
     _, pin = engine.release(source or None)
     row = Row(engine.label, release, pin)
     try:
-        row.served_by = served_by(pin) if pin else ""
-    except UnservedRelease:
+        row.served_by = served_by(engine.pinned(source))  # a wheelless pin: by evidence, as the run serves it
+    except (UnservedRelease, ValueError):
         row.served_by = ""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"

@@ -84,9 +84,10 @@ class Engine:
             return "unknown", None
         return package.version, pinned_flashinfer(package)
 
-    def pinned(self) -> str:
-        """The FlashInfer release this engine runs on: the one its metadata pins, as pip prints
-        it (``default_pin`` for a checkout without metadata).
+    def pinned(self, source: str | None = None) -> str:
+        """The FlashInfer release this engine (or its release or checkout ``source``) runs on:
+        the one its metadata pins, as pip prints it (``default_pin`` for a checkout without
+        metadata).
 
         A pin PyPI has no wheel of is served by evidence
         (:func:`testbed.contract.serving.evidence`): the profile under which every use this
@@ -101,7 +102,7 @@ class Engine:
         """
         from fakes.flashinfer.profiles import WHEELLESS, UnservedRelease, resolve, serve_by_evidence, unserved_pin
 
-        version, pin = self.release()
+        version, pin = self.release(source)
         try:
             resolve(pin or self.default_pin)
         except UnservedRelease:
@@ -109,7 +110,7 @@ class Engine:
                 raise unserved_pin(f"{self.label} {version}", pin) from None
             from testbed.contract.serving import evidence
 
-            serve_by_evidence(evidence(f"{self.label} {version}", self.package(), self.consumer, pin))
+            serve_by_evidence(evidence(f"{self.label} {version}", self.package(source), self.consumer, pin))
         return pin or self.default_pin
 
     def module(self, name: str):

@@ -93,7 +93,7 @@ def cpu_platform_by_target() -> None:
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
-    ("0.31.0", "0.32.0", "0.34.0"), CONSUMER, sampled=("0.31.0", "0.34.0"),
+    ("0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0"), CONSUMER, sampled=("0.31.0", "0.34.0"),
     # The FlashInfer NVLink backends came with 0.18.0 (fused_moe/flashinfer_nvlink_*_prepare_finalize.py).
     history=tuple(f"0.{minor}.0" for minor in range(18, 35)))
 
