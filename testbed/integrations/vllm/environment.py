@@ -87,9 +87,12 @@ def cpu_platform_by_target() -> None:
 
 
 # The generations of vLLM's FlashInfer path the sweeps sample, one release each: 0.31.0 (its
-# one-sided manager drives MoeAlltoAll itself; 0.32.0 is the same generation), 0.33.0 (installed:
-# one-sided on moe_ep, two-sided on MnnvlMoe), 0.34.0 (both on moe_ep, the experts writing into
-# FlashInfer's combine-input buffer, PP only under the mp executor, the standalone CPU runner).
+# one-sided manager drives MoeAlltoAll itself, sequence parallel; 0.29 .. 0.32 alike), 0.33.0
+# (installed: one-sided on moe_ep, two-sided on MnnvlMoe), 0.34.0 (both on moe_ep, the experts
+# writing into FlashInfer's combine-input buffer, PP only under the mp executor, the standalone
+# CPU runner). 0.27 and 0.28 (MoeAlltoAll, one-sided not sequence parallel, no fp8 dispatch) are
+# a generation CI leaves to `sweep --all-releases` and `a2a-testbed history`: with it, .ci/run
+# would pass its 15 minutes (891 s without it).
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
