@@ -199,3 +199,18 @@ def test_vllm_integration_routing_rides_in_the_logits():
     pad_ids, pad_w = padding_routing(2)
     assert torch.equal(got_ids, torch.cat([ids, pad_ids[None]])) and got_ids.dtype == torch.int32
     assert torch.equal(got_w, torch.cat([w, pad_w[None]]))
+
+
+@pytest.mark.needs("vllm")
+def test_vllm_integration_rules_are_the_releases_own():
+    """The sequence-parallel rule is the installed release's ParallelConfig.use_sequence_parallel_moe
+    (0.33: the one-sided backend at TP > 1 and DP > 1, never two-sided), and the formats its
+    one-sided prepare builder dispatches are read from the error it raises for others (0.33 names
+    DeepSeek's blockwise FP8 among them)."""
+    from testbed.cluster.layout import ParallelLayout
+    from testbed.integrations.vllm.rules import one_sided_dispatch_formats, sequence_parallel
+
+    wide, tp1 = ParallelLayout.parse("4,2,2,1"), ParallelLayout.parse("4,1,4,1")
+    assert sequence_parallel("one_sided", wide) and not sequence_parallel("two_sided", wide)
+    assert not sequence_parallel("one_sided", tp1)
+    assert set(one_sided_dispatch_formats()) == {"bf16", "mxfp8", "nvfp4", "fp8_block"}
