@@ -446,7 +446,7 @@ def _findings(args) -> int:
     import tempfile
     from pathlib import Path
 
-    from testbed.harness import lineage, runner
+    from testbed.harness import history, lineage, runner
 
     _positive("--timeout", args.timeout)
     names = args.integration or [i.name for i in _integrations().engines() if i.findings()]
@@ -481,9 +481,7 @@ def _findings(args) -> int:
                 proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
                 if proc.returncode != 0:
-                    why = [line for line in proc.stderr.splitlines() if "error" in line.lower()] or \
-                        proc.stderr.strip().splitlines()[-1:]
-                    print(f"{name} {source or '(installed)'}: {why[-1] if why else 'failed'}", flush=True)
+                    print(f"{name} {source or '(installed)'}: {history.refusal_line(proc)}", flush=True)
                     failed += 1
                     continue
                 cells += [lineage.Cell(**c) for c in json.loads(out.read_text())]

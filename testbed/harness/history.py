@@ -82,7 +82,7 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
         flags = ["--integration", integration.name] + ([f"--{integration.name}-source", source] if source else [])
         done = _call(base + ["run", *flags, "--json", str(out)])
         if done.returncode == 2 or not out.is_file():
-            row.refused = _refusal(done)
+            row.refused = refusal_line(done)
             return row
         data = json.loads(out.read_text())
         row.matrix = {"passed": sum(s["passed"] and not s["known"] for s in data["scenarios"]),
@@ -100,7 +100,7 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
                                "not_applicable": len(hunts["not_applicable"]), "seconds": hunts["seconds"]}
                 row.failures += [f"SURVIVED {h['mutant']}" for h in hunts["mutants"] if not h["killed"]]
             else:
-                row.failures.append(f"mutants did not finish: {_refusal(done)}")
+                row.failures.append(f"mutants did not finish: {refusal_line(done)}")
     return row
 
 
@@ -112,8 +112,9 @@ def _call(cmd: list[str]) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(cmd, 124, "", f"error: did not finish in {e.timeout:.0f} s")
 
 
-def _refusal(done: subprocess.CompletedProcess) -> str:
-    """The one line a command refused with (``a2a-testbed run: error: ...``)."""
+def refusal_line(done: subprocess.CompletedProcess) -> str:
+    """The one line an ``a2a-testbed`` command refused or failed with (what follows
+    ``a2a-testbed run: error:``), else its last line of stderr."""
     lines = [line for line in done.stderr.splitlines() if ": error: " in line] or done.stderr.strip().splitlines()[-1:]
     return lines[-1].split(": error: ", 1)[-1] if lines else f"exit {done.returncode}"
 

@@ -47,28 +47,15 @@ def get(name: str) -> Mutant:
 
 def not_applicable(m: Mutant) -> tuple[str, str] | None:
     """``(kind, why)`` mutant ``m`` is not hunted on the release in use: its own probes'
-    answer (:meth:`Mutant.not_applicable`), else ``absent`` where the release has no module or
-    function the mutant targets (an older release, before the code was written)."""
+    answer (:meth:`Mutant.not_applicable`), else ``absent`` where an engine's release has no
+    module or function the mutant targets (an older release, before the code was written; this
+    project's own code always has its targets, and a mutant that misses one is broken)."""
     found = m.not_applicable()
-    if found:
+    engine = owner_of(m.name).engine
+    if found or engine is None:
         return found
-    integration = owner_of(m.name)
-    engine = integration.engine
-    module_name, _, path = m.target.partition(":")
-    try:
-        owner = engine.module(module_name) if engine is not None else importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name is None or not module_name.startswith(e.name):
-            raise
-        owner = None
-    label = f"{engine.label} {engine.release()[0]}" if engine is not None else integration.name
-    if owner is None:
-        return "absent", f"{label} has no module {module_name} (its code came later)"
-    for part in path.split("."):
-        if not hasattr(owner, part):
-            return "absent", f"{label} has no {module_name}:{path} (its code came later)"
-        owner = getattr(owner, part)
-    return None
+    lacks = engine.lacks(*m.target.split(":"))
+    return ("absent", f"{lacks} (its code came later)") if lacks else None
 
 
 def apply(name: str) -> Callable[[], None]:

@@ -146,17 +146,33 @@ class Engine:
         with fakes.flashinfer.install(pin):
             for module, name in self.capabilities:
                 try:
-                    mod = importlib.import_module(module)
-                except ModuleNotFoundError as e:
-                    if e.name is not None and module.startswith(e.name):
-                        return (f"{self.label} {self.release()[0]} has no module {e.name}, which the adapter drives "
-                                f"(it is written for {self.label} {', '.join(self.tested)})")
-                    return f"{self.label}'s {module} does not import: {type(e).__name__}: {e}"
+                    lacks = self._lacks(module, name)
                 except Exception as e:  # noqa: BLE001 - whatever breaks the import is the answer
                     return f"{self.label}'s {module} does not import: {type(e).__name__}: {e}"
-                if not _has(mod, name):
-                    return (f"{self.label} {self.release()[0]} has no {module}.{name}, which the adapter drives "
-                            f"(it is written for {self.label} {', '.join(self.tested)})")
+                if lacks:
+                    return f"{lacks}, which the adapter drives (it is written for {self.label} {', '.join(self.tested)})"
+        return None
+
+    def lacks(self, module: str, name: str) -> str | None:
+        """``vLLM 0.28.0 has no module M`` / ``... has no M.N`` where the release in use has not
+        ``module`` or its attribute ``name`` (dotted: ``FusedMoE._dispatch_with_pre_quant``),
+        imported under the fake as the engine's pin; None where it has both."""
+        import fakes.flashinfer
+
+        with fakes.flashinfer.install(self.pinned()):
+            return self._lacks(module, name)
+
+    def _lacks(self, module: str, name: str) -> str | None:
+        try:
+            found = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is None or not module.startswith(e.name):
+                raise
+            return f"{self.label} {self.release()[0]} has no module {e.name}"
+        for part in name.split("."):
+            if not hasattr(found, part):
+                return f"{self.label} {self.release()[0]} has no {module}.{name}"
+            found = getattr(found, part)
         return None
 
     @functools.cache  # noqa: B019 - one Engine per adapter module, alive as long as the process
@@ -208,15 +224,6 @@ class Engine:
         with fakes.flashinfer.install(self.pinned()):  # the modules an engine imports lazily stay unimported
             for module in dict.fromkeys([module for module, _ in self.capabilities] + list(self.preload_extra)):
                 importlib.import_module(module)
-
-
-def _has(obj, dotted: str) -> bool:
-    """Whether ``obj`` has ``dotted`` (``FusedMoE._dispatch_with_pre_quant``)."""
-    for part in dotted.split("."):
-        if not hasattr(obj, part):
-            return False
-        obj = getattr(obj, part)
-    return True
 
 
 def guarded_flashinfer_imports(module) -> dict:

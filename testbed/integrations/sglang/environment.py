@@ -63,12 +63,13 @@ def prepare_environment() -> None:
 
 
 def _configs_transformers_ships() -> None:
-    """A model config an older SGLang registers under a name the installed transformers has
-    since shipped itself keeps transformers' class, as ``exist_ok=True`` does: SGLang 0.5.11 ..
-    0.5.19 register ``qwen3_asr`` without it, and the transformers SGLang 0.5.23 needs (5.20)
-    ships it, so ``import sglang.srt.server_args`` raised "'qwen3_asr' is already used by a
-    Transformers config". Model configs are not on the all-to-all's path."""
-    if importlib.util.find_spec("transformers") is None:
+    """A model config an older SGLang registers, without ``exist_ok``, under a name the
+    installed transformers has since shipped itself keeps transformers' class instead of
+    raising: SGLang 0.5.11 .. 0.5.19 register ``qwen3_asr`` so, and the transformers SGLang 0.5.23
+    needs (5.20) ships it, so ``import sglang.srt.server_args`` raised "'qwen3_asr' is already
+    used by a Transformers config". Every other registration is transformers' own. Model
+    configs are not on the all-to-all's path."""
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("transformers") is None:
         return
     from transformers import AutoConfig
     from transformers.models.auto import configuration_auto
@@ -78,7 +79,7 @@ def _configs_transformers_ships() -> None:
         return
 
     def keeps_shipped(model_type, config, exist_ok=False):
-        if model_type in configuration_auto.CONFIG_MAPPING_NAMES:
+        if not exist_ok and model_type in configuration_auto.CONFIG_MAPPING_NAMES:
             return None
         return register(model_type, config, exist_ok=exist_ok)
 

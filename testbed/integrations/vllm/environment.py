@@ -70,16 +70,17 @@ def cpu_platform_by_target() -> None:
         platforms = importlib.import_module("vllm.platforms")
     except ImportError:  # not a vLLM this adapter can run: the capability probes say so
         return
+    if getattr(platforms, "_testbed_probed", False):  # decided once per process: every rank set-up asks
+        return
+    platforms._testbed_probed = True
     plugin = getattr(platforms, "cpu_platform_plugin", None)
     check = getattr(platforms, "vllm_version_matches_substr", None)
-    if plugin is None or check is None or "VLLM_TARGET_DEVICE" in inspect.getsource(plugin) \
-            or getattr(check, "cpu_build", False):
+    if plugin is None or check is None or "VLLM_TARGET_DEVICE" in inspect.getsource(plugin):
         return
 
     def vllm_version_matches_substr(substr: str) -> bool:
         return (substr == "cpu" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu") or check(substr)
 
-    vllm_version_matches_substr.cpu_build = True
     platforms.vllm_version_matches_substr = vllm_version_matches_substr
     # Importing vllm resolves the platform once already (to none): resolved again on next use.
     if "_current_platform" in vars(platforms):
