@@ -262,3 +262,28 @@ def test_fake_deprecation_warnings_only_on_0_7():
                 assert deprecations and deprecations[0].startswith(f"{name} is deprecated; use flashinfer.moe_ep")
             else:
                 assert deprecations == [], (profile, name)
+
+
+def test_contract_reader_follows_star_imports():
+    """``from .x import *`` binds x's public names (``__all__`` when it has one), as Python does."""
+    import ast as _ast
+
+    from testbed.contract.surface import RealModule
+
+    sources = {
+        "pkg": ("from .enums import *\nfrom .hidden import *\n", True),
+        "pkg.enums": ("__all__ = ['Kind']\nclass Kind: pass\nclass Other: pass\n", False),
+        "pkg.hidden": ("def _private(): pass\ndef shown(): pass\n", False),
+    }
+    modules: dict = {}
+
+    def load(name):
+        if name not in modules and name in sources:
+            text, is_package = sources[name]
+            modules[name] = RealModule(_ast.parse(text), name, is_package, load)
+        return modules.get(name)
+
+    pkg = load("pkg")
+    assert pkg.resolve("Kind")[0].name == "pkg.enums"
+    assert pkg.resolve("shown")[0].name == "pkg.hidden"
+    assert pkg.resolve("Other") is None and pkg.resolve("_private") is None

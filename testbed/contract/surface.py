@@ -63,6 +63,7 @@ class RealModule:
         self.defs: dict[str, ast.AST] = {}
         self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, name)
         self.all: Optional[list[str]] = None
+        self.stars: list[str] = []  # modules imported with ``*``, in order
         self.lazy = False  # a module __getattr__ may serve more names
         for node in top_level(tree):
             if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
@@ -78,7 +79,9 @@ class RealModule:
             elif isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] == "flashinfer"):
                 base = self._relative(node.module, node.level) if node.level else node.module
                 for alias in node.names:
-                    if alias.name != "*":
+                    if alias.name == "*":
+                        self.stars.append(base)
+                    else:
                         self.imports[alias.asname or alias.name] = (base, alias.name)
 
     def _relative(self, module: Optional[str], level: int) -> str:
@@ -104,6 +107,11 @@ class RealModule:
             module, orig = self.imports[name]
             other = self._load(module)
             return other.resolve(orig, _seen | {(self.name, name)}) if other is not None else None
+        # ``from .x import *`` binds x's public names (0.6.7's fused_moe.core takes the enums so)
+        for module in self.stars:
+            other = self._load(module)
+            if other is not None and name in other.public() and (module, name) not in _seen:
+                return other.resolve(name, _seen | {(module, name)})
         return None
 
 
