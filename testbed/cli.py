@@ -174,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
                          "wheel or a directory) against its pinned FlashInfer and the fake's profile of it; exit 1 "
                          "on a fake gap; repeatable")
     ct.add_argument("--every-release", action="store_true",
-                    help="compare every release a profile serves (0.6.8 .. 0.7.4), each with the profile serving it")
+                    help="compare every release a profile serves (0.6.3 .. 0.7.4), each with the profile serving it")
     ct.add_argument("--profile", metavar="RELEASE",
                     help="the fake profile to compare with (default: the one serving the release)")
     ct.add_argument("--all", action="store_true", help="print every entry compared, not only differences")

@@ -156,7 +156,7 @@ def test_contract_bad_source_is_a_clear_error(tmp_path):
         open_source(str(tmp_path))
     with pytest.raises(SourceError, match="expected a release number"):
         open_source("latest")
-    with pytest.raises(ValueError, match="FlashInfer release '0.7.3' is not served by the fake: it serves 0.6.8, "):
+    with pytest.raises(ValueError, match="FlashInfer release '0.7.3' is not served by the fake: it serves 0.6.3, 0.6.4, "):
         from testbed.contract import profile_for
 
         profile_for("0.7.3")

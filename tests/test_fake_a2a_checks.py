@@ -123,7 +123,7 @@ def test_fake_profiles_custom_combine_signature():
 
 
 def test_fake_profiles_unknown_name():
-    with pytest.raises(ValueError, match="FlashInfer release '0.5.0' is not served by the fake: it serves 0.6.8, "):
+    with pytest.raises(ValueError, match="FlashInfer release '0.5.0' is not served by the fake: it serves 0.6.3, 0.6.4, "):
         set_profile("0.5.0")
 
 

@@ -176,3 +176,65 @@ def test_quantizers_0_7_4_batch_invariant_and_backend_messages():
             mxfp8_quantize(x, backend="x")
         with pytest.raises(RuntimeError, match="input must be contiguous"):
             mxfp8_quantize(torch.randn(2, 64).to(torch.bfloat16)[:, :32])
+
+
+def test_fp4_quantize_swizzled_scale_shape_before_0_6_8():
+    """Before 0.6.8 a swizzled scale tensor is reshaped to ``[-1, K/16]``: where K/16 is not a
+    multiple of 4 the padded 128x4 rows split in two; 0.6.8 on keeps ``[-1, K/16 rounded to 4]``.
+    The bytes are the same."""
+    x = torch.randn(37, 32).to(torch.bfloat16)
+    gs = torch.tensor([1.0])
+    with install("0.6.7.post2"):
+        from flashinfer import fp4_quantize
+
+        _, sf_old = fp4_quantize(x, gs)
+    with install("0.6.8"):
+        from flashinfer import fp4_quantize
+
+        _, sf_new = fp4_quantize(x, gs)
+    assert sf_old.shape == (256, 2) and sf_new.shape == (128, 4)
+    assert torch.equal(sf_old.flatten(), sf_new.flatten())
+
+
+def test_quantizers_before_the_quantization_package():
+    """0.6.6 and older ship fp4_/fp8_quantization as modules of their own, no
+    flashinfer.quantization package of quantizers and no flashinfer.tllm_enums."""
+    import importlib
+    import inspect
+
+    with install("0.6.6"):
+        import flashinfer
+        import flashinfer.fp4_quantization as fp4
+
+        assert flashinfer.fp4_quantize is fp4.fp4_quantize
+        assert "backend" not in inspect.signature(flashinfer.mxfp8_quantize).parameters
+        assert "backend" not in inspect.signature(flashinfer.fp4_quantize).parameters
+        importlib.import_module("flashinfer.quantization")  # a flat module of other helpers there
+        with pytest.raises(ImportError):
+            from flashinfer.quantization import fp4_quantize  # noqa: F401
+        for name in ("flashinfer.tllm_enums", "flashinfer.quantization.fp4_quantization"):
+            with pytest.raises(ModuleNotFoundError):
+                importlib.import_module(name)
+    with install("0.6.7"):
+        from flashinfer.quantization import fp4_quantize  # noqa: F401
+        from flashinfer.tllm_enums import RoutingMethodType
+
+        assert RoutingMethodType.Unspecified == 6 and not hasattr(RoutingMethodType, "SigmoidRenorm")
+
+
+def test_fused_moe_entries_before_0_6_5():
+    """0.6.3 and 0.6.4 export only the logits-routed bf16 entry (from fused_moe, not the root),
+    which always finalizes; the bf16 routed entry does not exist."""
+    import inspect
+
+    with install("0.6.4"):
+        import flashinfer.fused_moe as fused_moe
+
+        with pytest.raises(ImportError):
+            from flashinfer import trtllm_bf16_moe  # noqa: F401
+        with pytest.raises(ImportError):
+            from flashinfer.fused_moe import trtllm_bf16_routed_moe  # noqa: F401
+        assert not hasattr(fused_moe, "Fp8QuantizationType")
+        assert "do_finalize" not in inspect.signature(fused_moe.trtllm_bf16_moe).parameters
+        with pytest.raises(TypeError):
+            fused_moe.trtllm_fp8_block_scale_routed_moe(*[None] * 16, do_finalize=False)

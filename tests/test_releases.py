@@ -1,4 +1,4 @@
-"""FlashInfer releases by name: every release 0.6.8 .. 0.7.4 is served by a profile (its own, or
+"""FlashInfer releases by name: every release 0.6.3 .. 0.7.4 is served by a profile (its own, or
 one the contract finds identical to it), a profile is its base plus declared deltas, and every
 way to name a release the fake does not serve (the profile option, the pytest option, the
 environment variable, the contract's specs, the installed FlashInfer, an engine's pin) is
@@ -18,9 +18,9 @@ from testbed.harness import lineage
 
 ROOT = Path(__file__).resolve().parent.parent
 UNSERVED = "0.9.0"  # a release no profile serves (and not one without a wheel, which is served by evidence)
-# The flashinfer-python releases on PyPI from 0.6.8 to 0.7.4 (pip index versions, 2026-12-02).
-PYPI_0_6_8_TO_0_7_4 = (
-    "0.6.8 0.6.8.post1 0.6.9 0.6.10 0.6.10.post1 0.6.11 0.6.11.post1 0.6.11.post2 0.6.11.post3 0.6.12 0.6.13 0.6.14 "
+# The flashinfer-python releases on PyPI from 0.6.3 to 0.7.4 (pip index versions, 2026-12-05).
+PYPI_0_6_3_TO_0_7_4 = (
+    "0.6.3 0.6.4 0.6.5 0.6.6 0.6.7 0.6.7.post1 0.6.7.post2 0.6.7.post3 0.6.8 0.6.8.post1 0.6.9 0.6.10 0.6.10.post1 0.6.11 0.6.11.post1 0.6.11.post2 0.6.11.post3 0.6.12 0.6.13 0.6.14 "
     "0.6.15 0.6.15.post1 0.6.16 0.6.16.post1 0.6.16.post2 0.6.16.post3 0.6.16.post4 0.6.17 0.6.18 0.6.18.post1 0.7.0 "
     "0.7.0.post1 0.7.1 0.7.2 0.7.2.post1 0.7.4").split()
 
@@ -30,7 +30,7 @@ def _one_line_refusal(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 2, out
     assert "Traceback" not in out and len(out.splitlines()) == 1, out
     assert f"'{UNSERVED}'" in out or f" {UNSERVED}," in out, out
-    assert "it serves 0.6.8, 0.6.8.post1, " in out and out.endswith("0.7.2.post1, 0.7.4"), out
+    assert "it serves 0.6.3, 0.6.4, 0.6.5, " in out and out.endswith("0.7.2.post1, 0.7.4"), out
     return out
 
 
@@ -48,21 +48,25 @@ def _run(*argv: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.Co
                           env={**os.environ, **(env or {})})
 
 
-def test_releases_every_one_from_0_6_8_to_0_7_4_is_served():
-    assert profiles.served_releases() == tuple(PYPI_0_6_8_TO_0_7_4)
-    for release in PYPI_0_6_8_TO_0_7_4:
+def test_releases_every_one_from_0_6_3_to_0_7_4_is_served():
+    assert profiles.served_releases() == tuple(PYPI_0_6_3_TO_0_7_4)
+    for release in PYPI_0_6_3_TO_0_7_4:
         served = profiles.resolve(release)
         assert release == served.name or release in served.serves
     assert sorted(profiles.PROFILES, key=profiles.release_key) == list(profiles.PROFILES)
 
 
 def test_releases_profile_is_its_base_plus_deltas():
-    """Each derived profile names an older base; a table without an entry for it answers with
-    its nearest base's entry."""
+    """Each derived profile names a neighbour as base, toward its root (0.6.8 from either side,
+    or 0.7.4); a table without an entry for it answers with its nearest base's entry."""
     for p in profiles.PROFILES.values():
         chain = [q.name for q in profiles.chain(p)]
         assert chain[0] == p.name and len(set(chain)) == len(chain)
-        assert [profiles.release_key(n) for n in chain] == sorted(map(profiles.release_key, chain), reverse=True)
+        assert chain[-1] in ("0.6.8", "0.7.4")
+        keys = [profiles.release_key(n) for n in chain]
+        assert keys == sorted(keys, reverse=keys[0] > keys[-1])
+    assert profiles.pick({"0.6.7": "old", "0.6.8": "root"}, profiles.resolve("0.6.3")) == "old"
+    assert profiles.pick({"0.6.7": "old", "0.6.8": "root"}, profiles.resolve("0.6.9")) == "root"
     table = {"0.6.8": "a", "0.7.0": "b"}
     assert profiles.pick(table, profiles.resolve("0.7.2.post1")) == "b"
     assert profiles.pick(table, profiles.resolve("0.6.16.post3")) == "a"
@@ -176,5 +180,5 @@ def test_releases_lineage_first_release_and_table():
     table = lineage.format_table(cells, {"X-1": "a finding"})
     assert "first: vLLM 0.31.0 on FlashInfer 0.7.4" in table and "reproduces on none of these" in table
     assert "  vLLM 0.31.0      0.6.8 F  0.7.4 R" in table and "F on 0.6.8: completes: AssertionError" in table
-    assert lineage.releases("0.7.0.post1")[:3] == ["0.6.8", "0.6.14", "0.6.16"]
+    assert lineage.releases("0.7.0.post1")[:4] == ["0.6.3", "0.6.8", "0.6.14", "0.6.16"]
     assert "0.7.0.post1" in lineage.releases("0.7.0.post1") and "0.7.0" not in lineage.releases("0.7.0.post1")

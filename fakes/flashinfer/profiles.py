@@ -6,8 +6,10 @@ the return forms. Choose it with :func:`set_profile` or ``A2A_FAKE_FLASHINFER_PR
 
 A profile is named for the release it imitates and may serve others (``serves``): releases
 the contract finds identical to it (0 differences), named as pip prints them. A profile is its
-``base`` (an earlier release; 0.6.8 and 0.7.4 have none) plus declared deltas: its own fields,
-and an entry in a per-release table (:func:`pick`) only where the release differs from the base.
+``base`` plus declared deltas: its own fields, and an entry in a per-release table (:func:`pick`)
+only where the release differs from the base. The roots, whose tables are complete, are 0.6.8
+and 0.7.4; a release after 0.6.8 has the release before it as base, one before 0.6.8 the release
+after it (0.6.3 -> 0.6.6 -> 0.6.7 -> 0.6.8), so every delta is declared against a neighbour.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class Profile:
     recv_view_cache: bool = False
     # fused_moe re-exports fused_moe.api's QuantFormat (0.7.0 on)
     quant_format: bool = False
+    # Names the release's modules lack although the fake's modules of the same path have them,
+    # as ``module.name`` ("trtllm_bf16_moe" for the root): 0.6.3's fused_moe has no bf16 routed entry.
+    absent_names: tuple[str, ...] = ()
     base: Optional[str] = None  # the profile whose per-release tables this one falls back on
     serves: tuple[str, ...] = ()  # other releases identical to this one (contract: 0 differences)
 
@@ -65,9 +70,24 @@ _TOP_K_0_7_4 = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 22)
 # 0.7.4 removed the one-sided MoeAlltoAll and the two-sided MnnvlMoe: flashinfer.moe_ep's NVLink
 # backends are the only way in, with their own kernels (nvlink_one_sided_alltoall.cu).
 _REMOVED_0_7_4 = ("comm.trtllm_moe_alltoall", "comm.trtllm_alltoall")
+# The quantizers' package (flashinfer.quantization with fp4_/fp8_quantization under it) and
+# flashinfer.tllm_enums came in 0.6.7; before, flashinfer.quantization is a flat module of
+# packbits helpers the fake does not imitate, so none of the fake package's names are there.
+_QUANTIZATION_NAMES = tuple(f"quantization.{n}" for n in (
+    "SfLayout", "block_scale_interleave", "fp4_quantize", "mxfp8_quantize", "nvfp4_block_scale_interleave",
+    "shuffle_matrix_a", "shuffle_matrix_sf_a"))
 _0_6_8 = Profile("0.6.8", 22, 4, 64, True, False, False, False, False, _TOP_K_0_6_8, False, 1,
                  ("moe_ep", "fused_moe.api", "comm.comm_backend"),
                  serves=("0.6.8.post1", "0.6.9", "0.6.10", "0.6.10.post1"))
+# Before 0.6.8 the one-sided kernels take at most 8 experts per token and 8 payloads.
+_0_6_7 = derive(_0_6_8, "0.6.7", ("0.6.7.post1", "0.6.7.post2", "0.6.7.post3"), k_max_top_k=8, k_max_payloads=8,
+                top_k_kernels=(1, 2, 4, 8))
+_0_6_6 = derive(_0_6_7, "0.6.6", ("0.6.5",), absent_modules=_0_6_7.absent_modules + (
+    "quantization.fp4_quantization", "quantization.fp8_quantization", "tllm_enums"), absent_names=_QUANTIZATION_NAMES)
+_0_6_4 = derive(_0_6_6, "0.6.4", absent_names=_QUANTIZATION_NAMES + (
+    "trtllm_bf16_moe", "trtllm_bf16_routed_moe", "trtllm_fp8_block_scale_routed_moe",
+    "fused_moe.trtllm_bf16_routed_moe", "fused_moe.Fp8QuantizationType"))
+_0_6_3 = derive(_0_6_4, "0.6.3")
 _0_6_11 = derive(_0_6_8, "0.6.11", ("0.6.11.post1", "0.6.11.post2", "0.6.11.post3"))
 _0_6_12 = derive(_0_6_11, "0.6.12")
 _0_6_13 = derive(_0_6_12, "0.6.13")
@@ -83,7 +103,7 @@ _0_7_2 = derive(_0_7_1, "0.7.2", absent_modules=(), comm_deprecated=True)
 _0_7_2_post1 = derive(_0_7_2, "0.7.2.post1", interleave_out=True)
 _0_7_4 = Profile("0.7.4", 22, 4, 256, False, True, True, True, True, _TOP_K_0_7_4, True, 4, _REMOVED_0_7_4,
                  moe_ep_kernels=True, interleave_out=True, recv_view_cache=True, quant_format=True)
-PROFILES = {p.name: p for p in (_0_6_8, _0_6_11, _0_6_12, _0_6_13, _0_6_14, _0_6_15, _0_6_16, _0_6_18, _0_7_0, _0_7_1, _0_7_2, _0_7_2_post1, _0_7_4)}
+PROFILES = {p.name: p for p in (_0_6_3, _0_6_4, _0_6_6, _0_6_7, _0_6_8, _0_6_11, _0_6_12, _0_6_13, _0_6_14, _0_6_15, _0_6_16, _0_6_18, _0_7_0, _0_7_1, _0_7_2, _0_7_2_post1, _0_7_4)}
 # vLLM 0.33.0's pin, which the fake imitated before it had a profile per release.
 DEFAULT_PROFILE = "0.7.2.post1"
 
@@ -92,7 +112,8 @@ DEFAULT_PROFILE = "0.7.2.post1"
 # surface around them (enums, the fused MoE's signatures, quantizer keywords, deprecations).
 _ALLTOALL_FIELDS = ("k_max_top_k", "k_max_payloads", "k_max_ranks", "experts_divisible", "combine_quant_kws",
                     "combine_output_kw", "eplb_and_rank_mask", "backend_kw", "top_k_kernels", "init_barrier",
-                    "rank_mask_words", "absent_modules", "moe_ep_kernels", "recv_view_cache")
+                    "rank_mask_words", "moe_ep_kernels", "recv_view_cache")
+_ALLTOALL_MODULES = ("comm", "moe_ep")  # of absent_modules, those the all-to-alls live in
 
 
 def distinct_alltoalls() -> tuple[str, ...]:
@@ -100,7 +121,8 @@ def distinct_alltoalls() -> tuple[str, ...]:
     the others' all-to-all is one of theirs."""
     seen: dict[tuple, str] = {}
     for p in PROFILES.values():
-        seen.setdefault(tuple(getattr(p, f) for f in _ALLTOALL_FIELDS), p.name)
+        key = tuple(getattr(p, f) for f in _ALLTOALL_FIELDS)
+        seen.setdefault(key + (tuple(m for m in p.absent_modules if m.startswith(_ALLTOALL_MODULES)),), p.name)
     return tuple(seen.values())
 
 
@@ -237,6 +259,12 @@ def removed_module(module: str) -> AttributeError:
     path = module.removeprefix("fakes.flashinfer.")
     return AttributeError(f"flashinfer {_release} does not ship flashinfer.{path} "
                           f"(import flashinfer.{path} fails there)")
+
+
+def ships(module: str, name: str) -> bool:
+    """Whether the active release's ``flashinfer.<module>`` (``""``: the root) has ``name``,
+    where the fake's module of that path serves it."""
+    return f"{module}.{name}".lstrip(".") not in _active.absent_names
 
 
 @contextlib.contextmanager

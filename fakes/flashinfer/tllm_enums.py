@@ -27,6 +27,11 @@ _ACTIVATION = ["Gelu", "Relu", "Silu", "Swiglu", "Geglu", "SwigluBias", "Relu2"]
 _GATED = ("Swiglu", "Geglu", "SwigluBias", "SwigluStep", "GegluTanh", "Situ")
 _FP8 = ["NoneFp8", "DeepSeekFp8", "MxFp8"]
 _MEMBERS = {
+    "0.6.7": {  # before SigmoidRenorm and MiniMax2
+        "RoutingMethodType": _ROUTING[:6] + ["Unspecified"],
+        "ActivationType": _ACTIVATION + ["Identity", "InvalidType"],
+        "Fp8QuantizationType": _FP8,
+    },
     "0.6.8": {
         "RoutingMethodType": _ROUTING + ["Unspecified"],
         "ActivationType": _ACTIVATION + ["Identity", "InvalidType"],

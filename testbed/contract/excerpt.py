@@ -46,7 +46,9 @@ def _python_excerpt(text: str, module: RealModule) -> str:
     body = []
     for node in top_level(ast.parse(text)):
         if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("flashinfer")):
-            node.names = [a for a in node.names if (a.asname or a.name) in module.used]
+            star = "*" + module.import_base(node)
+            node.names = [a for a in node.names if (a.asname or a.name) in module.used
+                          or (a.name == "*" and star in module.used)]
             if node.names:
                 body.append(node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

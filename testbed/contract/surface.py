@@ -77,12 +77,16 @@ class RealModule:
                 else:
                     self.defs[target] = node
             elif isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] == "flashinfer"):
-                base = self._relative(node.module, node.level) if node.level else node.module
+                base = self.import_base(node)
                 for alias in node.names:
                     if alias.name == "*":
                         self.stars.append(base)
                     else:
                         self.imports[alias.asname or alias.name] = (base, alias.name)
+
+    def import_base(self, node: ast.ImportFrom) -> str:
+        """The absolute name of the module ``node`` imports from."""
+        return self._relative(node.module, node.level) if node.level else node.module
 
     def _relative(self, module: Optional[str], level: int) -> str:
         parts = self.name.split(".")
@@ -111,6 +115,7 @@ class RealModule:
         for module in self.stars:
             other = self._load(module)
             if other is not None and name in other.public() and (module, name) not in _seen:
+                self.used.add("*" + module)  # an excerpt keeps this star import
                 return other.resolve(name, _seen | {(module, name)})
         return None
 

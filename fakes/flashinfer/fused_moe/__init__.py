@@ -29,8 +29,10 @@ def __getattr__(name: str):
         from fakes.flashinfer.fused_moe.api import QuantFormat
 
         return QuantFormat
-    if name in ENTRY_POINTS:
+    if not profiles.ships("fused_moe", name):
+        pass
+    elif name in ENTRY_POINTS:
         return entry_point(name)
-    if name in ("ActivationType", "Fp8QuantizationType", "RoutingMethodType"):
+    elif name in ("ActivationType", "Fp8QuantizationType", "RoutingMethodType"):
         return getattr(tllm_enums, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -409,6 +409,22 @@ _MISSING = {
               "trtllm_fp4_block_scale_routed_moe": _FP4_0_7_4},
     "0.7.4": {},
 }
+# Before 0.6.8 the bf16 entries take no activation_type, routing_replay_out or norm_topk_prob,
+# before 0.6.7 the fp8 one no activation_type, before 0.6.5 the bf16 and fp8 ones no do_finalize,
+# and 0.6.3's fp8 one no fp8_quantization_type: a call runs with the defaults (SwiGLU, no
+# replay, renormalized top-k, finalized, DeepSeek fp8 blocks).
+_REPLAY = ("activation_type", "routing_replay_out")
+_MISSING["0.6.7"] = {**_MISSING["0.6.8"],
+                     "trtllm_bf16_moe": _MISSING["0.6.8"]["trtllm_bf16_moe"] + _REPLAY + ("norm_topk_prob",),
+                     "trtllm_bf16_routed_moe": _MISSING["0.6.8"]["trtllm_bf16_routed_moe"] + _REPLAY}
+_MISSING["0.6.6"] = {**_MISSING["0.6.7"], "trtllm_fp8_block_scale_routed_moe":
+                     _MISSING["0.6.8"]["trtllm_fp8_block_scale_routed_moe"] + ("activation_type",)}
+_MISSING["0.6.4"] = {**_MISSING["0.6.6"],
+                     "trtllm_bf16_moe": _MISSING["0.6.6"]["trtllm_bf16_moe"] + ("do_finalize",),
+                     "trtllm_fp8_block_scale_routed_moe": _MISSING["0.6.6"]["trtllm_fp8_block_scale_routed_moe"]
+                     + ("do_finalize",)}
+_MISSING["0.6.3"] = {**_MISSING["0.6.4"], "trtllm_fp8_block_scale_routed_moe":
+                     _MISSING["0.6.4"]["trtllm_fp8_block_scale_routed_moe"] + ("fp8_quantization_type",)}
 _MISSING["0.6.11"] = {**_MISSING["0.6.8"], "trtllm_fp4_block_scale_routed_moe": _FP4_NEW + _FP4_0_7_4}  # per_token_scale=
 
 

@@ -62,10 +62,12 @@ _UNSET = _Unset()
 
 
 def _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-                  is_global_scale_inversed, backend, nvfp4_4over6, backends, converts_scale=True):
+                  is_global_scale_inversed, backend, nvfp4_4over6, backends, converts_scale=True, pads_sf_cols=True):
     """What every release's ``fp4_quantize`` does before and in ``fp4_quantize_sm100``
     (``fp4Quantize.cpp``); ``converts_scale``: the release casts the global scale to fp32
-    first (0.6.14 on; 0.6.8's C++ refuses another dtype)."""
+    first (0.6.14 on; 0.6.8's C++ refuses another dtype); ``pads_sf_cols``: a swizzled scale
+    tensor is shaped ``[-1, K/16 rounded up to 4]`` (0.6.8 on; before, ``[-1, K/16]``, which
+    splits each padded row of the swizzle where K/16 is not a multiple of 4)."""
     if sf_vec_size != 16 and sf_vec_size != 32:
         raise NotImplementedError("sf_vec_size can only be 16 or 32")
     is_mxfp4 = sf_vec_size != 16 or sf_use_ue8m0
@@ -104,9 +106,16 @@ def _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled
         gs_M = 1.0 / gs_M
     x_q, sf = block_quant.nvfp4(input.reshape(-1, K), gs_M, is_sf_swizzled_layout)
     x_q = x_q.reshape(*lead, K // 2)
-    sf = sf.reshape(-1, -(-(K // 16) // 4) * 4) if is_sf_swizzled_layout else sf.reshape(-1, K // 16)
+    sf = sf.reshape(-1, -(-(K // 16) // 4) * 4) if is_sf_swizzled_layout and pads_sf_cols else sf.reshape(-1, K // 16)
     if column_major:
         x_q, sf = x_q.transpose(-2, -1), sf.transpose(-2, -1)
+    return x_q, sf
+
+
+def _fp4_quantize_0_6_3(input, global_scale=None, sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
+                        is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False, enable_pdl=None):
+    x_q, sf = _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                            False, "cuda", None, ("cuda",), converts_scale=False, pads_sf_cols=False)
     return x_q, sf
 
 
@@ -153,10 +162,10 @@ def _one_of(names) -> str:
 
 for _fn in (_block_scale_interleave_0_6, _block_scale_interleave_0_7):
     _fn.__name__ = _fn.__qualname__ = "block_scale_interleave"
-for _fn in (_fp4_quantize_0_6_8, _fp4_quantize_0_6_14, _fp4_quantize_0_7_2, _fp4_quantize_0_7_4):
+for _fn in (_fp4_quantize_0_6_3, _fp4_quantize_0_6_8, _fp4_quantize_0_6_14, _fp4_quantize_0_7_2, _fp4_quantize_0_7_4):
     _fn.__name__ = _fn.__qualname__ = "fp4_quantize"
-# (is_global_scale_inversed= from 0.6.11, backend= from 0.7.1)
-_FP4_QUANTIZE = {"0.6.8": _fp4_quantize_0_6_8, "0.6.11": _fp4_quantize_0_6_14, "0.7.1": _fp4_quantize_0_7_2,
+# (backend= from 0.6.8, is_global_scale_inversed= from 0.6.11, nvfp4_4over6= from 0.7.1)
+_FP4_QUANTIZE = {"0.6.7": _fp4_quantize_0_6_3, "0.6.8": _fp4_quantize_0_6_8, "0.6.11": _fp4_quantize_0_6_14, "0.7.1": _fp4_quantize_0_7_2,
                  "0.7.4": _fp4_quantize_0_7_4}
 _PER_RELEASE = ("SfLayout", "block_scale_interleave", "nvfp4_block_scale_interleave", "fp4_quantize")
 

@@ -39,6 +39,11 @@ def _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, backend, sf_swizzle
     return x_q.reshape(*input.shape[:-1], padded_k), sf
 
 
+def _mxfp8_quantize_0_6_3(input, is_sf_swizzled_layout: bool = True, alignment: int = 32, enable_pdl=None):
+    x_q, sf = _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, "cuda", None, ("cuda",))
+    return x_q, sf
+
+
 def _mxfp8_quantize_0_6(input, is_sf_swizzled_layout: bool = True, alignment: int = 32, enable_pdl=None,
                         backend: str = "cuda", sf_swizzle_layout=None):
     return _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, backend, sf_swizzle_layout, ("cuda", "cute-dsl"))
@@ -54,13 +59,15 @@ def _mxfp8_quantize_0_7_4(input, is_sf_swizzled_layout: bool = True, alignment: 
                            sf_swizzle_layout, ("auto", "cuda", "cute-dsl"))
 
 
-for _fn in (_mxfp8_quantize_0_6, _mxfp8_quantize_0_7_4):
+for _fn in (_mxfp8_quantize_0_6_3, _mxfp8_quantize_0_6, _mxfp8_quantize_0_7_4):
     _fn.__name__ = _fn.__qualname__ = "mxfp8_quantize"
+# (backend= and sf_swizzle_layout= from 0.6.7)
+_MXFP8_QUANTIZE = {"0.6.6": _mxfp8_quantize_0_6_3, "0.6.8": _mxfp8_quantize_0_6, "0.7.4": _mxfp8_quantize_0_7_4}
 
 
 def __getattr__(name: str):
     if name == "mxfp8_quantize":
-        return _mxfp8_quantize_0_7_4 if profiles.active().moe_ep_kernels else _mxfp8_quantize_0_6
+        return profiles.pick(_MXFP8_QUANTIZE)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,0 +1,16 @@
+# Excerpt of FlashInfer 0.6.5 (quantization.py), Apache-2.0, (c) the FlashInfer authors:
+# signatures, constants and return statements only, for the fake's contract test.
+def get_quantization_module():
+    ...
+
+def _packbits():
+    ...
+
+def _fake_packbits():
+    ...
+
+def packbits():
+    ...
+
+def segment_packbits():
+    ...
