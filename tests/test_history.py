@@ -63,9 +63,9 @@ def test_history_rows_run_refused_and_failed(monkeypatch):
 
 
 def test_history_unserved_pin_named_without_the_served_list(monkeypatch):
-    _fake_commands(monkeypatch, {("run", "0.18.0"): "--integration vllm: vLLM 0.18.0 pins flashinfer-python 0.6.6, "
-                                                    "which no profile of the fake serves: it serves 0.6.8, 0.6.9"})
-    (row,) = history.survey(_integration({"0.33.0": "0.7.2.post1", "0.18.0": "0.6.6"}), ["0.18.0"],
+    _fake_commands(monkeypatch, {("run", "0.18.0"): "--integration vllm: vLLM 0.18.0 pins flashinfer-python 0.5.3, "
+                                                    "which no profile of the fake serves: it serves 0.6.3, 0.6.4"})
+    (row,) = history.survey(_integration({"0.33.0": "0.7.2.post1", "0.18.0": "0.5.3"}), ["0.18.0"],
                             log=lambda line: None)
-    assert row.served_by == "" and row.cells()[1] == "0.6.6 (none)"
+    assert row.served_by == "" and row.cells()[1] == "0.5.3 (none)"
     assert row.cells()[2].endswith("which no profile of the fake serves")

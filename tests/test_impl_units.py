@@ -43,7 +43,7 @@ def test_backend_fake_profile_selects_signatures(profile):
 def test_backend_bad_names_are_value_errors():
     with pytest.raises(ValueError, match=r"backend must be one of \('fake', 'flashinfer'\), got 'cuda'"):
         resolve_backend("cuda")
-    with pytest.raises(ValueError, match="FlashInfer release '0.5.0' is not served by the fake: it serves 0.6.8, "):
+    with pytest.raises(ValueError, match="FlashInfer release '0.5.0' is not served by the fake: it serves 0.6.3, 0.6.4, "):
         resolve_backend("fake", profile="0.5.0")
     with pytest.raises(ValueError, match="applies to the fake backend only"):
         resolve_backend("flashinfer", profile="0.7.2")

@@ -73,12 +73,12 @@ def test_model_flag_unknown_names_the_flag_and_the_models():
 
 def test_model_matrix_has_every_model_path_and_release():
     scenarios, refused = on_models()
-    assert len(scenarios) == 161 and not refused
+    assert len(scenarios) == 179 and not refused
     assert {str(sc.layout) for sc in scenarios} == {"w8tp1dp8pp1"} and MODEL_LAYOUT == "8,1,8,1"
     assert {sc.label.split()[0] for sc in scenarios} == set(MODELS)
     assert {sc.path for sc in scenarios} == {"one_sided", "two_sided", "allgather_reducescatter"}
     # the pin, and every other release with an all-to-all of its own
-    assert {sc.profile for sc in scenarios} == {"0.6.8", "0.6.14", "0.6.16", "0.7.0", "0.7.1", "0.7.2", "0.7.4"}
+    assert {sc.profile for sc in scenarios} == {"0.6.3", "0.6.8", "0.6.14", "0.6.16", "0.7.0", "0.7.1", "0.7.2", "0.7.4"}
 
 
 def _factors(verdict) -> list[float]:
