@@ -211,51 +211,17 @@ def wrong_workspace_output(ctx, case: MoECase, how: str) -> None:
 
 
 def late_initialize(ctx, case: MoECase, profile: str, mutant: str | None, signals: str) -> None:
-    """EP rank 1 zeroes its workspace row only after rank 0, done with its own, either posted
-    its dispatch into rank 1's row (nothing held it back) or entered a barrier (something
-    did); then one
+    """EP rank 1 zeroes its workspace row late (:mod:`testbed.harness.late_zeroing`), then one
     round with known counts and no collective before it (which would order the ranks by
     itself). ``signals`` is a directory both ranks see."""
-    from fakes.flashinfer.comm import moe_a2a_kernels as k
+    from testbed.harness import late_zeroing
 
-    k.FLAG_TIMEOUT_S = 2.0
-    ctx.add_cleanup(lambda: setattr(k, "FLAG_TIMEOUT_S", 30.0))
-    initialized, moved_on = os.path.join(signals, "rank0-initialized"), os.path.join(signals, "rank0-moved-on")
-    if ctx.coords.ep_rank == 0:
-        k.Hooks.before_initialize_zero = lambda workspace, ep_rank: open(initialized, "w").close()
-        barrier, post_flags = dist.barrier, k._post_flags
-
-        def signalling_barrier(*args, **kwargs):  # signals, then blocks
-            if os.path.exists(initialized):
-                open(moved_on, "w").close()
-            return barrier(*args, **kwargs)
-
-        def signalling_post_flags(*args, **kwargs):  # posts, then signals
-            post_flags(*args, **kwargs)
-            if os.path.exists(initialized):
-                open(moved_on, "w").close()
-
-        dist.barrier, k._post_flags = signalling_barrier, signalling_post_flags
-        ctx.add_cleanup(lambda: (setattr(dist, "barrier", barrier), setattr(k, "_post_flags", post_flags)))
-    else:
-        k.Hooks.before_initialize_zero = _after_peer_moved_on(initialized, moved_on)
-    ctx.add_cleanup(lambda: setattr(k.Hooks, "before_initialize_zero", None))
+    ctx.add_cleanup(late_zeroing.install(ctx, tuple(range(ctx.world_size)), signals, flag_timeout_s=2.0))
     _, pf = _one_layer(ctx, case, profile, mutant)
     prep, x_TH, ids_TK, w_TK = _prepared(ctx, pf, case)
     ep = ctx.groups["ep"]
     fused = case_experts(case, dist.get_world_size(ep), dist.get_rank(ep))(prep)
     pf.finalize(torch.empty_like(x_TH), fused, w_TK, ids_TK, False, None)
-
-
-def _after_peer_moved_on(initialized: str, moved_on: str):
-    """Poll (the peer's progress is the condition; the scenario timeout bounds it) until rank
-    0 finished initializing and then posted flags or entered a barrier."""
-    def hook(workspace, ep_rank):
-        import time
-
-        while not (os.path.exists(initialized) and os.path.exists(moved_on)):
-            time.sleep(1e-3)
-    return hook
 
 
 def moe_ep_layers_then_cleanup(ctx, cases: tuple[MoECase, ...], profile: str, kind: str):

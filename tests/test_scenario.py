@@ -68,6 +68,8 @@ BASE = dict(layout=ParallelLayout(4, 2, 2, 1), stages=((Layer("nvfp4", 8),),), p
     (dict(profile="0.7.4", experts=10), "--experts", "moe_ep needs num_experts divisible by the EP size (10 % 4"),
     (dict(a2a_api="moe_ep", combine_signature="kw-only"), "--combine-signature", "need --a2a-api comm"),
     (dict(path="allgather_reducescatter", a2a_api="comm"), "--a2a-api", "FlashInfer paths"),
+    (dict(late_zeroing=True, path="two_sided", hidden=512), "--late-zeroing", "needs --path one_sided on MoeAlltoAll"),
+    (dict(late_zeroing=True, a2a_api="moe_ep"), "--late-zeroing", "needs --path one_sided on MoeAlltoAll"),
     (dict(layout=ParallelLayout(65, 1, 65, 1), experts=130, passes=((1,) * 65,)), "--layout",
      "at most 64 EP ranks (kMaxRanks), the layout has 65"),
     (dict(layout=ParallelLayout(257, 1, 257, 1), experts=257, passes=((1,) * 257,), profile="0.7.4"), "--layout",

@@ -165,6 +165,18 @@ def test_sglang_integration_flashinfer_074_breaks_sglang(no_leaks):
     assert v.known == ["SGL-002"] and "ImportError" in v.known_failures[0].evidence
 
 
+@pytest.mark.needs("sglang")
+def test_sglang_integration_late_zeroing_is_ordered_by_the_schedulers_token_count_gather(no_leaks):
+    """SGL-003 run, not only read: on a FlashInfer before 0.7.1 the dispatcher leaves the
+    zeroing of its MoeAlltoAll rows unordered, yet with EP rank 1's zeroing held until rank 0
+    moves on, the token-count all-gather SGLang's scheduler makes before every forward orders
+    them: the round completes and matches the reference; only the contract breach shows."""
+    for profile in ("0.7.0", "0.6.18"):
+        v = runner.run(no_leaks, _parse(f"{BASE} --profile {profile} --late-zeroing"), timeout_s=SGLANG_TIMEOUT_S)
+        assert v.status == "KNOWN" and v.known == ["SGL-003"], (profile, v.failures)
+        assert {f.invariant for f in v.known_failures} == {"collectives"}
+
+
 def test_sglang_integration_draft_layers_rules():
     """A speculative draft model is SGLang's (its speculative MoE context), leaves the target a
     layer, and runs beside DP attention, not Muse Spark's SP prefill."""

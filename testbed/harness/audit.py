@@ -133,7 +133,7 @@ def install(log: EventLog, world_size: int, code: tuple[tuple[str, str], ...] = 
         def recorded(*args, **kwargs):
             site = integration_call_site()
             if site is not None:
-                log.write(Collective(op=name, group=tuple(_group_ranks(name, sig, args, kwargs, world_size)), site=site))
+                log.write(Collective(op=name, group=tuple(group_ranks(name, sig, args, kwargs, world_size)), site=site))
             return fn(*args, **kwargs)
 
         recorded.__wrapped__ = fn
@@ -151,7 +151,9 @@ def install(log: EventLog, world_size: int, code: tuple[tuple[str, str], ...] = 
     return uninstall
 
 
-def _group_ranks(name, sig, args, kwargs, world_size) -> list[int]:
+def group_ranks(name, sig, args, kwargs, world_size) -> list[int]:
+    """The global ranks collective ``name`` called with ``args`` and ``kwargs`` (bound by
+    ``sig``, its signature, where known) spans."""
     if name == "new_group":
         ranks = (sig.bind_partial(*args, **kwargs).arguments.get("ranks") if sig else None)
         return sorted(ranks) if ranks is not None else list(range(world_size))

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from fakes.flashinfer.comm import trtllm_moe_alltoall as fake_mod
 from impl.experts import QuantizedWeights, TrtLlmExperts
 from testbed import integrations, patch
-from testbed.harness import audit, mutants
+from testbed.harness import audit, late_zeroing, mutants
 from testbed.harness.recorders.alltoall import CUSTOM_COMBINES, recording_moe_alltoall, recording_public_moe_alltoall
 from testbed.harness.recorders.arguments import recording_arguments
 from testbed.harness.recorders.experts import RecordingExperts
@@ -150,6 +150,8 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     log, integration, api = _start_rank(ctx, sc, log_dir, integration_module, mutant)
     session = integration.start(ctx, sc, api, log)  # the engine's own set-up is not audited
     ctx.add_cleanup(audit.install(log, ctx.world_size, integration.traits(sc).code))
+    if sc.late_zeroing:
+        ctx.add_cleanup(late_zeroing.install(ctx, sc.layout.group_of("ep", ctx.rank), log_dir))
     stage, dp_rank, tp = ctx.coords.pp_rank, ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
     ep_rank = 0 if sc.path == "none" else dist.get_rank(ctx.groups["ep"])
     own = local_experts(sc.experts, sc.ep_size, ep_rank)

@@ -178,6 +178,8 @@ class Scenario:
     draft_layers: int = 0
     level: str = "layer"  # one of LEVELS
     raw_passes: bool = False  # the passes as given, not as the integration's engine would make them
+    # The last rank of each EP group zeroes its workspace row late (testbed.harness.late_zeroing).
+    late_zeroing: bool = False
     label: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -418,6 +420,10 @@ class Scenario:
         if self.expert_output == "workspace" and self.combine_signature != "release":
             raise ScenarioInputError("--expert-output", "workspace needs --combine-signature release (the custom "
                                      "signatures have no payload_in_workspace)")
+        if self.late_zeroing and not (self.path == "one_sided" and self.api == "comm" and self.ep_size > 1
+                                      and self.flashinfer_backend == "fake"):
+            raise ScenarioInputError("--late-zeroing", "needs --path one_sided on MoeAlltoAll (--a2a-api comm), EP > 1 "
+                                     "and the fake backend: it delays the fake's moe_a2a_initialize")
         if self.invalid_expert_id != "-1" and self.path != "one_sided":
             raise ScenarioInputError("--invalid-expert-id", "applies to --path one_sided only (the two-sided "
                                      "path always writes num_experts)")
@@ -481,6 +487,8 @@ class Scenario:
             parts += ["--level", self.level]
         if self.raw_passes:
             parts.append("--raw-passes")
+        if self.late_zeroing:
+            parts.append("--late-zeroing")
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -504,6 +512,7 @@ class Scenario:
         sig += f" draft={self.draft_layers}" if self.draft_layers else ""
         sig += f" level={self.level}" if self.level != "layer" else ""
         sig += " raw-passes" if self.raw_passes else ""
+        sig += " late-zeroing" if self.late_zeroing else ""
         sig += f" [{self.integration}]" if self.integration != "impl" else ""
         return (f"{self.layout} {self.path} {served_by(self.profile)} E{self.experts} K{self.top_k} H{self.hidden} "
                 f"[{stages}] tokens {tokens} {self.routing}{sig}")
@@ -588,14 +597,15 @@ SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "to
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
                   "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "sp_prefill", "level",
-                  "raw_passes", "draft_layers")
+                  "raw_passes", "draft_layers", "late_zeroing")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
             "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
             "a2a_api": "auto",
-            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False, "draft_layers": 0}
+            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False, "draft_layers": 0,
+            "late_zeroing": False}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
@@ -674,6 +684,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="feed the layer the passes as given, including ones the integration's engine never "
                              "makes (vLLM: a DP rank entering with 0 tokens, a forward where every DP rank is idle); "
                              "by default the engine's step rule makes them what it would run")
+    parser.add_argument("--late-zeroing", action="store_true", default=None,
+                        help="the last rank of each EP group zeroes its MoeAlltoAll workspace row only after the "
+                             "first rank has moved on (posted its dispatch or entered a collective spanning it): "
+                             "the race FlashInfer before 0.7.1 leaves its caller to order with an EP barrier, made "
+                             "to happen (one_sided, --a2a-api comm, the fake)")
     parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
                                           "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
                                           "from 0.7.2; auto: comm where the release has it) (default auto)")

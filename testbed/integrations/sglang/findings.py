@@ -20,6 +20,8 @@ FINDINGS: tuple[Finding, ...] = (
             evidence="SGLang's ModelRunner.load_model ends with dist_barrier_after_load, a monitored_barrier on "
                      "the TP group's CPU group, after the whole model (every dispatcher's MoeAlltoAll) is built and "
                      "before any forward; the FlashInfer A2A backend runs only where DP attention spans the TP "
-                     "group, whose ranks are the EP group's",
+                     "group, whose ranks are the EP group's; and run: with the last EP rank's zeroing held until "
+                     "rank 0 moves on (--late-zeroing), the scheduler's token-count all-gather on that group before "
+                     "every forward orders the two, and the round completes",
             code=(("sglang/srt/layers/moe/token_dispatcher/flashinfer.py", r"MoeAlltoAll\("),)),
 )
