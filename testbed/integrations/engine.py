@@ -52,6 +52,9 @@ class Engine:
     # Every release since the engine's FlashInfer all-to-all appeared, oldest first: what
     # ``a2a-testbed history`` runs or refuses.
     history: tuple[str, ...] = ()
+    # Capability probes that a name alone cannot say: each, called with the release imported
+    # under the fake as its pin, returns what the release lacks ("has no ...") or None.
+    probes: tuple[Callable[[], str | None], ...] = ()
 
     @property
     def preload_module(self) -> str:
@@ -151,6 +154,11 @@ class Engine:
                     return f"{self.label}'s {module} does not import: {type(e).__name__}: {e}"
                 if lacks:
                     return f"{lacks}, which the adapter drives (it is written for {self.label} {', '.join(self.tested)})"
+            for probe in self.probes:
+                lacks = probe()
+                if lacks:
+                    return (f"{self.label} {self.release()[0]} {lacks}, which the adapter drives (it is written "
+                            f"for {self.label} {', '.join(self.tested)})")
         return None
 
     def lacks(self, module: str, name: str) -> str | None:

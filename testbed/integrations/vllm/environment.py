@@ -41,10 +41,38 @@ CAPABILITIES = (
     ("vllm.model_executor.layers.fused_moe.modular_kernel", "FusedMoEKernel"),
     ("vllm.model_executor.layers.fused_moe.modular_kernel", "FusedMoEExpertsModular"),
     ("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner"),
-    # The layer level builds vLLM's MoE layer (its quant method, weights and runner) through it.
-    ("vllm.model_executor.layers.fused_moe.layer", "FusedMoEFactory"),
     ("vllm.forward_context", "set_forward_context"),
 )
+LAYER_MODULE = "vllm.model_executor.layers.fused_moe.layer"
+FACTORIES = ("FusedMoEFactory", "FusedMoE")
+
+
+def moe_factory():
+    """vLLM's factory of its MoE layer, a function returning a ``MoERunner`` (its quant method,
+    weights and runner), which the layer level builds through: ``FusedMoEFactory`` (0.27 on),
+    or ``FusedMoE`` where that is the function (0.24 .. 0.26; a ``CustomOp`` class before);
+    None where the release has neither."""
+    layer = importlib.import_module(LAYER_MODULE)
+    return next((f for f in (getattr(layer, name, None) for name in FACTORIES) if inspect.isfunction(f)), None)
+
+
+# What the layer level hands the factory beyond the shape (testbed.integrations.vllm.layer).
+FACTORY_ARGUMENTS = ("params_dtype", "renormalize", "quant_config", "prefix", "custom_routing_function",
+                     "routed_scaling_factor", "apply_routed_scale_to_output", "apply_router_weight_on_input",
+                     "is_sequence_parallel", "shared_experts", "reduce_results")
+
+
+def lacks_moe_factory() -> str | None:
+    """The capability probe of :func:`moe_factory`: the function, taking what the layer level
+    hands it."""
+    factory = moe_factory()
+    if factory is None:
+        return (f"has no MoE layer factory ({LAYER_MODULE}.FusedMoEFactory, or a FusedMoE function returning a "
+                "MoERunner: its FusedMoE is a class)")
+    missing = [name for name in FACTORY_ARGUMENTS if name not in inspect.signature(factory).parameters]
+    if missing:
+        return f"has a MoE layer factory {LAYER_MODULE}.{factory.__name__} without {', '.join(missing)}"
+    return None
 
 
 def prepare_environment() -> None:
@@ -95,22 +123,22 @@ def cpu_platform_by_target() -> None:
 # a generation CI leaves to `sweep --all-releases` and `a2a-testbed history`: with it, .ci/run
 # would pass its 15 minutes (891 s without it).
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
-    "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
+    LAYER_MODULE, "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
     ("0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0"), CONSUMER, sampled=("0.31.0", "0.34.0"),
     # The FlashInfer NVLink backends came with 0.18.0 (fused_moe/flashinfer_nvlink_*_prepare_finalize.py).
-    history=tuple(f"0.{minor}.0" for minor in range(18, 35)))
+    history=tuple(f"0.{minor}.0" for minor in range(18, 35)), probes=(lacks_moe_factory,))
 
 
 @functools.cache
 def one_sided_api() -> str:
     """The FlashInfer API vLLM's one-sided manager drives, by what it has (a capability probe):
-    ``get_communication`` (0.33: a ``moe_ep`` communication) or ``combine_into`` (0.31, 0.32:
-    ``MoeAlltoAll`` itself); ``moe_ep`` where vLLM is not installed (the release the adapter is
-    written for)."""
+    ``get_communication`` (0.33: a ``moe_ep`` communication), else ``MoeAlltoAll`` itself
+    (0.24 .. 0.32, through its ``combine_into`` from 0.26, its prepare/finalize before);
+    ``moe_ep`` where vLLM is not installed (the release the adapter is written for)."""
     module = ENGINE.module("vllm.distributed.device_communicators.all2all")
-    return "comm" if module is not None and hasattr(module.FlashInferNVLinkOneSidedManager, "combine_into") \
-        else "moe_ep"
+    return "moe_ep" if module is None or hasattr(module.FlashInferNVLinkOneSidedManager, "get_communication") \
+        else "comm"
 
 
 @functools.cache

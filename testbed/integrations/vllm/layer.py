@@ -29,7 +29,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from testbed import patch
-from testbed.integrations.vllm.environment import NotACpu
+from testbed.integrations.vllm.environment import NotACpu, moe_factory
 from testbed.integrations.vllm.experts import experts_class
 from testbed.scenario.reference import (
     ACT_DTYPE,
@@ -137,7 +137,6 @@ def _cpu_backend_without_kernel() -> bool:
 def build_runner(session, index: int, fmt: str, experts):
     """vLLM's ``MoERunner`` of one scenario layer, its weights loaded and processed."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
     sc, ctx, config = session.sc, session.ctx, session.config
     form, gpu_modules = _format(fmt)
@@ -151,14 +150,16 @@ def build_runner(session, index: int, fmt: str, experts):
         tp = (ctx.coords.tp_rank, sc.layout.tp)
         shared = SharedLinear(shared_weight(sc.seed, ctx.coords.pp_rank, index, sc.hidden),
                               (0, 1) if sp else tp)
-    undo = [patch.attribute(oracle, form.resolver, lambda b: [cls] if b == chosen else resolve(b))]
+    # The release's resolver answers with a list of experts classes (0.26 on) or with one.
+    mine = [cls] if str(inspect.signature(resolve).return_annotation).startswith("list") else cls
+    undo = [patch.attribute(oracle, form.resolver, lambda b: mine if b == chosen else resolve(b))]
     for name in gpu_modules:
         module = importlib.import_module(name)
         undo.append(patch.attribute(module, "current_platform", NotACpu(module.current_platform, cuda=True)))
     try:
         config.kernel_config.moe_backend = form.moe_backend
         with set_current_vllm_config(config):
-            runner = FusedMoEFactory(
+            runner = moe_factory()(
                 num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden,
                 # The weights are never read (the testbed's experts compute): the smallest
                 # size every quant method takes, so a real hidden size costs O(H) per expert.
