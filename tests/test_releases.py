@@ -182,3 +182,22 @@ def test_releases_lineage_first_release_and_table():
     assert "  vLLM 0.31.0      0.6.8 F  0.7.4 R" in table and "F on 0.6.8: completes: AssertionError" in table
     assert lineage.releases("0.7.0.post1")[:4] == ["0.6.3", "0.6.8", "0.6.14", "0.6.16"]
     assert "0.7.0.post1" in lineage.releases("0.7.0.post1") and "0.7.0" not in lineage.releases("0.7.0.post1")
+
+
+def test_releases_lineage_lifespan_on_the_engines_own_pins():
+    """Born: the first engine release whose own pin reproduces; gone: the first after it whose
+    own pin passes (a failure of another kind, or a cell off the pin, decides neither)."""
+    C = lineage.Cell
+    cells = [C("X-1", "vLLM 0.25.0", "0.6.3", "reproduces"),  # off the pin: not its birth
+             C("X-1", "vLLM 0.25.0", "0.6.13", "passes", pinned=True),
+             C("X-1", "vLLM 0.27.0", "0.6.16.post3", "reproduces", pinned=True),
+             C("X-1", "vLLM 0.31.0", "0.7.0.post1", "fails otherwise", "completes: ...", pinned=True),
+             C("X-1", "vLLM 0.34.0", "0.7.3", "passes", pinned=True),
+             C("X-2", "vLLM 0.27.0", "0.6.16.post3", "reproduces", pinned=True)]
+    assert lineage.lifespan(cells, "X-1") == (cells[2], cells[4]) and lineage.lifespan(cells, "X-2") == (cells[5], None)
+    table = lineage.format_table(cells, {})
+    assert "born vLLM 0.27.0 (FlashInfer 0.6.16.post3), gone from vLLM 0.34.0 (FlashInfer 0.7.3)" in table
+    assert "born vLLM 0.27.0 (FlashInfer 0.6.16.post3), still in vLLM 0.27.0" in table and "0.6.13* ." in table
+    rows = lineage.markdown(cells).splitlines()
+    assert rows[2] == "| X-1 | vLLM 0.25.0 on 0.6.3 | vLLM 0.27.0 (0.6.16.post3) | vLLM 0.34.0 (0.7.3) |"
+    assert rows[3] == "| X-2 | vLLM 0.27.0 on 0.6.16.post3 | vLLM 0.27.0 (0.6.16.post3) | not gone by vLLM 0.27.0 |"

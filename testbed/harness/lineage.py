@@ -33,6 +33,7 @@ class Cell:
     flashinfer: str  # the FlashInfer release, as pip prints it
     outcome: str  # reproduces | passes | fails otherwise | not run (the keys of MARKS)
     detail: str = ""  # the rule (not run) or the first other failure (fails otherwise)
+    pinned: bool = False  # the FlashInfer the engine release's metadata pins
 
 
 def releases(pin: str) -> list[str]:
@@ -90,7 +91,7 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
                 cells.append(Cell(finding.id, label, release, "not run", str(e)))
                 continue
             result, detail = outcome(finding, runner.run(pool, sc, timeout_s=timeout_s), absent)
-            cells.append(Cell(finding.id, label, release, result, detail))
+            cells.append(Cell(finding.id, label, release, result, detail, pinned=release == pin))
     return cells
 
 
@@ -101,18 +102,58 @@ def first(cells: list[Cell], finding: str) -> Optional[Cell]:
                default=None)
 
 
+def _engine_key(cell: Cell):
+    return release_key(cell.engine.rsplit(" ", 1)[-1])
+
+
+def lifespan(cells: list[Cell], finding: str) -> tuple[Optional[Cell], Optional[Cell]]:
+    """Where ``finding`` was born and where it died as users run the engine, on each engine
+    release's own pin: the first engine release it reproduces on, and the first after that
+    where it passes (the code gone, or the pin fixing it); None for either where there is none."""
+    on_pin = sorted((c for c in cells if c.finding == finding and c.pinned), key=_engine_key)
+    born = next((c for c in on_pin if c.outcome == "reproduces"), None)
+    gone = None if born is None else next(
+        (c for c in on_pin if _engine_key(c) > _engine_key(born) and c.outcome == "passes"), None)
+    return born, gone
+
+
+def lifespan_text(cells: list[Cell], finding: str) -> str:
+    born, gone = lifespan(cells, finding)
+    if born is None:
+        return "on the engine's own pin: reproduces on none of these"
+    newest = max((c for c in cells if c.finding == finding), key=_engine_key).engine
+    return (f"on the engine's own pin: born {born.engine} (FlashInfer {born.flashinfer}), "
+            + (f"gone from {gone.engine} (FlashInfer {gone.flashinfer})" if gone else f"still in {newest}"))
+
+
+def markdown(cells: list[Cell]) -> str:
+    """A row per finding: where it first reproduces on any FlashInfer, and its lifespan on the
+    engine releases' own pins."""
+    table = ["| id | first reproduces (any FlashInfer) | born (on its own pin) | gone from (on its own pin) |",
+             "|---|---|---|---|"]
+    for finding in dict.fromkeys(c.finding for c in cells):
+        hit, (born, gone) = first(cells, finding), lifespan(cells, finding)
+        newest = max((c for c in cells if c.finding == finding), key=_engine_key).engine
+        table.append(f"| {finding} | " + (f"{hit.engine} on {hit.flashinfer}" if hit else "none") + " | "
+                     + (f"{born.engine} ({born.flashinfer})" if born else "none") + " | "
+                     + (f"{gone.engine} ({gone.flashinfer})" if gone else f"not gone by {newest}" if born else "")
+                     + " |")
+    return "\n".join(table)
+
+
 def format_table(cells: list[Cell], titles: dict[str, str]) -> str:
     """Per finding: where it first appears, then a line per engine release with a mark per
     FlashInfer release (R reproduces, . passes, F fails otherwise, - not run), then the
     other failures."""
-    lines = ["R reproduces   . passes   F fails otherwise   - not run (the scenario model's rule)"]
+    lines = ["R reproduces   . passes   F fails otherwise   - not run (the scenario model's rule)   * the pin"]
     for finding in dict.fromkeys(c.finding for c in cells):
         mine = [c for c in cells if c.finding == finding]
         hit = first(cells, finding)
         born = f"first: {hit.engine} on FlashInfer {hit.flashinfer}" if hit else "reproduces on none of these"
-        lines.append(f"{finding}  {titles.get(finding, '')[:100]}\n  {born}")
+        lines.append(f"{finding}  {titles.get(finding, '')[:100]}\n  {born}\n  {lifespan_text(cells, finding)}")
         for engine in sorted(dict.fromkeys(c.engine for c in mine), key=lambda e: release_key(e.rsplit(" ", 1)[-1])):
             row = sorted((c for c in mine if c.engine == engine), key=lambda c: release_key(c.flashinfer))
-            lines.append(f"  {engine:<16} " + "  ".join(f"{c.flashinfer} {MARKS[c.outcome]}" for c in row))
+            lines.append(f"  {engine:<16} " + "  ".join(f"{c.flashinfer}{'*' if c.pinned else ''} {MARKS[c.outcome]}"
+                                                         for c in row))
             lines += [f"      F on {c.flashinfer}: {c.detail}" for c in row if c.outcome == "fails otherwise"]
     return "\n".join(lines)

@@ -103,7 +103,6 @@ def write_html(path: str, verdicts: Sequence[Verdict], refused: Sequence[tuple] 
       rule), its details folded under it: evidence, the reproducing line, and two bar charts
       with their units (error per layer in multiples of the tolerance, workspace KiB per build).
     """
-    failed = [v for v in verdicts if not v.passed]
     summary = counts(verdicts, len(refused)) + (f" in {seconds:.1f} s" if seconds else "")
     scenarios = [v.scenario for v in verdicts] + [sc for sc, _ in refused]
     facts = (f"<p>FlashInfer profiles: {html.escape(', '.join(sorted({served_by(sc.profile) for sc in scenarios})))}; "

@@ -10,7 +10,7 @@ FI-RACE), :mod:`.consumer` (the files the consumer contract reads) and :mod:`.pr
 from __future__ import annotations
 
 from testbed.integrations.base import Integration, Traits, sp_prefill_elsewhere
-from testbed.integrations.vllm.environment import ENGINE, code
+from testbed.integrations.vllm.environment import ENGINE, code, one_sided_combine_output
 
 
 class VllmIntegration(Integration):
@@ -46,7 +46,7 @@ class VllmIntegration(Integration):
         # vLLM's one-sided manager shares one communication, grows it and barriers itself.
         one_sided = sc.path == "one_sided"
         layer = sc.level == "layer"
-        return Traits(shared_communication=one_sided, code=code(),
+        return Traits(shared_communication=one_sided, code=code(), combine_output=one_sided_combine_output(),
                       sp_pads_routed=layer, shared_tp_sharded=layer, expert_output_by_scenario=False)
 
     def start(self, ctx, sc, api, log):

@@ -142,6 +142,17 @@ def one_sided_api() -> str:
 
 
 @functools.cache
+def one_sided_combine_output() -> bool:
+    """Whether vLLM's one-sided path hands ``MoeAlltoAll.combine`` an ``output=`` where the
+    release takes one (a capability probe): its manager's ``combine_into`` (0.26 .. 0.32) and its
+    ``moe_ep`` communication (0.33 on) do; before, the prepare/finalize calls ``combine`` itself
+    and copies the result (0.24, 0.25), which is not wrong."""
+    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
+    return module is None or any(hasattr(module.FlashInferNVLinkOneSidedManager, name)
+                                 for name in ("combine_into", "get_communication"))
+
+
+@functools.cache
 def two_sided_api() -> str:
     """The FlashInfer API vLLM's two-sided manager drives, by what it has (a capability probe):
     ``moe_ep`` (0.34: ``get_communication``, one ``NVLinkTwoSidedAlltoAll`` per size) or

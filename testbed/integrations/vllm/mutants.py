@@ -156,11 +156,14 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        ("reduce", "output_is_reduced()")),
     _m("v-reduce-ignores-reduced", "the runner all-reduces over TP even when the kernel's output is reduced",
        f"{V_RUNNER}._maybe_reduce_final_output", "            and not output_is_reduced\n", "",
-       ("reduce", "TP all_reduce"), ("output", "x the tolerance")),
+       ("reduce", "TP all_reduce"), ("output", "x the tolerance"),
+       forms=(("            and not self._fused_output_is_reduced\n", ""),)),
     # -- combine -----------------------------------------------------------------------------------
     _m("v-combine-without-output", "finalize hands combine a scratch tensor as output=: the layer's output is "
        "never written", f"{V_PF}.finalize", "            output=output,\n",
-       "            output=torch.empty_like(output),\n", ("output", "x the tolerance")),
+       "            output=torch.empty_like(output),\n", ("output", "x the tolerance"),
+       # 0.24, 0.25: finalize copies combine's result into the layer's output itself.
+       forms=(("        output.copy_(combined_output)", "        torch.empty_like(output).copy_(combined_output)"),)),
     # -- the experts' output in FlashInfer's combine-input buffer (0.34 on a GPU) -------------------
     _m("v-buffer-cleared-after-combine", "finalize clears the experts' output after the combine for the next "
        "round: on a GPU that output is FlashInfer's combine-input buffer, which a peer may still be reading",
@@ -198,7 +201,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        equivalent=_no_flashinfer_sequence_parallel),
     _m("r-shared-not-reduced", "the TP-sharded shared output is reduced only when the routed one is not",
        f"{V_RUNNER}._maybe_reduce_shared_expert_output", "            and fused_output_is_reduced\n",
-       "            and not fused_output_is_reduced\n", ("reduce", "TP all_reduce"), ("output", "x the tolerance")),
+       "            and not fused_output_is_reduced\n", ("reduce", "TP all_reduce"), ("output", "x the tolerance"),
+       forms=(("            and self._fused_output_is_reduced\n", "            and not self._fused_output_is_reduced\n"),)),
     _m("r-fused-reduced-inverted", "the runner reads the kernel's output_is_reduced() backwards",
        f"{V_RUNNER}._fused_output_is_reduced", "            and self._quant_method.moe_kernel.output_is_reduced()",
        "            and not self._quant_method.moe_kernel.output_is_reduced()", ("reduce", ""),
