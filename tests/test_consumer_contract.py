@@ -114,6 +114,9 @@ class Manager:
         comm.dispatch(runtime_max_tokens_per_rank=1)
         if hasattr(comm, "checkpoint_prepare"):
             comm.checkpoint_prepare()
+        self.takes_extra = supports_kw(comm.dispatch, "no_such_keyword")  # a probe's flag
+        if self.takes_extra:
+            comm.dispatch(runtime_max_tokens_per_rank=1, no_such_keyword=1)
 
 
 class Unrelated:
@@ -148,6 +151,7 @@ def test_consumer_scanner_every_kind_of_use(tmp_path):
     # an instance through a return annotation written as a string
     assert by[("keyword", "flashinfer.moe_ep.NVLinkOneSidedAlltoAll.dispatch(runtime_max_tokens_per_rank=)")] == "ok"
     assert by[("guarded", "flashinfer.moe_ep.NVLinkOneSidedAlltoAll.checkpoint_prepare")] == "ok"
+    assert by[("guarded", "flashinfer.moe_ep.NVLinkOneSidedAlltoAll.dispatch(no_such_keyword=)")] == "probed"
     assert not any("not_flashinfer" in what or "whatever" in what for _, what in by)
 
 

@@ -146,6 +146,17 @@ class _Scanner:
             for parent in ast.walk(top):
                 for child in ast.iter_child_nodes(parent):
                     self.parents[child] = parent
+        # Flags a probe sets: self.<flag> = <a call naming "name"> (supports_kw(f, "output")),
+        # as flag -> the names its probes name.
+        self.flags: dict[str, set[str]] = {}
+        for top in self.nodes:
+            for node in ast.walk(top):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                    named = {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)
+                             and isinstance(c.value, str) and c.value.isidentifier()}
+                    for target in node.targets:
+                        if isinstance(target, ast.Attribute) and named:
+                            self.flags.setdefault(target.attr, set()).update(named)
 
     def bind(self) -> None:
         for top in self.nodes:
@@ -256,17 +267,20 @@ class _Scanner:
 
     # -- uses ------------------------------------------------------------------------------
     def _add(self, node: ast.AST, kind: str, module: str, path: tuple[str, ...], keyword: Optional[str] = None):
-        if kind in ("attribute", "call", "keyword") and path and self._guarded(node, path[-1]):
+        if kind in ("attribute", "call", "keyword") and path and self._guarded(node, keyword or path[-1]):
             kind = "guarded"
         self.uses.append(Use(self.rel, node.lineno, kind, module, path, keyword))
 
     def _guarded(self, node: ast.AST, name: str) -> bool:
-        """Inside ``if hasattr(x, "name"):`` (the branch the probe chose)."""
+        """Inside ``if hasattr(x, "name"):``, or ``if self.<flag>:`` where a probe naming
+        ``name`` set the flag (the branch the probe chose)."""
         child, scope = node, self.parents.get(node)
         while scope is not None:
             if isinstance(scope, ast.If) and child in scope.body and any(
                     isinstance(n, ast.Call) and getattr(n.func, "id", None) == "hasattr" and len(n.args) == 2
-                    and isinstance(n.args[1], ast.Constant) and n.args[1].value == name for n in ast.walk(scope.test)):
+                    and isinstance(n.args[1], ast.Constant) and n.args[1].value == name
+                    or isinstance(n, ast.Attribute) and name in self.flags.get(n.attr, ())
+                    for n in ast.walk(scope.test)):
                 return True
             child, scope = scope, self.parents.get(scope)
         return False
