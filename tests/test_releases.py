@@ -199,5 +199,6 @@ def test_releases_lineage_lifespan_on_the_engines_own_pins():
     assert "born vLLM 0.27.0 (FlashInfer 0.6.16.post3), gone from vLLM 0.34.0 (FlashInfer 0.7.3)" in table
     assert "born vLLM 0.27.0 (FlashInfer 0.6.16.post3), still in vLLM 0.27.0" in table and "0.6.13* ." in table
     rows = lineage.markdown(cells).splitlines()
-    assert rows[2] == "| X-1 | vLLM 0.25.0 on 0.6.3 | vLLM 0.27.0 (0.6.16.post3) | vLLM 0.34.0 (0.7.3) |"
-    assert rows[3] == "| X-2 | vLLM 0.27.0 on 0.6.16.post3 | vLLM 0.27.0 (0.6.16.post3) | not gone by vLLM 0.27.0 |"
+    assert rows[2] == "| X-1 | vLLM 0.25.0 on FlashInfer 0.6.3 | vLLM 0.27.0 (0.6.16.post3) | vLLM 0.34.0 (0.7.3) |"
+    assert rows[3] == ("| X-2 | vLLM 0.27.0 on FlashInfer 0.6.16.post3 | vLLM 0.27.0 (0.6.16.post3) | "
+                       "not gone by vLLM 0.27.0 |")

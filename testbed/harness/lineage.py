@@ -127,14 +127,14 @@ def lifespan_text(cells: list[Cell], finding: str) -> str:
 
 
 def markdown(cells: list[Cell]) -> str:
-    """A row per finding: where it first reproduces on any FlashInfer, and its lifespan on the
-    engine releases' own pins."""
+    """A row per finding: where it first reproduces on any FlashInfer (as the sweeps read
+    ``docs/findings.md``'s lineage table), and its lifespan on the engine releases' own pins."""
     table = ["| id | first reproduces (any FlashInfer) | born (on its own pin) | gone from (on its own pin) |",
              "|---|---|---|---|"]
     for finding in dict.fromkeys(c.finding for c in cells):
         hit, (born, gone) = first(cells, finding), lifespan(cells, finding)
         newest = max((c for c in cells if c.finding == finding), key=_engine_key).engine
-        table.append(f"| {finding} | " + (f"{hit.engine} on {hit.flashinfer}" if hit else "none") + " | "
+        table.append(f"| {finding} | " + (f"{hit.engine} on FlashInfer {hit.flashinfer}" if hit else "none") + " | "
                      + (f"{born.engine} ({born.flashinfer})" if born else "none") + " | "
                      + (f"{gone.engine} ({gone.flashinfer})" if gone else f"not gone by {newest}" if born else "")
                      + " |")
