@@ -87,6 +87,12 @@ class Engine:
             return "unknown", None
         return package.version, pinned_flashinfer(package)
 
+    def version_in_use(self) -> str:
+        """The release in use (:meth:`release`), or where there is none the one the adapter is
+        written for."""
+        version = self.release()[0]
+        return self.tested[0] if version == "unknown" else version
+
     def pinned(self, source: str | None = None) -> str:
         """The FlashInfer release this engine (or its release or checkout ``source``) runs on:
         the one its metadata pins, as pip prints it (``default_pin`` for a checkout without

@@ -1,10 +1,10 @@
-"""The scenarios ``--integration sglang`` runs: SGLang 0.5.23's start-up rules for FlashInfer
-MoE A2A and what its ``FlashinferDispatcher`` can run."""
+"""The scenarios ``--integration sglang`` runs: SGLang's start-up rules for FlashInfer MoE A2A
+(0.5.23's, and where a release's differ, its own) and what its ``FlashinferDispatcher`` can run."""
 
 from __future__ import annotations
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.integrations.sglang.environment import dispatcher_has_sp_prefill
+from testbed.integrations.sglang.environment import ENGINE, dispatcher_has_sp_prefill
 from testbed.scenario.model import Scenario, first_given
 
 # What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
@@ -50,11 +50,14 @@ def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
         return "--sp-prefill", ("this SGLang's FlashinferDispatcher has no SP-prefill all-to-all (it takes no "
                                 "enable_sp_prefill_a2a=; Muse Spark's prefill sequence parallelism came with 0.5.23)")
     if not sglang_topology_supported(lay, sc.sp_prefill):
+        # Muse Spark's prefill sequence parallelism joined the rule with its dispatcher (0.5.23).
         return ("--sp-prefill" if sc.sp_prefill else "--layout"), (
-            "SGLang 0.5.23 refuses FlashInfer MoE A2A at start-up unless DP attention spans the TP group "
-            "(attn_dp_size == tp_size: a layout W,1,W,1) or it is Muse Spark's TP4/EP4 or TP8/EP8 prefill sequence "
-            "parallelism without DP attention (--sp-prefill on a layout of tp 4 or 8, dp 1) (arg_groups/moe_hook.py "
-            "_flashinfer_a2a_topology_is_supported)")
+            f"SGLang {ENGINE.version_in_use()} refuses FlashInfer MoE A2A at start-up unless DP attention spans the TP "
+            "group (attn_dp_size == tp_size: a layout W,1,W,1)" + (
+                " or it is Muse Spark's TP4/EP4 or TP8/EP8 prefill sequence parallelism without DP attention "
+                "(--sp-prefill on a layout of tp 4 or 8, dp 1) (arg_groups/moe_hook.py "
+                "_flashinfer_a2a_topology_is_supported)" if dispatcher_has_sp_prefill() else
+                " (arg_groups/moe_hook.py _handle_a2a_moe)"))
     if any(not any(counts) for counts in sc.passes):
         return "--tokens", ("SGLang's scheduler runs no forward where no DP rank has a token (it emits idle batches "
                             "only while max(global_num_tokens) > 0): give every pass a token somewhere")
