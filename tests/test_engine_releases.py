@@ -155,8 +155,8 @@ def test_engine_release_cpu_platform_as_the_target_device_asks(tmp_path, reads_t
 
 def test_engine_release_moe_layer_factory_is_probed_by_kind_and_arguments(monkeypatch):
     """vLLM's MoE layer factory is FusedMoEFactory (0.27 on) or a FusedMoE function (0.24 ..
-    0.26); a FusedMoE class (before), or a function without an argument the layer level hands
-    it, is refused naming it."""
+    0.26); a FusedMoE class (before), or a function without an argument the layer level needs
+    to hand it, is refused naming it."""
     import types
 
     from testbed.integrations.vllm import environment as env
@@ -172,10 +172,10 @@ def test_engine_release_moe_layer_factory_is_probed_by_kind_and_arguments(monkey
                 is_sequence_parallel=False, shared_experts=None, reduce_results=True):
         return None
 
-    def without_reduce(num_experts, top_k, hidden_size, intermediate_size, params_dtype=None, renormalize=True,
+    def without_shared(num_experts, top_k, hidden_size, intermediate_size, params_dtype=None, renormalize=True,
                        quant_config=None, prefix="", custom_routing_function=None, routed_scaling_factor=1.0,
                        apply_routed_scale_to_output=False, apply_router_weight_on_input=False,
-                       is_sequence_parallel=False, shared_experts=None):
+                       is_sequence_parallel=False):  # and no reduce_results, as 0.24's (it always reduces)
         return None
 
     layer(FusedMoEFactory=factory, FusedMoE=type("FusedMoE", (), {}))
@@ -184,5 +184,5 @@ def test_engine_release_moe_layer_factory_is_probed_by_kind_and_arguments(monkey
     assert env.moe_factory() is factory and env.lacks_moe_factory() is None
     layer(FusedMoE=type("FusedMoE", (), {}))
     assert env.moe_factory() is None and "its FusedMoE is a class" in env.lacks_moe_factory()
-    layer(FusedMoE=without_reduce)
-    assert env.lacks_moe_factory() == f"has a MoE layer factory {env.LAYER_MODULE}.without_reduce without reduce_results"
+    layer(FusedMoE=without_shared)
+    assert env.lacks_moe_factory() == f"has a MoE layer factory {env.LAYER_MODULE}.without_shared without shared_experts"

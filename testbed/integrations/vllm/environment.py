@@ -59,7 +59,7 @@ def moe_factory():
 # What the layer level hands the factory beyond the shape (testbed.integrations.vllm.layer).
 FACTORY_ARGUMENTS = ("params_dtype", "renormalize", "quant_config", "prefix", "custom_routing_function",
                      "routed_scaling_factor", "apply_routed_scale_to_output", "apply_router_weight_on_input",
-                     "is_sequence_parallel", "shared_experts", "reduce_results")
+                     "is_sequence_parallel", "shared_experts")
 
 
 def lacks_moe_factory() -> str | None:
@@ -119,13 +119,14 @@ def cpu_platform_by_target() -> None:
 # one-sided manager drives MoeAlltoAll itself, sequence parallel; 0.29 .. 0.32 alike), 0.33.0
 # (installed: one-sided on moe_ep, two-sided on MnnvlMoe), 0.34.0 (both on moe_ep, the experts
 # writing into FlashInfer's combine-input buffer, PP only under the mp executor, the standalone
-# CPU runner). 0.25 .. 0.28 (MoeAlltoAll, one-sided not sequence parallel, no fp8 dispatch; 0.25's
-# finalize combining without output=) are a generation CI leaves to `sweep --all-releases` and
-# `a2a-testbed history`: with it, .ci/run would pass its 15 minutes (891 s without it).
+# CPU runner). 0.24 .. 0.28 (MoeAlltoAll, one-sided not sequence parallel, no fp8 dispatch; 0.24
+# and 0.25's finalize combining without output=, 0.24's oracle without Triton mxfp8) are a
+# generation CI leaves to `sweep --all-releases` and `a2a-testbed history`: with it, .ci/run
+# would pass its 15 minutes (891 s without it).
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     LAYER_MODULE, "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
-    ("0.25.0", "0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0"), CONSUMER,
+    ("0.24.0", "0.25.0", "0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0"), CONSUMER,
     sampled=("0.31.0", "0.34.0"),
     # The FlashInfer NVLink backends came with 0.18.0 (fused_moe/flashinfer_nvlink_*_prepare_finalize.py).
     history=tuple(f"0.{minor}.0" for minor in range(18, 35)), probes=(lacks_moe_factory,))

@@ -158,8 +158,9 @@ def build_runner(session, index: int, fmt: str, experts):
         undo.append(patch.attribute(module, "current_platform", NotACpu(module.current_platform, cuda=True)))
     try:
         config.kernel_config.moe_backend = form.moe_backend
+        factory = moe_factory()
         with set_current_vllm_config(config):
-            runner = moe_factory()(
+            runner = factory(
                 num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden,
                 # The weights are never read (the testbed's experts compute): the smallest
                 # size every quant method takes, so a real hidden size costs O(H) per expert.
@@ -168,7 +169,9 @@ def build_runner(session, index: int, fmt: str, experts):
                 prefix=f"model.layers.{ctx.coords.pp_rank}.{index}.mlp.experts",
                 custom_routing_function=handed_routing, routed_scaling_factor=sc.routed_scaling,
                 apply_routed_scale_to_output=True, apply_router_weight_on_input=sc.router_weight_on_input,
-                is_sequence_parallel=sp, shared_experts=shared, reduce_results=True)
+                is_sequence_parallel=sp, shared_experts=shared,
+                # 0.24's factory takes none: its runner reduces as reduce_results=True does.
+                **({"reduce_results": True} if "reduce_results" in inspect.signature(factory).parameters else {}))
             _load_weights(runner)
     finally:
         for restore in reversed(undo):

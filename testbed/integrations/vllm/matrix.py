@@ -8,17 +8,18 @@ from testbed.scenario.model import Scenario, from_text
 
 # vLLM 0.33.0's own layer (FusedMoEFactory -> MoERunner): one budget per model
 # (scheduler_config's max_num_batched_tokens), sequence parallel wherever vLLM turns it on
-# (one-sided, TP > 1, DP > 1), and the engine's step rule on every pass. The sequence-parallel
-# and blockwise-FP8 entries are validated where they run: before 0.29 the one-sided backend is
-# not sequence parallel and its prepare builder refuses fp8 (``rules.vllm_rule``) (an idle DP rank
-# runs the 1-token dummy batch; a step where every DP rank is idle runs no forward).
+# (one-sided, TP > 1, DP > 1), and the engine's step rule on every pass. The sequence-parallel,
+# blockwise-FP8 and mxfp8 entries are validated where they run: before 0.29 the one-sided backend
+# is not sequence parallel and its prepare builder refuses fp8, and 0.24's experts oracle has no
+# Triton mxfp8 backend (``rules.vllm_rule``) (an idle DP rank runs the 1-token dummy batch; a step
+# where every DP rank is idle runs no forward).
 VLLM_MATRIX: tuple[Scenario, ...] = (
     from_text("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", label="vLLM one-sided; an idle DP rank's dummy batch"),
     # An mxfp8 layer then a bf16 one grows the shared communication, and in one forward its bf16
     # dispatch reaches into the mxfp8 round's combine region with nothing between (FI-RACE).
-    from_text("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", integration="vllm",
+    from_text("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", integration="vllm", validated=False,
        label="vLLM: an mxfp8 model with a bf16 MTP layer: the shared communication grows"),
-    from_text("2,1,2,1", "bf16:16,mxfp8:16", "4,6 1,3", integration="vllm",
+    from_text("2,1,2,1", "bf16:16,mxfp8:16", "4,6 1,3", integration="vllm", validated=False,
        label="vLLM: a bf16 layer then an mxfp8 one: the shared communication is kept"),
     from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", validated=False, routing="spread", sequence_parallel=True,
        label="vLLM TP 2 (sequence parallel); bf16 then mxfp8 (kept)"),
@@ -30,7 +31,7 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
        routed_scaling=2.5, label="DeepSeek-V3 style: blockwise FP8 under sequence parallel, shared experts, scaling"),
     from_text("2,1,2,1", "bf16:16,fp8_block:16", "4,6 0,3", integration="vllm", validated=False, shared_experts=True,
        label="vLLM: a bf16 layer then a blockwise FP8 one, shared experts (kept)"),
-    from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", label="vLLM mxfp8, an idle DP rank's dummy batch"),
+    from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", validated=False, label="vLLM mxfp8, an idle DP rank's dummy batch"),
     # Routed scaling where no release is sequence parallel (TP 1): the runner's scale on every release.
     from_text("4,1,4,1", "bf16:8", "2,5,1,3", integration="vllm", shared_experts=True, routed_scaling=2.5,
        label="vLLM's MoERunner at TP 1: shared experts and routed scaling"),
@@ -41,6 +42,11 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
        routed_scaling=2.5, label="vLLM ModelOpt nvfp4 then bf16 under sequence parallel: the shared communication grows"),
     from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", validated=False, sequence_parallel=True,
        label="vLLM PP 2 with TP 2 (sequence parallel): the stages replace 1 and 0 times"),
+    # PP 2 and blockwise FP8 on formats every release builds (0.24's oracle has no mxfp8 backend).
+    from_text("4,1,2,2", "nvfp4:8,bf16:8;bf16:8", "3,5 1,2", integration="vllm",
+       label="vLLM PP 2 without sequence parallel: the stages replace 1 and 0 times"),
+    from_text("4,1,2,2", "nvfp4:8;fp8_block:8", "2,1 4,4", integration="vllm", validated=False, path="two_sided",
+       hidden=512, top_k=4, label="vLLM two-sided PP 2: an nvfp4 stage and a blockwise FP8 stage"),
     from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm",
        label="vLLM DP 4: an all-idle step (no forward), then idle ranks' dummy batches"),
     from_text("4,1,4,1", "bf16:8", "3,1,0,6", integration="vllm", top_k=1, router_weight_on_input=True,
@@ -51,10 +57,10 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
        label="vLLM two-sided, TP 2"),
     from_text("4,2,2,1", "bf16:8", "4,1 2,6", integration="vllm", path="two_sided", hidden=512, shared_experts=True,
        label="vLLM two-sided, TP 2: TP-sharded shared experts reduced apart from the reduced routed output"),
-    from_text("4,1,4,1", "mxfp8:8,bf16:8", "2,1,1,3", integration="vllm", path="two_sided", hidden=512,
+    from_text("4,1,4,1", "mxfp8:8,bf16:8", "2,1,1,3", integration="vllm", validated=False, path="two_sided", hidden=512,
        label="vLLM two-sided, mxfp8 then bf16"),
     # One level down: the prepare/finalize and kernel alone, fed what a router left.
-    from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", level="kernel",
+    from_text("4,2,2,1", "bf16:16,mxfp8:16", "5,2 9,3", integration="vllm", validated=False, level="kernel",
        label="vLLM's prepare/finalize and kernel alone (--level kernel), TP 2 without sequence parallel"),
 )
 

@@ -131,6 +131,22 @@ def one_sided_dispatch_formats() -> tuple[str, ...] | None:
     return tuple(fmt for name, fmt in names.items() if name in found.group(1))
 
 
+@functools.cache
+def unbuilt_formats() -> dict[str, str]:
+    """The formats whose layer the release's experts oracle cannot hand the backend the layer
+    level builds it on, as ``{format: "Enum.MEMBER"}`` (0.24's mxfp8 oracle has no Triton
+    backend: a probe of the release's enum); empty where vLLM is not installed."""
+    from testbed.integrations.vllm.layer import FORMATS
+
+    missing = {}
+    for fmt, form in FORMATS.items():
+        module = ENGINE.module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
+        if module is not None and not (hasattr(getattr(module, form.enum, None), form.member)
+                                       and hasattr(module, form.resolver)):
+            missing[fmt] = f"{form.enum}.{form.member}"
+    return missing
+
+
 def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
     """``(flag, rule)`` the scenario breaks under ``--integration vllm``, or None."""
     if sc.path not in VLLM_PATHS:
@@ -171,6 +187,11 @@ def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
                 + ("sequence parallel" if vllm_sp else "without sequence parallel")
                 + " (its ParallelConfig.use_sequence_parallel_moe; 0.29 on: the one-sided backend with TP > 1 and "
                 "DP > 1): " + ("give --sequence-parallel" if vllm_sp else "drop --sequence-parallel"))
+        unbuilt = {ly.fmt: unbuilt_formats()[ly.fmt] for st in sc.stages for ly in st if ly.fmt in unbuilt_formats()}
+        if unbuilt:
+            return "--stages", (f"vLLM {ENGINE.release()[0]}'s experts oracle has no "
+                                + ", ".join(f"{member} (for {fmt})" for fmt, member in sorted(unbuilt.items()))
+                                + ", the backend whose experts the testbed's stand in for at the layer level")
         if sc.shared_experts and sc.layout.tp > 1 and not sc.sequence_parallel and sc.hidden % sc.layout.tp:
             return "--hidden", (f"vLLM's models shard the shared experts over TP off sequence parallel; hidden "
                                 f"{sc.hidden} % tp {sc.layout.tp} != 0")
