@@ -44,7 +44,8 @@ def releases(pin: str) -> list[str]:
 
 def reproducer(name: str, finding: Finding, pin: str) -> Optional[Scenario]:
     """The finding's own reproducer, else the first scenario of ``name``'s matrix, on the pin
-    and then on each other release, that ``finding`` applies to."""
+    and then on each other release, that ``finding`` applies to; :class:`ScenarioInputError`
+    where the engine release refuses the finding's own reproducer."""
     from testbed.harness.matrix import on_integration
 
     if finding.reproducer:
@@ -78,17 +79,20 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
     for finding in integration.findings():
         if only and finding.id not in only:
             continue
-        base = reproducer(name, finding, pin)
+        try:
+            base, why = reproducer(name, finding, pin), "no scenario of the matrix it applies to"
+        except ScenarioInputError as e:
+            base, why = None, str(e)
         absent = findings.gone(integration, finding)
         for release in releases(pin):
             if base is None:
-                cells.append(Cell(finding.id, label, release, "not run", "no scenario of the matrix it applies to"))
+                cells.append(Cell(finding.id, label, release, "not run", why, pinned=release == pin))
                 continue
             sc = dataclasses.replace(base, profile=release, label=f"{finding.id} reproducer on {release}")
             try:
                 sc.validate()
             except ScenarioInputError as e:
-                cells.append(Cell(finding.id, label, release, "not run", str(e)))
+                cells.append(Cell(finding.id, label, release, "not run", str(e), pinned=release == pin))
                 continue
             result, detail = outcome(finding, runner.run(pool, sc, timeout_s=timeout_s), absent)
             cells.append(Cell(finding.id, label, release, result, detail, pinned=release == pin))
