@@ -129,7 +129,10 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
     ("0.24.0", "0.25.0", "0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0"), CONSUMER,
     sampled=("0.31.0", "0.34.0"),
     # The FlashInfer NVLink backends came with 0.18.0 (fused_moe/flashinfer_nvlink_*_prepare_finalize.py).
-    history=tuple(f"0.{minor}.0" for minor in range(18, 35)), probes=(lacks_moe_factory,))
+    # Patch releases are releases of their own: each may pin, or carry, something else.
+    history=("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
+             "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
+             "0.31.0", "0.32.0", "0.33.0", "0.34.0"), probes=(lacks_moe_factory,))
 
 
 @functools.cache
