@@ -89,12 +89,7 @@ def _first_rank(zeroed: str, moved_on: str, late: int, world_size: int) -> list[
 def _wait_for(zeroed: str, moved_on: str) -> Callable:
     """A ``Hooks.before_initialize_zero`` that, once, polls until the first rank has zeroed and
     moved on (the peer's progress is the condition; the scenario's watchdog bounds the wait)."""
-    done = []
-
     def hook(workspace, ep_rank) -> None:
-        if done:
-            return
-        while not (os.path.exists(zeroed) and os.path.exists(moved_on)):
+        while not (os.path.exists(zeroed) and os.path.exists(moved_on)):  # true from then on: once
             time.sleep(1e-3)
-        done.append(True)
     return hook

@@ -102,22 +102,26 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
 def first(cells: list[Cell], finding: str) -> Optional[Cell]:
     """The earliest (engine release, then FlashInfer release) cell where ``finding`` reproduces."""
     hits = [c for c in cells if c.finding == finding and c.outcome == "reproduces"]
-    return min(hits, key=lambda c: (release_key(c.engine.rsplit(" ", 1)[-1]), release_key(c.flashinfer)),
-               default=None)
+    return min(hits, key=lambda c: (_engine_key(c.engine), release_key(c.flashinfer)), default=None)
 
 
-def _engine_key(cell: Cell):
-    return release_key(cell.engine.rsplit(" ", 1)[-1])
+def _engine_key(engine: str):
+    """The sort key of an engine release as a cell names it ("vLLM 0.32.0")."""
+    return release_key(engine.rsplit(" ", 1)[-1])
+
+
+def _newest(cells: list[Cell], finding: str) -> str:
+    return max((c.engine for c in cells if c.finding == finding), key=_engine_key)
 
 
 def lifespan(cells: list[Cell], finding: str) -> tuple[Optional[Cell], Optional[Cell]]:
     """Where ``finding`` was born and where it died as users run the engine, on each engine
     release's own pin: the first engine release it reproduces on, and the first after that
     where it passes (the code gone, or the pin fixing it); None for either where there is none."""
-    on_pin = sorted((c for c in cells if c.finding == finding and c.pinned), key=_engine_key)
+    on_pin = sorted((c for c in cells if c.finding == finding and c.pinned), key=lambda c: _engine_key(c.engine))
     born = next((c for c in on_pin if c.outcome == "reproduces"), None)
     gone = None if born is None else next(
-        (c for c in on_pin if _engine_key(c) > _engine_key(born) and c.outcome == "passes"), None)
+        (c for c in on_pin if _engine_key(c.engine) > _engine_key(born.engine) and c.outcome == "passes"), None)
     return born, gone
 
 
@@ -125,9 +129,9 @@ def lifespan_text(cells: list[Cell], finding: str) -> str:
     born, gone = lifespan(cells, finding)
     if born is None:
         return "on the engine's own pin: reproduces on none of these"
-    newest = max((c for c in cells if c.finding == finding), key=_engine_key).engine
     return (f"on the engine's own pin: born {born.engine} (FlashInfer {born.flashinfer}), "
-            + (f"gone from {gone.engine} (FlashInfer {gone.flashinfer})" if gone else f"still in {newest}"))
+            + (f"gone from {gone.engine} (FlashInfer {gone.flashinfer})" if gone else
+               f"still in {_newest(cells, finding)}"))
 
 
 def markdown(cells: list[Cell]) -> str:
@@ -137,10 +141,10 @@ def markdown(cells: list[Cell]) -> str:
              "|---|---|---|---|"]
     for finding in dict.fromkeys(c.finding for c in cells):
         hit, (born, gone) = first(cells, finding), lifespan(cells, finding)
-        newest = max((c for c in cells if c.finding == finding), key=_engine_key).engine
         table.append(f"| {finding} | " + (f"{hit.engine} on FlashInfer {hit.flashinfer}" if hit else "none") + " | "
                      + (f"{born.engine} ({born.flashinfer})" if born else "none") + " | "
-                     + (f"{gone.engine} ({gone.flashinfer})" if gone else f"not gone by {newest}" if born else "")
+                     + (f"{gone.engine} ({gone.flashinfer})" if gone else
+                        f"not gone by {_newest(cells, finding)}" if born else "")
                      + " |")
     return "\n".join(table)
 
@@ -155,7 +159,7 @@ def format_table(cells: list[Cell], titles: dict[str, str]) -> str:
         hit = first(cells, finding)
         born = f"first: {hit.engine} on FlashInfer {hit.flashinfer}" if hit else "reproduces on none of these"
         lines.append(f"{finding}  {titles.get(finding, '')[:100]}\n  {born}\n  {lifespan_text(cells, finding)}")
-        for engine in sorted(dict.fromkeys(c.engine for c in mine), key=lambda e: release_key(e.rsplit(" ", 1)[-1])):
+        for engine in sorted(dict.fromkeys(c.engine for c in mine), key=_engine_key):
             row = sorted((c for c in mine if c.engine == engine), key=lambda c: release_key(c.flashinfer))
             lines.append(f"  {engine:<16} " + "  ".join(f"{c.flashinfer}{'*' if c.pinned else ''} {MARKS[c.outcome]}"
                                                          for c in row))

@@ -29,10 +29,9 @@ def __getattr__(name: str):
         from fakes.flashinfer.fused_moe.api import QuantFormat
 
         return QuantFormat
-    if not profiles.ships("fused_moe", name):
-        pass
-    elif name in ENTRY_POINTS:
-        return entry_point(name)
-    elif name in ("ActivationType", "Fp8QuantizationType", "RoutingMethodType"):
-        return getattr(tllm_enums, name)
+    if profiles.ships("fused_moe", name):
+        if name in ENTRY_POINTS:
+            return entry_point(name)
+        if name in ("ActivationType", "Fp8QuantizationType", "RoutingMethodType"):
+            return getattr(tllm_enums, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -114,6 +114,7 @@ def _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled
 
 def _fp4_quantize_0_6_3(input, global_scale=None, sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
                         is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False, enable_pdl=None):
+    # 0.6.3 .. 0.6.7 return the pair as a tuple expression (the contract compares return forms).
     x_q, sf = _fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
                             False, "cuda", None, ("cuda",), converts_scale=False, pads_sf_cols=False)
     return x_q, sf

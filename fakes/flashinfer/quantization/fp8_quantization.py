@@ -40,6 +40,7 @@ def _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, backend, sf_swizzle
 
 
 def _mxfp8_quantize_0_6_3(input, is_sf_swizzled_layout: bool = True, alignment: int = 32, enable_pdl=None):
+    # 0.6.3 .. 0.6.6 return the pair as a tuple expression (the contract compares return forms).
     x_q, sf = _mxfp8_quantize(input, is_sf_swizzled_layout, alignment, "cuda", None, ("cuda",))
     return x_q, sf
 
