@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="the model matrix: each real model (default all; --model names them) at EP 8 in each of "
                           "its dispatch formats on every path of the pinned release, and on every FlashInfer path "
                           "of the other releases; scenarios the kernels refuse are listed with the rule")
+    run.add_argument("--rotate", action="store_true",
+                     help="with --models: each model on two of the other releases, in rotation so that each "
+                          "release meets at least two models, not on all of them (the sweeps' sample)")
     run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -537,6 +540,8 @@ def _run(args) -> int:
     engine = _integrations().get(args.integration).engine
     if engine is not None:
         _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
+    if args.rotate and args.models is None:
+        raise UsageError("--rotate goes with --models: it samples the model matrix's other releases")
     if args.models is not None:
         if scenario_given(args) or args.layout or args.matrix_profile:
             raise UsageError("--models runs the model matrix: give no scenario flags, --layout or --matrix-profile "
@@ -544,7 +549,8 @@ def _run(args) -> int:
         from testbed.harness.matrix import on_models
 
         try:
-            scenarios, refused = on_models(tuple(filter(None, args.models.split(","))), args.integration)
+            scenarios, refused = on_models(tuple(filter(None, args.models.split(","))), args.integration,
+                                           rotation=args.rotate)
         except ValueError as e:
             raise UsageError(f"--models: {e}") from None
         return _judge(scenarios, args, refused)

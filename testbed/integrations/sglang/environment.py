@@ -16,7 +16,6 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
-import os
 import sys
 import types
 from pathlib import Path
@@ -55,9 +54,7 @@ CAPABILITIES = (
 
 def prepare_environment() -> None:
     """What must hold before SGLang is imported in a process (the fork server's too)."""
-    source = os.environ.get(SOURCE_ENV)
-    if source and source not in sys.path:
-        sys.path.insert(0, source)
+    support.source_first(SOURCE_ENV)
     _stand_in_torchvision()
     _configs_transformers_ships()
 

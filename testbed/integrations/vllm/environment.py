@@ -10,12 +10,12 @@ every rank's path, so a pull-request branch is what runs.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import inspect
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -79,9 +79,14 @@ def prepare_environment() -> None:
     """What must hold before vLLM is imported in a process (the fork server's too)."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_HAS_FLASHINFER_CUBIN", "1")
+    support.source_first(SOURCE_ENV)
     source = os.environ.get(SOURCE_ENV)
-    if source and source not in sys.path:
-        sys.path.insert(0, source)
+    if source:
+        # vLLM caches what it inspects of a model class in one file per class, keyed by the
+        # module's hash: releases sharing a cache root evict each other's, and each miss costs
+        # a subprocess importing vLLM (about 10 s here).
+        tag = hashlib.sha1(os.path.realpath(source).encode()).hexdigest()[:12]
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "vllm" / "sources" / tag))
     if importlib.util.find_spec("vllm") is not None:
         cpu_platform_by_target()
 
