@@ -26,7 +26,8 @@ def test_sweep_catalogue_has_every_release_the_adapter_drives(name):
     names = {s.name for s in sweeps.catalogue()}
     for release, _ in sweeps.releases(engine):
         mine = {f"{name} {release} matrix", f"{name} {release} mutants"}
-        mine |= {f"{name} {release} findings"} if integrations.get(name).findings() else set()
+        installed = release == sweeps.releases(engine)[0][0]
+        mine |= {f"{name} {release} findings"} if integrations.get(name).findings() and installed else set()
         assert mine <= names
         (group,) = [g for g in sweeps.groups(sweeps.catalogue()) if g[0].group == f"{name} {release}"]
         assert {s.name for s in group} == mine  # one process imports the release for all of them
@@ -34,14 +35,19 @@ def test_sweep_catalogue_has_every_release_the_adapter_drives(name):
     assert {r for r, s in sweeps.releases(engine) if s} == set(engine.releases()) <= set(engine.other_releases)
     every = {s.name for s in sweeps.catalogue(every=True)}
     assert names <= every and {f"{name} {r} matrix" for r in engine.other_releases} <= every
+    if integrations.get(name).findings():  # --all-releases surveys the findings on every release
+        assert {f"{name} {r} findings" for r in engine.other_releases} <= every
     assert {"models", "impl matrix"} <= names
 
 
 @pytest.mark.needs("vllm")
-def test_sweep_catalogue_runs_the_engine_level_on_the_installed_and_the_newest_release():
-    names = [s.name for s in sweeps.catalogue() if s.argv[0] == "engine" and s.engine == "vllm"]
+def test_sweep_catalogue_runs_the_engine_level_on_the_newest_release_and_with_every_on_the_installed():
+    def engine_sweeps(every):
+        return [s.name for s in sweeps.catalogue(every) if s.argv[0] == "engine" and s.engine == "vllm"]
+
     newest = max(integrations.get("vllm").engine.releases(), key=lambda r: tuple(map(int, r.split("."))))
-    assert names == ["vllm engine matrix", f"vllm {newest} engine matrix"]
+    assert engine_sweeps(False) == [f"vllm {newest} engine matrix"]
+    assert engine_sweeps(True)[0] == "vllm engine matrix" and f"vllm {newest} engine matrix" in engine_sweeps(True)
 
 
 def test_sweep_catalogue_names_the_engines_it_leaves_out():

@@ -73,8 +73,15 @@ def releases(engine, every: bool = False) -> list[tuple[str, Optional[str]]]:
 def catalogue(every: bool = False) -> list[Sweep]:
     """Every sweep this machine can run, a group's together: those of the engines not
     installed are left out (``a2a-testbed sweep --list`` says which and why). Each engine
-    release sampled (``every``: each it drives) gets its matrix, mutants and findings; the
-    engine level runs on the installed release and on the newest one."""
+    release sampled (``every``: each it drives) gets its matrix and mutants, the installed one
+    (``every``: each) its findings' survey too; the engine level runs on the newest release
+    (``every``: on the installed one too).
+
+    The sample is what fits CI's budget: a sampled release's matrix already holds each of its
+    scenarios to the findings it is known by (``KNOWN`` only with the finding's own failure),
+    so its survey adds the findings' other FlashInfer releases, which ``findings
+    --all-releases`` runs and ``docs/findings.json`` records; the installed release's engine
+    level runs in the engines' test tier (its mutants, a real model's shape)."""
     from fakes.flashinfer.profiles import distinct_alltoalls, release_key
 
     newest = max(distinct_alltoalls(), key=release_key)
@@ -94,14 +101,16 @@ def catalogue(every: bool = False) -> list[Sweep]:
                                 judge_matrix(pin), engine.name, group))
             sweeps.append(Sweep(f"{group} mutants", ("mutants", "--integration", engine.name, *flag),
                                 judge_mutants(engine, source), engine.name, group))
-            if integration.findings():
+            if integration.findings() and (every or source is None):
                 sweeps.append(Sweep(f"{group} findings", ("findings", "--here", "--integration", engine.name, *flag),
                                     judge_lineage(integration, release), engine.name, group))
         if integration.has_engine_level():
-            sweeps.append(Sweep(f"{engine.name} engine matrix", ("engine", "--integration", engine.name),
-                                judge_engine(integration), engine.name))
             newest = max((source for _, source in driven if source), key=release_key, default=None)
-            if newest is not None and release_key(newest) > release_key(driven[0][0]):
+            newer = newest is not None and release_key(newest) > release_key(driven[0][0])
+            if every or not newer:
+                sweeps.append(Sweep(f"{engine.name} engine matrix", ("engine", "--integration", engine.name),
+                                    judge_engine(integration), engine.name))
+            if newer:
                 sweeps.append(Sweep(f"{engine.name} {newest} engine matrix",
                                     ("engine", "--integration", engine.name, f"--{engine.name}-source", newest),
                                     judge_engine(integration), engine.name))
