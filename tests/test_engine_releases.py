@@ -201,7 +201,9 @@ def test_engine_release_source_is_what_its_subprocesses_import(tmp_path, monkeyp
     monkeypatch.setenv("A2A_PROBE_SOURCE", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     monkeypatch.setattr(sys, "path", list(sys.path))
-    support.source_first("A2A_PROBE_SOURCE")
+    monkeypatch.delenv("A2A_PROBE_UNSET", raising=False)
+    assert support.source_first("A2A_PROBE_UNSET") is None and os.environ["PYTHONPATH"] == "/elsewhere"
+    assert support.source_first("A2A_PROBE_SOURCE") == str(tmp_path)
     support.source_first("A2A_PROBE_SOURCE")
     assert sys.path[0] == str(tmp_path) and sys.path.count(str(tmp_path)) == 1
     assert os.environ["PYTHONPATH"] == os.pathsep.join([str(tmp_path), "/elsewhere"])

@@ -240,19 +240,21 @@ class Engine:
                 importlib.import_module(module)
 
 
-def source_first(variable: str) -> None:
+def source_first(variable: str) -> str | None:
     """The engine source that ``variable`` names (a release's unpacked tree) is the one this
     process imports, and the one any Python process it starts imports: vLLM inspects a model's
     class in a subprocess of its own, which would otherwise run the installed release and hand
-    its answer, in that release's form, to the release under test."""
+    its answer, in that release's form, to the release under test. Returns the source (None
+    where the variable names none)."""
     source = os.environ.get(variable)
     if not source:
-        return
+        return None
     if source not in sys.path:
         sys.path.insert(0, source)
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if source not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([source] + [p for p in paths if p])
+    return source
 
 
 def guarded_flashinfer_imports(module) -> dict:

@@ -79,8 +79,7 @@ def prepare_environment() -> None:
     """What must hold before vLLM is imported in a process (the fork server's too)."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_HAS_FLASHINFER_CUBIN", "1")
-    support.source_first(SOURCE_ENV)
-    source = os.environ.get(SOURCE_ENV)
+    source = support.source_first(SOURCE_ENV)
     if source:
         # vLLM caches what it inspects of a model class in one file per class, keyed by the
         # module's hash: releases sharing a cache root evict each other's, and each miss costs
