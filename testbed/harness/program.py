@@ -143,7 +143,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     the testbed's experts, then every forward pass.
 
     Returns ``{"outputs": {(pass, layer): [T, H] bf16 on the CPU}, "lanes": {(pass, layer):
-    Counter}}``; everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
+    Counter}, "weights_scale": {layer: the factor its router folded into the weights}}``; everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
     FlashInfer the layers run on this rank's GPU.
     """
     device = rank_device(ctx, sc.flashinfer_backend)
@@ -183,7 +183,10 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
                     log.write(ForwardEnd(pass_index=p, layer=i))
                 outputs[(p, i)] = out.cpu()
                 lanes[(p, i)] = recording.lanes
-    return {"outputs": outputs, "lanes": lanes}
+    # A router that folds the routed scaling factor into the weights hands the experts scaled
+    # weights (SGLang's TopK where its MoE runner asks for it).
+    scales = {i: getattr(moe, "weights_scale", 1.0) for i, (moe, _) in enumerate(layers)}
+    return {"outputs": outputs, "lanes": lanes, "weights_scale": scales}
 
 
 def run_engine(ctx, sc: Scenario, es, model_dir: str, log_dir: str, integration_module: str,

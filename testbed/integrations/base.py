@@ -202,7 +202,7 @@ class Integration:
 
     def refusal(self, sc: "Scenario") -> Optional[tuple[str, str]]:
         """``(flag, rule)`` a scenario breaks under this integration, or None."""
-        return sp_prefill_elsewhere(sc)
+        return sglang_flags_elsewhere(sc)
 
     def engine_passes(self, sc: "Scenario") -> tuple[tuple[int, ...], ...]:
         """The passes the integration's engine makes of ``sc.passes`` (only called when the
@@ -266,12 +266,14 @@ class Integration:
         raise NotImplementedError(f"--integration {self.name} has no engine level")
 
 
-def sp_prefill_elsewhere(sc: "Scenario") -> Optional[tuple[str, str]]:
-    """The rule of SGLang's own flags (``--sp-prefill``, ``--draft-layers``) under an
+def sglang_flags_elsewhere(sc: "Scenario") -> Optional[tuple[str, str]]:
+    """The rule of SGLang's own flags (``--sp-prefill``, ``--draft-layers``, ``--block``) under an
     integration that is not SGLang's."""
     if sc.sp_prefill:
         return "--sp-prefill", "is SGLang's (Muse Spark): it goes with --integration sglang"
     if sc.draft_layers:
         return "--draft-layers", ("is SGLang's (its speculative MoE context builds the draft model's dispatchers): it "
                                   "goes with --integration sglang")
+    if sc.block:
+        return "--block", "names one of SGLang's model MoE blocks: it goes with --integration sglang"
     return None

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import torch
 
 from impl.moe_output import UnfinalizedMoEOutput
-from testbed.scenario.reference import ACT_DTYPE, dequantize
+from testbed.scenario.reference import ACT_DTYPE, LinearMap, dequantize
 
 
 class Experts:
@@ -77,3 +77,18 @@ class Experts:
         if output is not None:
             return output.copy_(out_NH)
         return out_NH.to(ACT_DTYPE)
+
+
+class SharedLinear(torch.nn.Module):
+    """The scenario's shared expert ``x @ W`` in bf16, as a model builds its shared MLP: over
+    this TP rank's slice of the contraction dimension, ``shard = (tp_rank, tp_size)`` (a
+    partial sum the model's TP all-reduce completes), or whole where the model replicates it
+    (``(0, 1)``: vLLM's sequence-parallel layers, SGLang's shared expert under an all-to-all)."""
+
+    def __init__(self, weight: LinearMap, shard: tuple[int, int]):
+        super().__init__()
+        part = weight.hidden // shard[1]
+        self.weight, self.cols = weight, slice(shard[0] * part, (shard[0] + 1) * part)
+
+    def forward(self, x_tH: torch.Tensor) -> torch.Tensor:
+        return self.weight(x_tH[:, self.cols], self.cols).to(x_tH.dtype)

@@ -176,6 +176,9 @@ class Scenario:
     # SGLang: the last N MoE layers of each stage are the speculative draft model's (its MTP /
     # EAGLE drafter, built in SGLang's speculative MoE context), live beside the target's.
     draft_layers: int = 0
+    # SGLang: each MoE layer is the named model family's own MoE block (one of the integration's
+    # blocks, "" for none: the MoE layer alone), called as its decoder layer calls it.
+    block: str = ""
     level: str = "layer"  # one of LEVELS
     raw_passes: bool = False  # the passes as given, not as the integration's engine would make them
     # The last rank of each EP group zeroes its workspace row late (testbed.harness.late_zeroing).
@@ -483,6 +486,8 @@ class Scenario:
             parts.append("--sp-prefill")
         if self.draft_layers:
             parts += ["--draft-layers", str(self.draft_layers)]
+        if self.block:
+            parts += ["--block", self.block]
         if self.level != "layer":
             parts += ["--level", self.level]
         if self.raw_passes:
@@ -510,6 +515,7 @@ class Scenario:
         sig += f" on {self.flashinfer_backend}" if self.flashinfer_backend != "fake" else ""
         sig += " sp-prefill" if self.sp_prefill else ""
         sig += f" draft={self.draft_layers}" if self.draft_layers else ""
+        sig += f" block={self.block}" if self.block else ""
         sig += f" level={self.level}" if self.level != "layer" else ""
         sig += " raw-passes" if self.raw_passes else ""
         sig += " late-zeroing" if self.late_zeroing else ""
@@ -597,14 +603,14 @@ SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "to
                   "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
                   "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
                   "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "sp_prefill", "level",
-                  "raw_passes", "draft_layers", "late_zeroing")
+                  "raw_passes", "draft_layers", "block", "late_zeroing")
 DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
             "stages": None, "routing": "random", "combine_signature": "release",
             "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
             "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
             "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
             "a2a_api": "auto",
-            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False, "draft_layers": 0,
+            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False, "draft_layers": 0, "block": "",
             "late_zeroing": False}
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
@@ -677,6 +683,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-layers", type=int, metavar="N",
                         help="SGLang: the last N MoE layers of each stage are the speculative draft model's (MTP / "
                              "EAGLE), built in SGLang's speculative MoE context and live beside the target's (default 0)")
+    parser.add_argument("--block", metavar="NAME",
+                        help="SGLang: each MoE layer is the model family's own MoE block, built by SGLang from a tiny "
+                             "config and called as its decoder layer calls it (its router hands the scenario's "
+                             "routing): qwen3_moe, deepseek_v2 (shared experts, routed scaling), olmoe, phimoe "
+                             "(default none: the MoE layer alone)")
     parser.add_argument("--level", help=f"what of the integration runs: {', '.join(LEVELS)} (layer: its MoE layer as "
                                         "the engine's models call it; kernel: one level down, its prepare/finalize "
                                         "and kernel fed the scenario's routing as a router left it) (default layer)")

@@ -284,7 +284,7 @@ def reference_outputs(sc: Scenario, pass_idx: int, stage: int, layer_idx: int) -
 
 
 def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int, ep_rank: int,
-                         pads_routed: bool = False) -> Counter:
+                         pads_routed: bool = False, weights_scale: float = 1.0) -> Counter:
     """The ``(expert, weight bits)`` lanes EP rank ``ep_rank``'s experts must compute in one
     layer's forward: every lane routed to one of its experts. The all-to-alls deliver each
     once per TP rank that sends it (the TP ranks of a DP rank dispatch the same tokens),
@@ -292,8 +292,11 @@ def expected_expert_rows(sc: Scenario, pass_idx: int, stage: int, layer_idx: int
     the DP group only (or with sequence parallel over the EP group); expert parallel off
     computes the rank's own DP tokens. With ``pads_routed`` (a sequence-parallel model that pads
     each DP rank's tokens to a multiple of TP before its gate) the padding rows are routed too
-    (:func:`padding_routing`)."""
+    (:func:`padding_routing`). A router that folds a routed scaling factor into the weights
+    hands the experts the weights times ``weights_scale``."""
     _, ids_TK, w_TK, counts = _layer_batch(sc, pass_idx, stage, layer_idx)
+    if weights_scale != 1.0:
+        w_TK = w_TK * weights_scale
     own = local_experts(sc.experts, sc.ep_size, ep_rank)
     lanes = Counter(lane_keys(ids_TK, w_TK, own))
     copies = sc.layout.tp if sc.path in ("one_sided", "two_sided") and not sc.splits_tokens else 1

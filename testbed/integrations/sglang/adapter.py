@@ -55,6 +55,7 @@ import torch
 from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.sglang.environment import DISPATCHER, ENGINE, cpu_kernels, prepare_environment
+from testbed.scenario.events import Collective
 from testbed.scenario.rank import logged_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE
 
@@ -93,6 +94,7 @@ class SglangSession:
 
         self.ps, self.dpa, self.rc = ps, dpa, rc
         self.sp_dispatcher = None
+        self.counts = None  # this forward's token counts of every DP rank
         dispatcher = importlib.import_module(DISPATCHER)
         rebound = support.guarded_flashinfer_imports(dispatcher)
         if not rebound:
@@ -152,6 +154,12 @@ class SglangSession:
         config = MoeRunnerConfig(num_experts=sc.experts, num_local_experts=len(experts.own), hidden_size=sc.hidden,
                                  top_k=sc.top_k, layer_id=index, params_dtype=ACT_DTYPE, num_fused_shared_experts=0,
                                  **own)
+        draft = not sc.sp_prefill and index >= len(sc.stages[self.ctx.coords.pp_rank]) - sc.draft_layers
+        if sc.block:
+            from testbed.integrations.sglang.blocks import FAMILIES, BlockLayer
+
+            with speculative_moe_a2a_backend_context() if draft else contextlib.nullcontext():
+                return BlockLayer(self, FAMILIES[sc.block], index, _TestbedMethod, experts)
         if sc.sp_prefill:
             if self.sp_dispatcher is None:  # Muse Spark's, from its first MoE layer's config
                 from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher
@@ -161,7 +169,6 @@ class SglangSession:
                     num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
                     enable_sp_prefill_a2a=True)
             return SpPrefillLayer(self.sp_dispatcher, experts, sc)
-        draft = index >= len(sc.stages[self.ctx.coords.pp_rank]) - sc.draft_layers
         with speculative_moe_a2a_backend_context() if draft else contextlib.nullcontext():
             dispatcher = create_moe_dispatcher(config, quant_method=None)
         if fmt == "nvfp4":  # what ModelOpt's NVFP4 method hands the dispatcher for an nvfp4 dispatch
@@ -185,17 +192,57 @@ class SglangSession:
         counts = logged_token_counts(self.ctx, self.log, num_tokens, "testbed: SGLang's scheduler token-count all-gather")
         self.dpa.set_is_extend_in_batch(False)  # decode: the all-to-all (extend all-gathers)
         self.dpa.set_dp_buffer_len(sum(counts), num_tokens, False, global_num_tokens=list(counts))
-        yield
+        self.counts = tuple(counts)
+        try:
+            yield
+        finally:
+            self.counts = None
+
+    def forward_batch(self):
+        """SGLang's ``ForwardBatch`` of this DP rank's decode batch in the forward (an idle rank's
+        ``IDLE`` batch where it has no token), with the DP ranks' token counts its scheduler
+        gathered."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+        T = self.counts[self.ctx.coords.dp_rank]
+        rows = torch.zeros(T, dtype=torch.int64)
+        extra = {"global_num_tokens_cpu": list(self.counts), "num_token_non_padded": torch.tensor(T)}
+        fields = {f.name for f in dataclasses.fields(ForwardBatch)}
+        return ForwardBatch(forward_mode=ForwardMode.DECODE if T else ForwardMode.IDLE, batch_size=T, input_ids=rows,
+                            req_pool_indices=rows.clone(), seq_lens=torch.ones(T, dtype=torch.int32),
+                            out_cache_loc=rows.clone(), seq_lens_sum=T,
+                            **{k: v for k, v in extra.items() if k in fields})
+
+    def dp_row_start(self) -> int:
+        """Where this DP rank's rows start among every DP rank's, gathered in DP-rank order."""
+        return sum(self.counts[:self.ctx.coords.dp_rank])
+
+    def gather_dp_rows(self, *tensors):
+        """Every DP rank's rows of each tensor, in DP-rank order (the layer boundary's DP gather,
+        over the attention DP group: here the EP group, DP attention spanning it)."""
+        group, top = self.ctx.groups["ep"], max(self.counts)
+        out = []
+        for t in tensors:
+            self.log.write(Collective("all_gather", tuple(self.ctx.group_ranks["ep"]),
+                                      "testbed: SGLang's layer boundary, the DP gather of the FFN's input"))
+            padded = torch.zeros((top, *t.shape[1:]), dtype=t.dtype)
+            padded[:t.size(0)] = t
+            parts = [torch.empty_like(padded) for _ in self.counts]
+            torch.distributed.all_gather(parts, padded, group=group)
+            out.append(torch.cat([p[:n] for p, n in zip(parts, self.counts)]))
+        return out
 
     def layer_call(self, num_tokens: int):
         return contextlib.nullcontext()
 
 
-class _TestbedMethod:
+class _TestbedMethod(torch.nn.Module):
     """The quant method's ``apply`` as SGLang's FlashInfer runners do it: the experts over the
-    received rows, into the combine region when the dispatcher hands one (``moe_output``)."""
+    received rows, into the combine region when the dispatcher hands one (``moe_output``). A
+    module, as SGLang's quant methods are (a block's FusedMoE holds it as one)."""
 
     def __init__(self, experts):
+        super().__init__()
         self.experts = experts
 
     def apply(self, layer, dispatch_output):

@@ -24,4 +24,30 @@ FINDINGS: tuple[Finding, ...] = (
                      "rank 0 moves on (--late-zeroing), the scheduler's token-count all-gather on that group before "
                      "every forward orders the two, and the round completes",
             code=(("sglang/srt/layers/moe/token_dispatcher/flashinfer.py", r"MoeAlltoAll\("),)),
+    Finding("SGL-004", "SGLang's OLMoE block builds its FusedMoE without top_k; under the FlashInfer A2A backend "
+                       "FusedMoE creates a FlashinferDispatcher with router_topk None, whose workspace sizing "
+                       "raises TypeError (None * 4) while the model is built",
+            lambda sc: sc.block == "olmoe",
+            (("completes", "unsupported operand type(s) for *: 'NoneType' and 'int'"),),
+            reachable="yes",
+            evidence="the model is built at start-up (ModelRunner.load_model) with the server's MoE configuration; "
+                     "SGLang's start-up rule for --moe-a2a-backend flashinfer asks only for DP attention over the "
+                     "TP group (arg_groups/moe_hook.py), not for a model that supports it, so OLMoE started so "
+                     "stops at load with this TypeError instead of a refusal naming the model",
+            code=(("sglang/srt/models/olmoe.py", r"self\.experts = FusedMoE\(\s*num_experts=num_experts,\s*"
+                                                 r"hidden_size=hidden_size,"),)),
+    Finding("SGL-005", "SGLang's PhiMoE block builds FusedMoE(reduce_results=True): under the FlashInfer A2A backend "
+                       "forward_impl all-reduces the combine's complete output over the TP group, summing the "
+                       "outputs of every DP rank's own tokens (historical bug 1's double reduce)",
+            lambda sc: sc.block == "phimoe",
+            (("output", "x the tolerance"), ("completes", "")),
+            reachable="no",
+            evidence="the FlashInfer A2A backend runs only under DP attention over the whole TP group; PhiMoE's "
+                     "embedding is a VocabParallelEmbedding over the full TP group (enable_tp, all-reducing over "
+                     "it, models/phimoe.py PhiMoEModel), so each DP rank's rows are mixed with the other DP ranks' "
+                     "(or the all-reduce's shapes differ) before the first MoE block: the model does not run DP "
+                     "attention at all, and the double reduce is latent behind that",
+            code=(("sglang/srt/models/phimoe.py", r"reduce_results=True"),
+                  ("sglang/srt/layers/moe/fused_moe_triton/layer.py",
+                   r"if self\.reduce_results and \(self\.moe_tp_size > 1 or self\.moe_ep_size > 1\)"))),
 )

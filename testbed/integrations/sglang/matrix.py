@@ -37,4 +37,20 @@ SGLANG_MATRIX: tuple[Scenario, ...] = (
              "a router of int64 ids"),
     from_text("8,1,8,1", "bf16:8", "0,1,2,3,4,5,6,8", integration="sglang", experts=32, top_k=8, routing="local",
        invalid_expert_id="num_experts", expert_output="workspace", label="SGLang EP 8, top_k 8"),
+    # SGLang's own model MoE blocks (--block), called as their decoder layers call them.
+    from_text("4,1,4,1", "bf16:16,bf16:16", "5,0,7,3 1,2,0,16", integration="sglang", block="qwen3_moe",
+       invalid_expert_id="num_experts", label="SGLang's Qwen3-MoE block: an idle DP rank's empty routing, a rank "
+                                              "at the capacity"),
+    from_text("2,1,2,1", "bf16:8,bf16:8", "3,5 8,1", integration="sglang", block="qwen3_moe", routing="hotspot",
+       label="SGLang's Qwen3-MoE block, the flashinfer_trtllm runner"),
+    from_text("4,1,4,1", "bf16:8,bf16:8", "6,2,0,3 1,1,1,8", integration="sglang", block="deepseek_v2",
+       shared_experts=True, routed_scaling=2.5, invalid_expert_id="num_experts", expert_output="workspace",
+       label="SGLang's DeepSeek-V2/V3 block: its shared expert and routed scaling, an idle DP rank, the "
+             "flashinfer_cutlass runner"),
+    from_text("2,1,2,1", "bf16:16", "5,7 3,1", integration="sglang", block="deepseek_v2", shared_experts=True,
+       routed_scaling=2.5, label="SGLang's DeepSeek-V2/V3 block, the flashinfer_trtllm runner"),
+    from_text("2,1,2,1", "bf16:8", "3,5", integration="sglang", block="olmoe",
+       label="SGLang's OLMoE block (FusedMoE(reduce_results=True), built without top_k)"),
+    from_text("2,1,2,1", "bf16:8", "4,4 2,2", integration="sglang", block="phimoe",
+       label="SGLang's PhiMoE block (FusedMoE(reduce_results=True)); every DP rank the same count"),
 )

@@ -17,9 +17,8 @@ SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_
 SGLANG_SP_TP = (4, 8)  # Muse Spark's layernorm SP: TP4/EP4 or TP8/EP8
 _SGLANG_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
                      ("--expert-kernel", "expert_kernel", "reference"), ("--defer-finalize", "defer_finalize", False),
-                     ("--sequence-parallel", "sequence_parallel", False), ("--shared-experts", "shared_experts", False),
-                     ("--routed-scaling", "routed_scaling", 1.0), ("--router-weight-on-input", "router_weight_on_input",
-                                                                   False),
+                     ("--sequence-parallel", "sequence_parallel", False),
+                     ("--router-weight-on-input", "router_weight_on_input", False),
                      ("--mx-alignment", "mx_alignment", 0), ("--backend", "flashinfer_backend", "fake"))
 
 
@@ -64,9 +63,12 @@ def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
     flag = first_given(sc, _SGLANG_IMPL_ONLY)
     if flag:
         return flag, ("is not driven under --integration sglang, which runs SGLang's own dispatcher on the fake "
-                      "(impl's combine signatures, API choice and TRT-LLM experts have no SGLang counterpart; its "
-                      "shared experts, scaling, router weight on input and sequence parallel live in SGLang's "
-                      "model and layer boundary, which the adapter does not drive yet; the GPU runner drives impl)")
+                      "(impl's combine signatures, API choice and TRT-LLM experts have no SGLang counterpart; a "
+                      "router weight on the input and vLLM's sequence parallel have no SGLang model with FlashInfer "
+                      "A2A here; the GPU runner drives impl)")
+    block = _block_rule(sc)
+    if block:
+        return block
     if (sc.invalid_expert_id, sc.expert_output) not in SGLANG_RUNNER_CHOICES:
         return "--expert-output", ("SGLang combines from the workspace with the flashinfer_cutlass runner only, whose "
                                    "sentinel is num_experts: give --invalid-expert-id num_experts")
@@ -96,4 +98,31 @@ def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
             return "--tokens", (f"Muse Spark pads a prefill to a multiple of tp ({lay.tp}) with zero rows its router "
                                 f"would route, which the testbed does not model: give multiples of {lay.tp}, got "
                                 f"{uneven}")
+    return None
+
+
+def _block_rule(sc: Scenario) -> tuple[str, str] | None:
+    """The rule of ``--block`` and of what only a model's block has (shared experts, a routed
+    scaling factor)."""
+    from testbed.integrations.sglang.blocks import FAMILIES
+
+    if sc.block and sc.block not in FAMILIES:
+        return "--block", f"must be one of {', '.join(FAMILIES)} (SGLang's model MoE blocks), got {sc.block!r}"
+    shared = sc.block and FAMILIES[sc.block].shared
+    if not shared:
+        flag = first_given(sc, (("--shared-experts", "shared_experts", False), ("--routed-scaling", "routed_scaling",
+                                                                                1.0)))
+        if flag:
+            return flag, ("lives in SGLang's model MoE block: give --block deepseek_v2 (" + (
+                f"{sc.block}'s block has none" if sc.block else "the MoE layer alone has none") + ")")
+    if not sc.block:
+        return None
+    if shared and not sc.shared_experts:
+        return "--shared-experts", (f"{sc.block}'s block calls its shared experts on every batch with a token (the "
+                                    "DeepSeek models it serves have them): give --shared-experts")
+    if sc.sp_prefill:
+        return "--block", "Muse Spark's SP prefill runs its own MoE block: give --block with DP attention"
+    if any(ly.fmt != "bf16" for st in sc.stages for ly in st):
+        return "--block", ("the block is built from an unquantized (bf16) checkpoint, whose FusedMoE dispatches bf16 "
+                           "(an nvfp4 dispatch comes with ModelOpt's NVFP4 quant method): give --stages bf16:B,...")
     return None

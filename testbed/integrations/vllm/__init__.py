@@ -9,7 +9,7 @@ FI-RACE), :mod:`.consumer` (the files the consumer contract reads) and :mod:`.pr
 
 from __future__ import annotations
 
-from testbed.integrations.base import Integration, Traits, sp_prefill_elsewhere
+from testbed.integrations.base import Integration, Traits, sglang_flags_elsewhere
 from testbed.integrations.vllm.environment import ENGINE, code, one_sided_combine_output
 
 
@@ -35,7 +35,7 @@ class VllmIntegration(Integration):
     def refusal(self, sc):
         from testbed.integrations.vllm.rules import vllm_rule
 
-        return vllm_rule(sc) or sp_prefill_elsewhere(sc)
+        return vllm_rule(sc) or sglang_flags_elsewhere(sc)
 
     def engine_passes(self, sc):
         from testbed.integrations.vllm.rules import engine_passes

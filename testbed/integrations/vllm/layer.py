@@ -31,10 +31,10 @@ import torch
 from testbed import patch
 from testbed.integrations.vllm.environment import NotACpu, moe_factory
 from testbed.integrations.vllm.experts import experts_class
+from testbed.scenario.experts import SharedLinear
 from testbed.scenario.reference import (
     ACT_DTYPE,
     NVFP4_GLOBAL_SCALE,
-    LinearMap,
     intermediate_size,
     padding_routing,
     shared_weight,
@@ -94,21 +94,6 @@ def handed_routing(hidden_states, gating_output, topk, renormalize):
 def routing_logits(ids_TK: torch.Tensor, w_TK: torch.Tensor) -> torch.Tensor:
     """``[T, 2K]`` fp32: ids + 1 (so a padding row of zeros is told apart), then the weights."""
     return torch.cat([ids_TK.float() + 1, w_TK.float()], dim=1)
-
-
-class SharedLinear(torch.nn.Module):
-    """The scenario's shared expert ``x @ W`` in bf16, as a model builds it: over this TP
-    rank's slice of the contraction dimension (a partial sum the runner reduces) unless the
-    layer is sequence parallel, where vLLM's models replicate it
-    (``disable_tp=is_sequence_parallel``)."""
-
-    def __init__(self, weight: LinearMap, shard: tuple[int, int]):
-        super().__init__()
-        part = weight.hidden // shard[1]
-        self.weight, self.cols = weight, slice(shard[0] * part, (shard[0] + 1) * part)
-
-    def forward(self, x_tH: torch.Tensor) -> torch.Tensor:
-        return self.weight(x_tH[:, self.cols], self.cols).to(x_tH.dtype)
 
 
 def _format(fmt: str) -> tuple[Format, tuple]:
