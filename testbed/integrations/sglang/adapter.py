@@ -117,9 +117,11 @@ class SglangSession:
         lay = sc.layout
         ctx.add_cleanup(rc.reset_context)  # last: SGLang's published configuration, flags and forward state
         server_args = ServerArgs(**server_arguments(sc))
+        _resolve_shared_experts_fusion(server_args)
         rc.publish(server_args, role="test",
                    ranks=rc.SpawnRanks(world_rank=ctx.rank, dp_rank=None if sc.sp_prefill else ctx.coords.dp_rank))
         initialize_moe_config()
+        _unbuilt_expert_locations(ctx)
         ctx.add_cleanup(self._teardown)
         ps._MODEL_PARALLEL_GROUP_TIMEOUT = ctx.pg_timeout  # SGLang sets it only where it starts the world
         ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
@@ -234,6 +236,37 @@ class SglangSession:
 
     def layer_call(self, num_tokens: int):
         return contextlib.nullcontext()
+
+
+class _UnbuiltExpertLocations:
+    """ModelRunner's expert-location metadata, which it builds from the checkpoint's model
+    config and the testbed does not: present (a block asks for it before each top-k, 0.5.22's
+    DeepSeek among them, and uses it only under an EPLB dispatch algorithm), and failing
+    loudly where it is read."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"SGLang read expert-location metadata ({name}), which the testbed does not build "
+                           "(ModelRunner builds it from the checkpoint; EPLB is not driven here)")
+
+
+def _unbuilt_expert_locations(ctx) -> None:
+    from sglang.srt.eplb import expert_location
+
+    if expert_location.get_global_expert_location_metadata() is None:
+        expert_location.set_global_expert_location_metadata(_UnbuiltExpertLocations())
+        ctx.add_cleanup(lambda: expert_location.set_global_expert_location_metadata(None, allow_overwrite=True))
+
+
+def _resolve_shared_experts_fusion(server_args) -> None:
+    """SGLang's own resolution pass of the shared-experts fusion under an all-to-all
+    (``_a2a_fusion_adjustments``: FlashInfer A2A turns the fusion off), which its start-up runs
+    in the MoE hook's A2A handling and a dummy model's server arguments do not reach: a
+    DeepSeek block built after it keeps its shared experts apart, as it does when served."""
+    from sglang.srt.arg_groups import overrides
+
+    adjust = getattr(overrides, "_a2a_fusion_adjustments", None)
+    if adjust is not None:
+        overrides.run_post_process_pass(server_args, adjust)
 
 
 class _TestbedMethod(torch.nn.Module):

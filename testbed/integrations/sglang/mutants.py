@@ -11,6 +11,8 @@ _m = Mutant.of
 S_MOD = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
 S_D = f"{S_MOD}:FlashinferDispatcher"
 S_MOE = "sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE"
+S_UTILS = "sglang.srt.layers.moe.utils"
+S_DSV2 = "sglang.srt.models.deepseek_v2:DeepseekV2MoE"
 
 
 def _sp_prefill():
@@ -80,4 +82,32 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
     _m("s-reduce-after-combine", "historical bug 1: FusedMoE all-reduces the combine's already complete output",
        f"{S_MOE}.forward_impl", "if self.reduce_results and (self.moe_tp_size > 1 or self.moe_ep_size > 1):",
        "if self.moe_tp_size > 1 or self.moe_ep_size > 1:", ("reduce", "TP all_reduce"), ("output", "x the tolerance")),
+    # -- the model blocks (--block): their DP rows, the stage boundary's sum, shared experts, scaling ----
+    _m("s-moe-input-gathered", "SGLang takes a sparse FFN's input under FlashInfer A2A for the DP ranks' gathered "
+       "rows, not each DP rank's own", f"{S_UTILS}:is_moe_input_scattered_across_dp_ranks",
+       "not get_moe_a2a_backend().is_none()", "get_moe_a2a_backend().is_none()",
+       ("expert-load", "lanes"), ("completes", ""), ("output", "x the tolerance")),
+    _m("s-boundary-sums-combined-output", "the stage boundary still owes the combine's complete output the TP sum "
+       "(historical bug 1's double reduce, one level up)", f"{S_UTILS}:post_experts_output_is_complete",
+       "return a2a.is_flashinfer() or a2a.is_pplx()", "return a2a.is_pplx()",
+       ("reduce", ""), ("output", "x the tolerance"), ("completes", "")),
+    _m("s-shared-expert-tp-sharded", "DeepSeek's shared expert is sharded over TP under FlashInfer A2A, its partial "
+       "sums never summed", f"{S_DSV2}.__init__",
+       "                or get_moe_a2a_backend().is_flashinfer()\n                or get_moe_a2a_backend().is_megamoe()\n",
+       "                or get_moe_a2a_backend().is_megamoe()\n", ("output", "x the tolerance"), ("completes", "")),
+    _m("s-shared-output-dropped", "DeepSeek's block under an all-to-all returns the routed output without its shared "
+       "expert's", f"{S_DSV2}.forward_deepep", "            final_hidden_states,\n            shared_output,\n",
+       "            final_hidden_states,\n            None,\n", ("output", "x the tolerance"),
+       forms=(("        if shared_output is not None:\n            x = shared_output",
+               "        if False:\n            x = shared_output"),)),
+    _m("s-routed-scale-twice", "DeepSeek's block scales the routed output although its TopK folded the routed "
+       "scaling factor into the weights", f"{S_DSV2}.forward_deepep",
+       "            fused_in_topk=self.routed_scaling_factor_fused_in_topk,\n        )",
+       "            fused_in_topk=False,\n        )", ("output", "x the tolerance"),
+       forms=(("            if self.experts.should_fuse_routed_scaling_factor_in_topk or _use_aiter:\n",
+               "            if _use_aiter:\n"),)),
+    _m("s-idle-rank-skips-experts", "Qwen3-MoE's block on an idle DP rank returns at once, never joining the "
+       "all-to-all its peers run", "sglang.srt.models.qwen3_moe:Qwen3MoeSparseMoeBlock.forward_normal",
+       "        else:\n            topk_output = self.topk.empty_topk_output(hidden_states.device)\n",
+       "        else:\n            return hidden_states\n", ("completes", "")),
 )
