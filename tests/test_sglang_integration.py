@@ -193,3 +193,63 @@ def test_sglang_integration_draft_layers_rules():
     assert e.value.flag == "--draft-layers"
     sc = _parse(f"{base} --integration sglang --draft-layers 1")
     assert _parse(sc.to_cli()) == sc and "draft=1" in sc.short()
+
+
+BLOCK = "a2a-testbed run --layout 4,1,4,1 --stages bf16:8,bf16:8 --tokens 3,0,8,1 --integration sglang"
+
+
+@pytest.mark.parametrize("extra, flag", [
+    ("--block mixtral", "--block"), ("--block qwen3_moe --stages nvfp4:8", "--block"),
+    ("--block deepseek_v2", "--shared-experts"), ("--block qwen3_moe --shared-experts", "--shared-experts"),
+    ("--block olmoe --routed-scaling 2.5", "--routed-scaling"), ("--routed-scaling 2.5", "--routed-scaling"),
+])
+def test_sglang_block_refuses_what_the_block_cannot_run(extra, flag):
+    with pytest.raises(ScenarioInputError) as e:
+        _parse(f"{BLOCK} {extra}")
+    assert e.value.flag == flag, (extra, e.value)
+
+
+@pytest.mark.parametrize("integration", ["impl", "vllm"])
+def test_sglang_block_is_sglangs(integration):
+    with pytest.raises(ScenarioInputError) as e:
+        _parse(f"{BLOCK.replace('sglang', integration)} --block qwen3_moe")
+    assert e.value.flag == "--block" and "--integration sglang" in str(e.value)
+
+
+def test_sglang_block_cli_round_trip():
+    sc = _parse(f"{BLOCK} --block deepseek_v2 --shared-experts --routed-scaling 2.5")
+    assert (sc.block, sc.shared_experts, sc.routed_scaling) == ("deepseek_v2", True, 2.5)
+    assert _parse(sc.to_cli()) == sc and "block=deepseek_v2" in sc.short()
+
+
+def test_sglang_block_findings_are_the_blocks():
+    """The blocks' findings apply to their blocks, whatever else the scenario varies."""
+    assert not findings.known(_parse(f"{BLOCK} --block qwen3_moe"))
+    assert [f.id for f in findings.known(_parse(f"{BLOCK} --block olmoe"))] == ["SGL-004"]
+    even = BLOCK.replace("--tokens 3,0,8,1", "--tokens 4,4,4,4")
+    assert [f.id for f in findings.known(_parse(f"{even} --block phimoe --invalid-expert-id num_experts"))] == \
+        ["SGL-005"]
+    assert not findings.known(_parse(f"{BLOCK} --block phimoe"))  # its other form: a rank dies, a FAIL
+
+
+@pytest.mark.needs("sglang")
+@pytest.mark.parametrize("block", ["qwen3_moe", "deepseek_v2"])
+def test_sglang_block_passes_with_an_idle_dp_rank(no_leaks, block):
+    """SGLang's own block, built by SGLang, on a DP rank with no token beside busy ones: the
+    block's empty routing still joins the all-to-all, and every invariant holds."""
+    extra = " --shared-experts --routed-scaling 2.5" if block == "deepseek_v2" else ""
+    line = f"{BLOCK} --block {block}{extra}".replace("--tokens 3,0,8,1", "--tokens 2,5,0,8 --tokens 1,0,0,3")
+    v = runner.run(no_leaks, _parse(line), timeout_s=SGLANG_TIMEOUT_S)
+    assert v.status == "PASS", v.failures
+
+
+@pytest.mark.needs("sglang")
+@pytest.mark.parametrize("block, finding, evidence", [
+    ("olmoe", "SGL-004", "TypeError"), ("phimoe", "SGL-005", "x the tolerance")])
+def test_sglang_block_reduce_results_true_blocks_are_findings(no_leaks, block, finding, evidence):
+    """The blocks that build FusedMoE(reduce_results=True), run: OLMoE's is never built under
+    FlashInfer A2A (no top_k), PhiMoE's sums the DP ranks' outputs over the TP group."""
+    line = f"{BLOCK} --block {block}".replace("--tokens 3,0,8,1", "--tokens 4,4,4,4 --tokens 2,2,2,2")
+    v = runner.run(no_leaks, _parse(line), timeout_s=SGLANG_TIMEOUT_S)
+    assert v.status == "KNOWN" and v.known == [finding], v.failures
+    assert evidence in v.known_failures[0].evidence
