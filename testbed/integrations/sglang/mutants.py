@@ -22,6 +22,19 @@ def _sp_prefill():
                                                      "takes no enable_sp_prefill_a2a=)")
 
 
+def _scale_folds_for_bf16():
+    import inspect
+
+    from testbed.integrations.sglang.environment import ENGINE
+
+    module = ENGINE.module("sglang.srt.layers.moe.fused_moe_triton.layer")
+    if module is None or "runner_backend" in inspect.signature(module._fuses_routed_scaling_factor_in_topk).parameters:
+        return None
+    return ("this SGLang folds the routed scaling factor into the top-k only for ModelOpt NVFP4 methods "
+            "(_fuses_routed_scaling_factor_in_topk takes no runner backend): an unquantized block never takes the "
+            "folded branch")
+
+
 SGLANG_CATALOGUE: tuple[Mutant, ...] = (
     # -- capacity and workspace sizing (seed 001's class in SGLang's fixed-capacity sizing) ----------
     _m("s-capacity-halved", "the MoeAlltoAll capacity is half the configured dispatch tokens per rank",
@@ -105,7 +118,7 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
        "            fused_in_topk=self.routed_scaling_factor_fused_in_topk,\n        )",
        "            fused_in_topk=False,\n        )", ("output", "x the tolerance"),
        forms=(("            if self.experts.should_fuse_routed_scaling_factor_in_topk or _use_aiter:\n",
-               "            if _use_aiter:\n"),)),
+               "            if _use_aiter:\n"),), equivalent=_scale_folds_for_bf16),
     _m("s-idle-rank-skips-experts", "Qwen3-MoE's block on an idle DP rank returns at once, never joining the "
        "all-to-all its peers run", "sglang.srt.models.qwen3_moe:Qwen3MoeSparseMoeBlock.forward_normal",
        "        else:\n            topk_output = self.topk.empty_topk_output(hidden_states.device)\n",
