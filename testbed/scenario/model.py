@@ -686,7 +686,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block", metavar="NAME",
                         help="SGLang: each MoE layer is the model family's own MoE block, built by SGLang from a tiny "
                              "config and called as its decoder layer calls it (its router hands the scenario's "
-                             "routing): qwen3_moe, deepseek_v2 (shared experts, routed scaling), olmoe, phimoe "
+                             "routing): qwen3_moe, deepseek_v2 (shared experts, routed scaling), gpt_oss, olmoe, phimoe "
                              "(default none: the MoE layer alone)")
     parser.add_argument("--level", help=f"what of the integration runs: {', '.join(LEVELS)} (layer: its MoE layer as "
                                         "the engine's models call it; kernel: one level down, its prepare/finalize "

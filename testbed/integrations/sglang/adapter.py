@@ -47,6 +47,7 @@ import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
+import logging
 import types
 from types import SimpleNamespace
 
@@ -266,7 +267,14 @@ def _resolve_shared_experts_fusion(server_args) -> None:
 
     adjust = getattr(overrides, "_a2a_fusion_adjustments", None)
     if adjust is not None:
-        overrides.run_post_process_pass(server_args, adjust)
+        # Its warning is a server operator's, once at start-up; here it would repeat per scenario and rank.
+        logger = logging.getLogger(overrides.__name__)
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            overrides.run_post_process_pass(server_args, adjust)
+        finally:
+            logger.setLevel(level)
 
 
 class _TestbedMethod(torch.nn.Module):

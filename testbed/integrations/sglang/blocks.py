@@ -87,6 +87,12 @@ def _deepseek(cls, sc, index, prefix):
         scoring_func="sigmoid", topk_method="noaux_tc", vocab_size=128))
 
 
+def _gpt_oss(cls, sc, index, prefix):  # its own router (TinyGemmLinear) and swiglu experts with biases
+    return cls(layer_id=index, prefix=prefix, config=_config(
+        hidden_size=sc.hidden, num_local_experts=sc.experts, num_experts_per_tok=sc.top_k,
+        intermediate_size=intermediate_size(sc), hidden_act="swigluoai", swiglu_limit=7.0, dtype=ACT_DTYPE))
+
+
 def _explicit(cls, sc, index, prefix):  # OLMoE's and PhiMoE's blocks take the shape as arguments
     return cls(num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden,
                intermediate_size=intermediate_size(sc), layer_id=index, prefix=prefix)
@@ -96,6 +102,7 @@ FAMILIES = {
     "qwen3_moe": Family("qwen3_moe", "Qwen3MoeSparseMoeBlock", _qwen3, lambda b, x, fb: b(x, fb), boundary=True),
     "deepseek_v2": Family("deepseek_v2", "DeepseekV2MoE", _deepseek, lambda b, x, fb: b(x, fb, None), boundary=True,
                           shared=True),
+    "gpt_oss": Family("gpt_oss", "GptOssSparseMoeBlock", _gpt_oss, lambda b, x, fb: b(x, fb), boundary=True),
     "olmoe": Family("olmoe", "OlmoeMoE", _explicit, lambda b, x, fb: b(x), boundary=False),
     "phimoe": Family("phimoe", "PhiMoE", _explicit, lambda b, x, fb: b(x, forward_batch=fb), boundary=False),
 }

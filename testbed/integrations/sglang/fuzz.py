@@ -25,7 +25,8 @@ def sglang_scenarios(draw) -> Scenario:
     """Scenarios ``--integration sglang`` runs: SGLang's dispatcher on MoeAlltoAll (its pin,
     0.7.2) at one capacity, in the two deployments SGLang starts it in: DP attention (each rank
     its own tokens; bf16 or nvfp4 dispatch; each MoE runner's sentinel and combine region) or
-    Muse Spark's TP4/TP8 SP prefill (each rank a slice of the same rows)."""
+    Muse Spark's TP4/TP8 SP prefill (each rank a slice of the same rows); under DP attention in bf16,
+    the layers the MoE layer alone or one of SGLang's model blocks."""
     sp = draw(st.booleans())
     layout = draw(st.sampled_from([ParallelLayout(w, w, 1, 1) for w in SGLANG_SP_TP] if sp else
                                   [lay for lay in LAYOUTS if lay.pp == 1 and lay.tp == 1]))
@@ -42,11 +43,17 @@ def sglang_scenarios(draw) -> Scenario:
         budget = draw(st.integers(1, MAX_BUDGET))
         counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).filter(any).map(tuple)
     stages = (tuple(Layer(fmt, budget) for _ in range(draw(st.integers(1, 3)))),)
+    # SGLang's own model blocks, where they run (DP attention, bf16); OLMoE's and PhiMoE's are
+    # findings (SGL-004, SGL-005), not drawn.
+    block = draw(st.sampled_from(("", "qwen3_moe", "deepseek_v2", "gpt_oss"))) if not sp and fmt == "bf16" else ""
+    shared = block == "deepseek_v2"
+    scaling = draw(st.sampled_from((1.0, 2.5))) if shared else 1.0
     try:
         return Scenario.make(layout=layout, stages=stages, passes=tuple(draw(st.lists(counts, min_size=1, max_size=3))),
                              experts=experts, top_k=top_k, hidden=hidden, routing=draw(st.sampled_from(ROUTINGS)),
                              slot_order=draw(st.sampled_from(SLOT_ORDERS)), seed=draw(st.integers(0, 2 ** 16)),
                              router_ids=draw(st.sampled_from(ROUTER_ID_DTYPES)), invalid_expert_id=sentinel,
-                             expert_output=output, sp_prefill=sp, integration="sglang", label="fuzz sglang")
+                             expert_output=output, sp_prefill=sp, block=block, shared_experts=shared,
+                             routed_scaling=scaling, integration="sglang", label="fuzz sglang")
     except ScenarioInputError as e:
         raise AssertionError(f"the SGLang scenario strategy drew an invalid scenario: {e}") from e
