@@ -202,6 +202,7 @@ BLOCK = "a2a-testbed run --layout 4,1,4,1 --stages bf16:8,bf16:8 --tokens 3,0,8,
     ("--block mixtral", "--block"), ("--block qwen3_moe --stages nvfp4:8", "--block"),
     ("--block deepseek_v2", "--shared-experts"), ("--block qwen3_moe --shared-experts", "--shared-experts"),
     ("--block olmoe --routed-scaling 2.5", "--routed-scaling"), ("--routed-scaling 2.5", "--routed-scaling"),
+    ("--block gpt_oss --invalid-expert-id num_experts", "--invalid-expert-id"),
 ])
 def test_sglang_block_refuses_what_the_block_cannot_run(extra, flag):
     with pytest.raises(ScenarioInputError) as e:
@@ -227,8 +228,8 @@ def test_sglang_block_findings_are_the_blocks():
     assert not findings.known(_parse(f"{BLOCK} --block qwen3_moe"))
     assert [f.id for f in findings.known(_parse(f"{BLOCK} --block olmoe"))] == ["SGL-004"]
     even = BLOCK.replace("--tokens 3,0,8,1", "--tokens 4,4,4,4")
-    assert [f.id for f in findings.known(_parse(f"{even} --block phimoe --invalid-expert-id num_experts"))] == \
-        ["SGL-005"]
+    cutlass = "--invalid-expert-id num_experts --expert-output workspace"
+    assert [f.id for f in findings.known(_parse(f"{even} --block phimoe {cutlass}"))] == ["SGL-005"]
     assert not findings.known(_parse(f"{BLOCK} --block phimoe"))  # its other form: a rank dies, a FAIL
 
 

@@ -43,9 +43,11 @@ def sglang_scenarios(draw) -> Scenario:
         budget = draw(st.integers(1, MAX_BUDGET))
         counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).filter(any).map(tuple)
     stages = (tuple(Layer(fmt, budget) for _ in range(draw(st.integers(1, 3)))),)
-    # SGLang's own model blocks, where they run (DP attention, bf16); OLMoE's and PhiMoE's are
+    # SGLang's own model blocks, where they run (DP attention, an unquantized checkpoint's runners and
+    # dispatch); OLMoE's and PhiMoE's are
     # findings (SGL-004, SGL-005), not drawn.
-    block = draw(st.sampled_from(("", "qwen3_moe", "deepseek_v2", "gpt_oss"))) if not sp and fmt == "bf16" else ""
+    unquantized = not sp and fmt == "bf16" and (sentinel, output) != ("num_experts", "separate")  # cutedsl: NVFP4
+    block = draw(st.sampled_from(("", "qwen3_moe", "deepseek_v2", "gpt_oss"))) if unquantized else ""
     shared = block == "deepseek_v2"
     scaling = draw(st.sampled_from((1.0, 2.5))) if shared else 1.0
     try:

@@ -39,8 +39,9 @@ SGLANG_MATRIX: tuple[Scenario, ...] = (
        invalid_expert_id="num_experts", expert_output="workspace", label="SGLang EP 8, top_k 8"),
     # SGLang's own model MoE blocks (--block), called as their decoder layers call them.
     from_text("4,1,4,1", "bf16:16,bf16:16", "5,0,7,3 1,2,0,16", integration="sglang", block="qwen3_moe",
-       invalid_expert_id="num_experts", label="SGLang's Qwen3-MoE block: an idle DP rank's empty routing, a rank "
-                                              "at the capacity"),
+       invalid_expert_id="num_experts", expert_output="workspace",
+       label="SGLang's Qwen3-MoE block: an idle DP rank's empty routing, a rank at the capacity (flashinfer_cutlass "
+             "runner)"),
     from_text("2,1,2,1", "bf16:8,bf16:8", "3,5 8,1", integration="sglang", block="qwen3_moe", routing="hotspot",
        label="SGLang's Qwen3-MoE block, the flashinfer_trtllm runner"),
     from_text("4,1,4,1", "bf16:8,bf16:8", "6,2,0,3 1,1,1,8", integration="sglang", block="deepseek_v2",
@@ -50,8 +51,7 @@ SGLANG_MATRIX: tuple[Scenario, ...] = (
     from_text("2,1,2,1", "bf16:16", "5,7 3,1", integration="sglang", block="deepseek_v2", shared_experts=True,
        routed_scaling=2.5, label="SGLang's DeepSeek-V2/V3 block, the flashinfer_trtllm runner"),
     from_text("4,1,4,1", "bf16:8,bf16:8", "3,0,8,1 2,2,1,0", integration="sglang", block="gpt_oss",
-       invalid_expert_id="num_experts", label="SGLang's gpt-oss block (its own router, biased swiglu experts), an "
-                                              "idle DP rank"),
+       label="SGLang's gpt-oss block (its own router, biased swiglu experts), an idle DP rank"),
     from_text("2,1,2,1", "bf16:8", "3,5", integration="sglang", block="olmoe",
        label="SGLang's OLMoE block (FusedMoE(reduce_results=True), built without top_k)"),
     from_text("2,1,2,1", "bf16:8", "4,4 2,2", integration="sglang", block="phimoe",

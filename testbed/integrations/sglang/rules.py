@@ -125,4 +125,9 @@ def _block_rule(sc: Scenario) -> tuple[str, str] | None:
     if any(ly.fmt != "bf16" for st in sc.stages for ly in st):
         return "--block", ("the block is built from an unquantized (bf16) checkpoint, whose FusedMoE dispatches bf16 "
                            "(an nvfp4 dispatch comes with ModelOpt's NVFP4 quant method): give --stages bf16:B,...")
+    if (sc.invalid_expert_id, sc.expert_output) == ("num_experts", "separate"):
+        return "--invalid-expert-id", ("SGLang starts the flashinfer_cutedsl runner only on an NVFP4 checkpoint "
+                                       "(arg_groups/moe_hook.py handle_moe_kernel_config), and the block is built "
+                                       "unquantized: give -1 (flashinfer_trtllm) or num_experts with --expert-output "
+                                       "workspace (flashinfer_cutlass)")
     return None
