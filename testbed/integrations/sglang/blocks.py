@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 from typing import Callable
 
 import torch
@@ -79,8 +80,10 @@ def _qwen3(cls, sc, index, prefix):
 
 def _deepseek(cls, sc, index, prefix):
     # DeepSeek-V3's router (sigmoid scores, grouped top-k with a correction bias); its decoder
-    # layer leaves the sum to the stage boundary (reduce_results=False).
-    return cls(layer_id=index, prefix=prefix, reduce_results=False, config=_config(
+    # layer leaves the sum to the stage boundary (reduce_results=False, from 0.5.22 on; before,
+    # the block takes no such argument).
+    own = {"reduce_results": False} if "reduce_results" in inspect.signature(cls.__init__).parameters else {}
+    return cls(layer_id=index, prefix=prefix, **own, config=_config(
         hidden_size=sc.hidden, n_routed_experts=sc.experts, num_experts_per_tok=sc.top_k,
         n_shared_experts=1 if sc.shared_experts else 0, routed_scaling_factor=sc.routed_scaling,
         moe_intermediate_size=intermediate_size(sc), hidden_act="silu", norm_topk_prob=True, n_group=1, topk_group=1,
