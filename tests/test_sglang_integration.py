@@ -203,6 +203,7 @@ BLOCK = "a2a-testbed run --layout 4,1,4,1 --stages bf16:8,bf16:8 --tokens 3,0,8,
     ("--block deepseek_v2", "--shared-experts"), ("--block qwen3_moe --shared-experts", "--shared-experts"),
     ("--block olmoe --routed-scaling 2.5", "--routed-scaling"), ("--routed-scaling 2.5", "--routed-scaling"),
     ("--block gpt_oss --invalid-expert-id num_experts", "--invalid-expert-id"),
+    ("--block qwen3_moe --draft-layers 1", "--draft-layers"),
 ])
 def test_sglang_block_refuses_what_the_block_cannot_run(extra, flag):
     with pytest.raises(ScenarioInputError) as e:

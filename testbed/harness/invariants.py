@@ -710,7 +710,7 @@ def _expert_load(sc: Scenario, results: list[dict], v: Verdict) -> None:
         coords = sc.layout.coords(rank)
         for (p, i), got in sorted(res["lanes"].items()):
             want = expected_expert_rows(sc, p, coords.pp_rank, i, coords.ep_rank if sc.ep_size > 1 else 0,
-                                        pads, res.get("weights_scale", {}).get(i, 1.0))
+                                        pads, res["weights_scale"][i])
             if got != want:
                 extra, missing = got - want, want - got
                 f.add(f"rank {rank} pass {p} layer {i}: the experts computed {sum(got.values())} lanes, "

@@ -143,7 +143,8 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     the testbed's experts, then every forward pass.
 
     Returns ``{"outputs": {(pass, layer): [T, H] bf16 on the CPU}, "lanes": {(pass, layer):
-    Counter}, "weights_scale": {layer: the factor its router folded into the weights}}``; everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
+    Counter}, "weights_scale": {layer: the factor its router folded into the weights}}``;
+    everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
     FlashInfer the layers run on this rank's GPU.
     """
     device = rank_device(ctx, sc.flashinfer_backend)

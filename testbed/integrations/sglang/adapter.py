@@ -35,7 +35,9 @@ sequence parallelism on TP4/EP4 or TP8/EP8 (``--sp-prefill``). Per rank and scen
 It stops below ``FusedMoE``'s construction (weights, quant method, CUDA-graph runners) and
 above SGLang's server-argument resolution (a dummy model resolves nothing; the model holds
 SGLang's start-up rules, ``testbed.integrations.sglang.rules.sglang_rule``, and a test compares them with
-SGLang's own).
+SGLang's own; of the resolution it runs only the A2A shared-experts fusion pass). With
+``--block`` SGLang builds the model family's MoE block, its ``FusedMoE`` included
+(:mod:`.blocks`).
 
 The CPU glue and the engine's description live in :mod:`.environment`.
 """
@@ -122,7 +124,8 @@ class SglangSession:
         rc.publish(server_args, role="test",
                    ranks=rc.SpawnRanks(world_rank=ctx.rank, dp_rank=None if sc.sp_prefill else ctx.coords.dp_rank))
         initialize_moe_config()
-        _unbuilt_expert_locations(ctx)
+        if sc.block:
+            _unbuilt_expert_locations(ctx)
         ctx.add_cleanup(self._teardown)
         ps._MODEL_PARALLEL_GROUP_TIMEOUT = ctx.pg_timeout  # SGLang sets it only where it starts the world
         ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
@@ -150,6 +153,10 @@ class SglangSession:
         from sglang.srt.layers.moe.utils import MoeRunnerBackend, speculative_moe_a2a_backend_context
 
         sc = self.sc
+        if sc.block:
+            from testbed.integrations.sglang.blocks import FAMILIES, BlockLayer
+
+            return BlockLayer(self, FAMILIES[sc.block], index, _TestbedMethod, experts)
         backend = MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)])
         # The config carries the runner backend from 0.5.23 on; before, the server arguments' does.
         own = {"runner_backend": backend} if "runner_backend" in {f.name for f in dataclasses.fields(MoeRunnerConfig)} \
@@ -157,12 +164,6 @@ class SglangSession:
         config = MoeRunnerConfig(num_experts=sc.experts, num_local_experts=len(experts.own), hidden_size=sc.hidden,
                                  top_k=sc.top_k, layer_id=index, params_dtype=ACT_DTYPE, num_fused_shared_experts=0,
                                  **own)
-        draft = not sc.sp_prefill and index >= len(sc.stages[self.ctx.coords.pp_rank]) - sc.draft_layers
-        if sc.block:
-            from testbed.integrations.sglang.blocks import FAMILIES, BlockLayer
-
-            with speculative_moe_a2a_backend_context() if draft else contextlib.nullcontext():
-                return BlockLayer(self, FAMILIES[sc.block], index, _TestbedMethod, experts)
         if sc.sp_prefill:
             if self.sp_dispatcher is None:  # Muse Spark's, from its first MoE layer's config
                 from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher
@@ -172,6 +173,7 @@ class SglangSession:
                     num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
                     enable_sp_prefill_a2a=True)
             return SpPrefillLayer(self.sp_dispatcher, experts, sc)
+        draft = index >= len(sc.stages[self.ctx.coords.pp_rank]) - sc.draft_layers
         with speculative_moe_a2a_backend_context() if draft else contextlib.nullcontext():
             dispatcher = create_moe_dispatcher(config, quant_method=None)
         if fmt == "nvfp4":  # what ModelOpt's NVFP4 method hands the dispatcher for an nvfp4 dispatch
@@ -228,7 +230,7 @@ class SglangSession:
         for t in tensors:
             self.log.write(Collective("all_gather", tuple(self.ctx.group_ranks["ep"]),
                                       "testbed: SGLang's layer boundary, the DP gather of the FFN's input"))
-            padded = torch.zeros((top, *t.shape[1:]), dtype=t.dtype)
+            padded = torch.zeros((top, *t.shape[1:]), dtype=t.dtype, device=t.device)
             padded[:t.size(0)] = t
             parts = [torch.empty_like(padded) for _ in self.counts]
             torch.distributed.all_gather(parts, padded, group=group)
@@ -265,16 +267,14 @@ def _resolve_shared_experts_fusion(server_args) -> None:
     DeepSeek block built after it keeps its shared experts apart, as it does when served."""
     from sglang.srt.arg_groups import overrides
 
-    adjust = getattr(overrides, "_a2a_fusion_adjustments", None)
-    if adjust is not None:
-        # Its warning is a server operator's, once at start-up; here it would repeat per scenario and rank.
-        logger = logging.getLogger(overrides.__name__)
-        level = logger.level
-        logger.setLevel(logging.ERROR)
-        try:
-            overrides.run_post_process_pass(server_args, adjust)
-        finally:
-            logger.setLevel(level)
+    # Its warning is a server operator's, once at start-up; here it would repeat per scenario and rank.
+    logger = logging.getLogger(overrides.__name__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        overrides.run_post_process_pass(server_args, overrides._a2a_fusion_adjustments)
+    finally:
+        logger.setLevel(level)
 
 
 class _TestbedMethod(torch.nn.Module):

@@ -12,8 +12,10 @@ the shared-expert add, FusedMoE's own reduce), SGLang's decision whether a spars
 is the DP rank's own rows (``is_moe_input_scattered_across_dp_ranks``: where it says no, the
 rows of every DP rank are gathered before the block and this rank's taken back after it, as
 the layer boundary's DP gather and scatter do) and, for the families whose decoder layer ends
-its FFN at a stage boundary, the sum that boundary still owes the block's output
-(``reduce_moe_output``, the boundary's and the MoE layer's one rule).
+its FFN at a stage boundary, that boundary's sum: none where the FFN ran on the DP rank's own
+rows (the boundary's output contract is then complete, ``layer_boundary/factories.py``
+``_resolve_ffn``), else the sum the MoE output still owes (``sum_post_experts_output``; 0.5.21's
+boundary all-reduces over ``post_experts_reduction_group()``).
 
 Stand-ins, for the maths the all-to-all does not decide: the router's top-k (its gate runs; its
 ``TopK`` hands the scenario's routing, with the routed scaling in the weights where SGLang's
@@ -51,9 +53,9 @@ class Family:
     call : callable
         ``call(block, x_TH, forward_batch) -> [T, H]``: the decoder layer's call.
     boundary : bool
-        The decoder layer ends its FFN at a stage boundary, which still owes the block's
-        output any TP sum (``reduce_moe_output``); False: the layer adds the block's output to
-        its residual as it is.
+        The decoder layer ends its FFN at a stage boundary, which sums the block's output where
+        the FFN ran on gathered rows; False: the layer adds the block's output to its residual
+        as it is.
     shared : bool
         The block has shared experts and a routed scaling factor.
     """
@@ -218,16 +220,27 @@ class BlockLayer:
         return self.router.scale
 
     def __call__(self, x_TH, w_TK, ids_TK):
-        from sglang.srt.layers.moe.utils import is_moe_input_scattered_across_dp_ranks, reduce_moe_output
+        from sglang.srt.layers.moe import utils
 
         T = x_TH.size(0)
-        own = is_moe_input_scattered_across_dp_ranks()
+        own = utils.is_moe_input_scattered_across_dp_ranks()
         x, w, ids = (x_TH, w_TK, ids_TK) if own else self.session.gather_dp_rows(x_TH, w_TK, ids_TK)
         self.router.pending = (w, ids)
         try:
             out = self.family.call(self.block, x, self.session.forward_batch())
         finally:
             self.router.pending = None
+        if own:
+            return out
         if self.family.boundary:
-            out = reduce_moe_output(out)
-        return out if own else out[self.session.dp_row_start():][:T]
+            out = _boundary_sum(utils, out)
+        return out[self.session.dp_row_start():][:T]
+
+
+def _boundary_sum(utils, out_GH):
+    """The stage boundary's sum of a sparse FFN's output computed on gathered rows, as the
+    release's boundary makes it (0.5.22 on: ``sum_post_experts_output``; 0.5.21: an all-reduce
+    over the MoE output's group)."""
+    if hasattr(utils, "sum_post_experts_output"):
+        return utils.sum_post_experts_output(out_GH)
+    return utils.post_experts_reduction_group().all_reduce(out_GH)

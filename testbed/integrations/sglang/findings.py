@@ -34,8 +34,9 @@ FINDINGS: tuple[Finding, ...] = (
                      "SGLang's start-up rule for --moe-a2a-backend flashinfer asks only for DP attention over the "
                      "TP group (arg_groups/moe_hook.py), not for a model that supports it, so OLMoE started so "
                      "stops at load with this TypeError instead of a refusal naming the model",
-            code=(("sglang/srt/models/olmoe.py", r"self\.experts = FusedMoE\(\s*num_experts=num_experts,\s*"
-                                                 r"hidden_size=hidden_size,"),)),
+            # OLMoE's FusedMoE(...) call without a top_k= before its closing parenthesis.
+            code=(("sglang/srt/models/olmoe.py", r"self\.experts = FusedMoE\((?:(?!top_k=)[^\n]|\n(?!        \)))*"
+                                                 r"\n        \)"),)),
     Finding("SGL-005", "SGLang's PhiMoE block builds FusedMoE(reduce_results=True): under the FlashInfer A2A backend "
                        "forward_impl all-reduces the combine's complete output over the TP group, summing the "
                        "outputs of every DP rank's own tokens (historical bug 1's double reduce)",
@@ -44,11 +45,12 @@ FINDINGS: tuple[Finding, ...] = (
             lambda sc: sc.block == "phimoe" and all(len(set(counts)) == 1 for counts in sc.passes),
             (("output", "x the tolerance"),),
             reachable="no",
-            evidence="the FlashInfer A2A backend runs only under DP attention over the whole TP group; PhiMoE's "
-                     "embedding is a VocabParallelEmbedding over the full TP group (enable_tp, all-reducing over "
-                     "it, models/phimoe.py PhiMoEModel), so each DP rank's rows are mixed with the other DP ranks' "
-                     "(or the all-reduce's shapes differ) before the first MoE block: the model does not run DP "
-                     "attention at all, and the double reduce is latent behind that",
+            evidence="masked, read from source: the FlashInfer A2A backend runs only under DP attention over the "
+                     "whole TP group, and PhiMoE's embedding is a VocabParallelEmbedding over the full TP group "
+                     "(enable_tp, all-reducing over it, models/phimoe.py PhiMoEModel): served so, the model starts "
+                     "and its embedding already sums the DP ranks' rows (equal counts), or its all-reduce's shapes "
+                     "differ, or an idle rank skips it, before the first MoE block; the block's double reduce adds "
+                     "to an output that is wrong already (that embedding bug, reachable, is not run here)",
             code=(("sglang/srt/models/phimoe.py", r"reduce_results=True"),
                   ("sglang/srt/layers/moe/fused_moe_triton/layer.py",
                    r"if self\.reduce_results and \(self\.moe_tp_size > 1 or self\.moe_ep_size > 1\)"))),

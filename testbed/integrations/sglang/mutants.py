@@ -23,16 +23,30 @@ def _sp_prefill():
 
 
 def _scale_folds_for_bf16():
+    """Whether this SGLang ever folds the routed scaling factor into the top-k of an
+    unquantized FusedMoE under the runners a block runs with (its own answer,
+    ``_fuses_routed_scaling_factor_in_topk``); None where it does (or SGLang is not here)."""
     import inspect
 
     from testbed.integrations.sglang.environment import ENGINE
 
-    module = ENGINE.module("sglang.srt.layers.moe.fused_moe_triton.layer")
-    if module is None or "runner_backend" in inspect.signature(module._fuses_routed_scaling_factor_in_topk).parameters:
+    layer = ENGINE.module("sglang.srt.layers.moe.fused_moe_triton.layer")
+    if layer is None:
         return None
-    return ("this SGLang folds the routed scaling factor into the top-k only for ModelOpt NVFP4 methods "
-            "(_fuses_routed_scaling_factor_in_topk takes no runner backend): an unquantized block never takes the "
-            "folded branch")
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+    from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+    method = object.__new__(UnquantizedFusedMoEMethod)  # the answer reads its type and class attributes only
+    fuses = layer._fuses_routed_scaling_factor_in_topk
+    if "runner_backend" in inspect.signature(fuses).parameters:
+        answers = [fuses(method, MoeRunnerBackend(r)) for r in ("flashinfer_trtllm", "flashinfer_cutlass")]
+    else:
+        answers = [fuses(method)]
+    if any(answers):
+        return None
+    return ("this SGLang never folds the routed scaling factor into the top-k of an unquantized FusedMoE under the "
+            "flashinfer_trtllm or flashinfer_cutlass runner (_fuses_routed_scaling_factor_in_topk answers False): "
+            "a block never takes the folded branch")
 
 
 SGLANG_CATALOGUE: tuple[Mutant, ...] = (
@@ -100,8 +114,9 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
        "rows, not each DP rank's own", f"{S_UTILS}:is_moe_input_scattered_across_dp_ranks",
        "not get_moe_a2a_backend().is_none()", "get_moe_a2a_backend().is_none()",
        ("expert-load", "lanes"), ("completes", ""), ("output", "x the tolerance")),
-    _m("s-boundary-sums-combined-output", "the stage boundary still owes the combine's complete output the TP sum "
-       "(historical bug 1's double reduce, one level up)", f"{S_UTILS}:post_experts_output_is_complete",
+    _m("s-post-experts-reduce-of-combined-output", "the MoE block's post-experts reduce (reduce_moe_output, as "
+       "Qwen2-MoE's block calls it) still owes the combine's complete output the TP sum (historical bug 1's double "
+       "reduce, one level up)", f"{S_UTILS}:post_experts_output_is_complete",
        "return a2a.is_flashinfer() or a2a.is_pplx()", "return a2a.is_pplx()",
        ("reduce", ""), ("output", "x the tolerance"), ("completes", "")),
     _m("s-shared-expert-tp-sharded", "DeepSeek's shared expert is sharded over TP under FlashInfer A2A, its partial "

@@ -122,6 +122,9 @@ def _block_rule(sc: Scenario) -> tuple[str, str] | None:
                                     "DeepSeek models it serves have them): give --shared-experts")
     if sc.sp_prefill:
         return "--block", "Muse Spark's SP prefill runs its own MoE block: give --block with DP attention"
+    if sc.draft_layers:
+        return "--draft-layers", ("a draft model's MoE block is its MTP layer (built as nextn), which --block does not "
+                                  "build: give --draft-layers without --block")
     if any(ly.fmt != "bf16" for st in sc.stages for ly in st):
         return "--block", ("the block is built from an unquantized (bf16) checkpoint, whose FusedMoE dispatches bf16 "
                            "(an nvfp4 dispatch comes with ModelOpt's NVFP4 quant method): give --stages bf16:B,...")
