@@ -77,7 +77,9 @@ class Traits:
 
 
 class Layer(Protocol):
-    """One MoE layer as the integration built it: ``layer(x_TH, w_TK, ids_TK) -> [T, H]``."""
+    """One MoE layer as the integration built it: ``layer(x_TH, w_TK, ids_TK) -> [T, H]``. A
+    layer whose router folds a routed scaling factor into the weights it hands the experts
+    says so in ``weights_scale`` (a float; absent: 1.0)."""
 
     sequence_parallel: bool
     reduce_pending: bool

@@ -1,10 +1,11 @@
 """SGLang as an integration: the installed SGLang's own ``FlashinferDispatcher``.
 
 Private modules: :mod:`.adapter` (the dispatcher in ``FusedMoE.forward_impl``, Muse Spark's SP
-prefill, on a rank), :mod:`.blocks` (SGLang's model MoE blocks, ``--block``), :mod:`.environment` (the engine: install, probe, preload, and the CPU
-glue), :mod:`.rules` (SGLang's start-up rules and what its dispatcher runs), :mod:`.matrix`,
-:mod:`.fuzz`, :mod:`.mutants` (of SGLang's own source), :mod:`.findings` (docs/findings.md's
-SGL-*), :mod:`.consumer` (the files the consumer contract reads) and :mod:`.preload`.
+prefill, on a rank), :mod:`.blocks` (SGLang's model MoE blocks, ``--block``),
+:mod:`.environment` (the engine: install, probe, preload, and the CPU glue), :mod:`.rules`
+(SGLang's start-up rules and what its dispatcher runs), :mod:`.matrix`, :mod:`.fuzz`,
+:mod:`.mutants` (of SGLang's own source), :mod:`.findings` (docs/findings.md's SGL-*),
+:mod:`.consumer` (the files the consumer contract reads) and :mod:`.preload`.
 """
 
 from __future__ import annotations

@@ -98,6 +98,7 @@ class SglangSession:
         self.ps, self.dpa, self.rc = ps, dpa, rc
         self.sp_dispatcher = None
         self.counts = None  # this forward's token counts of every DP rank
+        self._batch = None  # this forward's ForwardBatch, built on a block's first call
         dispatcher = importlib.import_module(DISPATCHER)
         rebound = support.guarded_flashinfer_imports(dispatcher)
         if not rebound:
@@ -201,12 +202,17 @@ class SglangSession:
         try:
             yield
         finally:
-            self.counts = None
+            self.counts = self._batch = None
 
     def forward_batch(self):
         """SGLang's ``ForwardBatch`` of this DP rank's decode batch in the forward (an idle rank's
         ``IDLE`` batch where it has no token), with the DP ranks' token counts its scheduler
-        gathered."""
+        gathered; one per forward, as the scheduler hands every layer the same."""
+        if self._batch is None:
+            self._batch = self._build_forward_batch()
+        return self._batch
+
+    def _build_forward_batch(self):
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
         T = self.counts[self.ctx.coords.dp_rank]

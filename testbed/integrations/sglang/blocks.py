@@ -27,7 +27,6 @@ stream are not run: the block sees the scenario's rows as its input.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -113,17 +112,6 @@ FAMILIES = {
 }
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype):
-    """The parameter dtype SGLang's model loader builds a checkpoint's model under."""
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
 class HandedRouter(torch.nn.Module):
     """The block's ``TopK`` with the scenario's routing in place of its top-k: each call hands
     the routing of the rows it is given (:attr:`pending`), the routed scaling folded into the
@@ -189,10 +177,11 @@ class BlockLayer:
 
     def __init__(self, session, family: Family, index: int, method, experts):
         from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+        from sglang.srt.model_loader.utils import set_default_torch_dtype
 
         self.session, self.family, sc = session, family, session.sc
         cls = getattr(importlib.import_module(f"sglang.srt.models.{family.module}"), family.block)
-        with _default_dtype(ACT_DTYPE):
+        with set_default_torch_dtype(ACT_DTYPE):  # as SGLang's model loader builds a checkpoint's model
             self.block = family.build(cls, sc, index, f"model.layers.{index}.mlp")
         fused = self.block.experts
         if not isinstance(fused, FusedMoE) or fused.dispatcher.__class__.__name__ != "FlashinferDispatcher":

@@ -6,7 +6,12 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
-from testbed.integrations.sglang.rules import SGLANG_FORMATS, SGLANG_RUNNER_CHOICES, SGLANG_SP_TP
+from testbed.integrations.sglang.rules import (
+    SGLANG_BLOCK_RUNNERS,
+    SGLANG_FORMATS,
+    SGLANG_RUNNER_CHOICES,
+    SGLANG_SP_TP,
+)
 from testbed.cluster.layout import ParallelLayout
 from testbed.scenario.model import (
     ROUTER_ID_DTYPES,
@@ -44,9 +49,8 @@ def sglang_scenarios(draw) -> Scenario:
         counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).filter(any).map(tuple)
     stages = (tuple(Layer(fmt, budget) for _ in range(draw(st.integers(1, 3)))),)
     # SGLang's own model blocks, where they run (DP attention, an unquantized checkpoint's runners and
-    # dispatch); OLMoE's and PhiMoE's are
-    # findings (SGL-004, SGL-005), not drawn.
-    unquantized = not sp and fmt == "bf16" and (sentinel, output) != ("num_experts", "separate")  # cutedsl: NVFP4
+    # dispatch); OLMoE's and PhiMoE's are findings (SGL-004, SGL-005), not drawn.
+    unquantized = not sp and fmt == "bf16" and (sentinel, output) in SGLANG_BLOCK_RUNNERS
     block = draw(st.sampled_from(("", "qwen3_moe", "deepseek_v2", "gpt_oss"))) if unquantized else ""
     shared = block == "deepseek_v2"
     scaling = draw(st.sampled_from((1.0, 2.5))) if shared else 1.0

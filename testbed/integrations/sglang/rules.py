@@ -14,6 +14,9 @@ from testbed.scenario.model import Scenario, first_given
 # and flashinfer_cutlass (num_experts, combining from the workspace).
 SGLANG_FORMATS = ("bf16", "nvfp4")
 SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_experts", "workspace"))
+# The runners SGLang starts on an unquantized checkpoint, what --block builds (flashinfer_trtllm,
+# flashinfer_cutlass; flashinfer_cutedsl needs NVFP4: arg_groups/moe_hook.py handle_moe_kernel_config).
+SGLANG_BLOCK_RUNNERS = (("-1", "separate"), ("num_experts", "workspace"))
 SGLANG_SP_TP = (4, 8)  # Muse Spark's layernorm SP: TP4/EP4 or TP8/EP8
 _SGLANG_IMPL_ONLY = (("--combine-signature", "combine_signature", "release"), ("--a2a-api", "a2a_api", "auto"),
                      ("--expert-kernel", "expert_kernel", "reference"), ("--defer-finalize", "defer_finalize", False),
@@ -128,7 +131,7 @@ def _block_rule(sc: Scenario) -> tuple[str, str] | None:
     if any(ly.fmt != "bf16" for st in sc.stages for ly in st):
         return "--block", ("the block is built from an unquantized (bf16) checkpoint, whose FusedMoE dispatches bf16 "
                            "(an nvfp4 dispatch comes with ModelOpt's NVFP4 quant method): give --stages bf16:B,...")
-    if (sc.invalid_expert_id, sc.expert_output) == ("num_experts", "separate"):
+    if (sc.invalid_expert_id, sc.expert_output) not in SGLANG_BLOCK_RUNNERS:
         return "--invalid-expert-id", ("SGLang starts the flashinfer_cutedsl runner only on an NVFP4 checkpoint "
                                        "(arg_groups/moe_hook.py handle_moe_kernel_config), and the block is built "
                                        "unquantized: give -1 (flashinfer_trtllm) or num_experts with --expert-output "
