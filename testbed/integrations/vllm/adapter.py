@@ -45,6 +45,7 @@ from testbed.integrations.vllm.environment import (
     config_without_triton,
     destroy_parallel_state,
     gpu_buffers,
+    moe_factory,
     prepare_environment,
     stub_accelerator,
 )
@@ -112,7 +113,7 @@ class VllmSession:
 
     def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
         if self.sc.level == "layer":
-            return build_runner(self, index, fmt, experts)
+            return _layer_builder()(self, index, fmt, experts)
         return self._build_kernel(index, fmt, max_num_tokens, experts)
 
     def _build_kernel(self, index: int, fmt: str, max_num_tokens: int, experts):
@@ -157,6 +158,17 @@ class VllmSession:
 
     def layer_call(self, num_tokens: int):
         return contextlib.nullcontext()
+
+
+def _layer_builder():
+    """How this release's MoE layer is built (the one place its form is decided, by a probe):
+    through its factory (0.24 on, :mod:`.layer`) or as its module class (0.18 .. 0.23,
+    :mod:`.moe_class`)."""
+    if moe_factory() is not None:
+        return build_runner
+    from testbed.integrations.vllm.moe_class import build_layer
+
+    return build_layer
 
 
 def _forget_probes() -> None:

@@ -50,28 +50,39 @@ FACTORIES = ("FusedMoEFactory", "FusedMoE")
 def moe_factory():
     """vLLM's factory of its MoE layer, a function returning a ``MoERunner`` (its quant method,
     weights and runner), which the layer level builds through: ``FusedMoEFactory`` (0.27 on),
-    or ``FusedMoE`` where that is the function (0.24 .. 0.26; a ``CustomOp`` class before);
-    None where the release has neither."""
+    or ``FusedMoE`` where that is the function (0.24 .. 0.26); None where the release has
+    neither (its ``FusedMoE`` is a class: :func:`moe_class`)."""
     layer = importlib.import_module(LAYER_MODULE)
     return next((f for f in (getattr(layer, name, None) for name in FACTORIES) if inspect.isfunction(f)), None)
 
 
-# What the layer level hands the factory beyond the shape (testbed.integrations.vllm.layer).
-FACTORY_ARGUMENTS = ("params_dtype", "renormalize", "quant_config", "prefix", "custom_routing_function",
-                     "routed_scaling_factor", "apply_routed_scale_to_output", "apply_router_weight_on_input",
-                     "is_sequence_parallel", "shared_experts")
+def moe_class():
+    """vLLM's MoE layer where it is a module class owning its quant method, weights and runner
+    (``FusedMoE``, a ``CustomOp`` in 0.18/0.19 and a ``PluggableLayer`` in 0.20 .. 0.23), built
+    as that release's models build it; None where the release builds it through a factory."""
+    if moe_factory() is not None:
+        return None
+    found = getattr(importlib.import_module(LAYER_MODULE), "FusedMoE", None)
+    return found if inspect.isclass(found) and issubclass(found, torch.nn.Module) else None
 
 
-def lacks_moe_factory() -> str | None:
-    """The capability probe of :func:`moe_factory`: the function, taking what the layer level
-    hands it."""
-    factory = moe_factory()
-    if factory is None:
-        return (f"has no MoE layer factory ({LAYER_MODULE}.FusedMoEFactory, or a FusedMoE function returning a "
-                "MoERunner: its FusedMoE is a class)")
-    missing = [name for name in FACTORY_ARGUMENTS if name not in inspect.signature(factory).parameters]
+# What the layer level hands the factory or class beyond the shape (.layer, .moe_class);
+# apply_routed_scale_to_output only where the release takes it (0.18/0.19 scale in the router).
+LAYER_ARGUMENTS = ("params_dtype", "renormalize", "quant_config", "prefix", "custom_routing_function",
+                   "routed_scaling_factor", "apply_router_weight_on_input", "is_sequence_parallel")
+
+
+def lacks_moe_layer() -> str | None:
+    """The capability probe of the MoE layer the layer level builds: :func:`moe_factory`, or
+    where there is none :func:`moe_class`, taking what the layer level hands it."""
+    built = moe_factory() or moe_class()
+    if built is None:
+        return (f"has no MoE layer ({LAYER_MODULE}.FusedMoEFactory, a FusedMoE function returning a MoERunner, "
+                "or a FusedMoE module class)")
+    params = inspect.signature(built).parameters
+    missing = [name for name in LAYER_ARGUMENTS + (() if moe_class() else ("shared_experts",)) if name not in params]
     if missing:
-        return f"has a MoE layer factory {LAYER_MODULE}.{factory.__name__} without {', '.join(missing)}"
+        return f"has a MoE layer {LAYER_MODULE}.{built.__name__} without {', '.join(missing)}"
     return None
 
 
@@ -139,7 +150,7 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
     # Patch releases are releases of their own: each may pin, or carry, something else.
     history=("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
              "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-             "0.31.0", "0.32.0", "0.33.0", "0.34.0"), probes=(lacks_moe_factory,))
+             "0.31.0", "0.32.0", "0.33.0", "0.34.0"), probes=(lacks_moe_layer,))
 
 
 @functools.cache

@@ -69,6 +69,9 @@ def _classes() -> tuple[type, type]:
         def expects_unquantized_inputs(self) -> bool:
             return False
 
+        def supports_expert_map(self) -> bool:  # abstract before 0.23
+            return True
+
         def finalize_weight_and_reduce_impl(self):
             return TopKWeightAndReduceNoOP()
 

@@ -20,6 +20,7 @@ weights, so vLLM's own sequence-parallel chunking splits it with the hidden stat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -96,11 +97,11 @@ def routing_logits(ids_TK: torch.Tensor, w_TK: torch.Tensor) -> torch.Tensor:
     return torch.cat([ids_TK.float() + 1, w_TK.float()], dim=1)
 
 
-def _format(fmt: str) -> tuple[Format, tuple]:
+def format_on_this_release(fmt: str) -> tuple[Format, tuple]:
     """How a layer of ``fmt`` is built on this vLLM, and the modules whose platform must not be a
     CPU for it: where the release's unquantized oracle answers a CPU platform with its CPU
-    backend and no experts class (before 0.28: "TODO: migrate to MK structure", a probe of its
-    source), that layer never gets a modular kernel on a CPU, so it is built as on a CUDA host
+    backend and no experts class (before 0.28: "TODO: migrate to MK structure"; 0.18's assigns
+    the CPU backend, whose kernel is monolithic; a probe of its source), that layer never gets a modular kernel on a CPU, so it is built as on a CUDA host
     (what those two modules ask of the platform answers so), on vLLM's Triton backend, the
     testbed's experts standing in for Triton's."""
     form = FORMATS[fmt]
@@ -115,37 +116,46 @@ def _format(fmt: str) -> tuple[Format, tuple]:
 def _cpu_backend_without_kernel() -> bool:
     oracle = importlib.import_module("vllm.model_executor.layers.fused_moe.oracle.unquantized")
     source = inspect.getsource(oracle.select_unquantized_moe_backend)
-    return re.search(r"if current_platform\.is_cpu\(\):\s*(#[^\n]*\s*)*return UnquantizedMoeBackend\.CPU, None",
+    return re.search(r"if current_platform\.is_cpu\(\):\s*(#[^\n]*\s*)*"
+                     r"(return UnquantizedMoeBackend\.CPU, None|backend = UnquantizedMoeBackend\.CPU\n)",
                      source) is not None
 
 
-def build_runner(session, index: int, fmt: str, experts):
-    """vLLM's ``MoERunner`` of one scenario layer, its weights loaded and processed."""
+@contextlib.contextmanager
+def building(session, index: int, fmt: str, experts):
+    """What building one scenario layer holds on this release, whatever form its MoE layer has
+    (a factory, :func:`build_runner`, or a class, :mod:`.moe_class`): the deployment's
+    ``--moe-backend`` and the current ``VllmConfig`` set, the experts oracle's resolver answering
+    the testbed's experts for the backend the format is built on (where the release's oracle
+    has one; 0.18's quant method picks its experts in ``select_gemm_impl`` alone), the modules
+    that must see a CUDA host seeing one. Yields the arguments every form takes, as the
+    release's models hand them."""
     from vllm.config import set_current_vllm_config
 
     sc, ctx, config = session.sc, session.ctx, session.config
-    form, gpu_modules = _format(fmt)
+    form, gpu_modules = format_on_this_release(fmt)
     oracle = importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
-    chosen = getattr(getattr(oracle, form.enum), form.member)
-    resolve = getattr(oracle, form.resolver)
-    cls = experts_class(experts)
+    undo = []
+    resolve = getattr(oracle, form.resolver, None)
+    if resolve is not None:
+        chosen = getattr(getattr(oracle, form.enum), form.member)
+        cls = experts_class(experts)
+        # The release's resolver answers with a list of experts classes (0.26 on) or with one.
+        mine = [cls] if str(inspect.signature(resolve).return_annotation).startswith("list") else cls
+        undo.append(patch.attribute(oracle, form.resolver, lambda b: mine if b == chosen else resolve(b)))
+    for name in gpu_modules:
+        module = importlib.import_module(name)
+        undo.append(patch.attribute(module, "current_platform", NotACpu(module.current_platform, cuda=True)))
     sp = config.parallel_config.use_sequence_parallel_moe
     shared = None
     if sc.shared_experts:
         tp = (ctx.coords.tp_rank, sc.layout.tp)
         shared = SharedLinear(shared_weight(sc.seed, ctx.coords.pp_rank, index, sc.hidden),
                               (0, 1) if sp else tp)
-    # The release's resolver answers with a list of experts classes (0.26 on) or with one.
-    mine = [cls] if str(inspect.signature(resolve).return_annotation).startswith("list") else cls
-    undo = [patch.attribute(oracle, form.resolver, lambda b: mine if b == chosen else resolve(b))]
-    for name in gpu_modules:
-        module = importlib.import_module(name)
-        undo.append(patch.attribute(module, "current_platform", NotACpu(module.current_platform, cuda=True)))
     try:
         config.kernel_config.moe_backend = form.moe_backend
-        factory = moe_factory()
         with set_current_vllm_config(config):
-            runner = factory(
+            yield dict(
                 num_experts=sc.experts, top_k=sc.top_k, hidden_size=sc.hidden,
                 # The weights are never read (the testbed's experts compute): the smallest
                 # size every quant method takes, so a real hidden size costs O(H) per expert.
@@ -153,29 +163,45 @@ def build_runner(session, index: int, fmt: str, experts):
                 params_dtype=ACT_DTYPE, renormalize=False, quant_config=checkpoint_quant_config(form.kind),
                 prefix=f"model.layers.{ctx.coords.pp_rank}.{index}.mlp.experts",
                 custom_routing_function=handed_routing, routed_scaling_factor=sc.routed_scaling,
-                apply_routed_scale_to_output=True, apply_router_weight_on_input=sc.router_weight_on_input,
-                is_sequence_parallel=sp, shared_experts=shared,
-                # 0.24's factory takes none: its runner reduces as reduce_results=True does.
-                **({"reduce_results": True} if "reduce_results" in inspect.signature(factory).parameters else {}))
-            _load_weights(runner)
+                apply_router_weight_on_input=sc.router_weight_on_input, is_sequence_parallel=sp,
+                shared_experts=shared)
     finally:
         for restore in reversed(undo):
             restore()
-    if runner.moe_config.num_local_experts != len(experts.own) or \
-            _local_to_global(runner) != list(experts.own):
-        raise RuntimeError(f"vLLM placed experts {_local_to_global(runner)} on EP rank; the testbed's experts are "
+
+
+def placed_as_the_testbed(layer, experts) -> None:
+    """vLLM put on this EP rank the experts the testbed's experts hold, in their order."""
+    if layer.moe_config.num_local_experts != len(experts.own) or local_to_global(layer) != list(experts.own):
+        raise RuntimeError(f"vLLM placed experts {local_to_global(layer)} on EP rank; the testbed's experts are "
                            f"{list(experts.own)}")
-    # The CUDA platform's entry (the CPU platform calls the function the op wraps).
-    runner._forward_entry = (torch.ops.vllm.moe_forward if runner.shared_experts is None
-                             else torch.ops.vllm.moe_forward_shared)
-    return RunnerLayer(runner, sc, sp)
 
 
-def _load_weights(runner) -> None:
-    """Deterministic weights of the shapes and dtypes the quant method created (the math
-    is the testbed's experts'), then the method's own post-load processing, which builds its
-    modular kernel."""
-    experts = runner.routed_experts
+def enter_as_on_cuda(runner, entry: str) -> None:
+    """The runner's ``entry`` attribute set to the op vLLM's CUDA platform enters the layer by
+    (the CPU platform calls the function the op wraps)."""
+    setattr(runner, entry, torch.ops.vllm.moe_forward if runner.shared_experts is None
+            else torch.ops.vllm.moe_forward_shared)
+
+
+def build_runner(session, index: int, fmt: str, experts):
+    """vLLM's ``MoERunner`` of one scenario layer, its weights loaded and processed."""
+    factory = moe_factory()
+    with building(session, index, fmt, experts) as arguments:
+        runner = factory(**arguments, apply_routed_scale_to_output=True,
+                         # 0.24's factory takes none: its runner reduces as reduce_results=True does.
+                         **({"reduce_results": True} if "reduce_results" in inspect.signature(factory).parameters
+                            else {}))
+        load_weights(runner.routed_experts)
+    placed_as_the_testbed(runner, experts)
+    enter_as_on_cuda(runner, "_forward_entry")
+    return RunnerLayer(runner, session.sc, arguments["is_sequence_parallel"])
+
+
+def load_weights(experts) -> None:
+    """Deterministic weights of the shapes and dtypes the quant method created on the module
+    holding ``experts``' parameters (the math is the testbed's experts'), then the method's own
+    post-load processing (from 0.24 it builds the modular kernel)."""
     with torch.no_grad():
         for name, p in experts.named_parameters():
             if "input_scale" in name:  # the calibrated activation amax / (448 * 6) the testbed's inputs keep
@@ -189,10 +215,12 @@ def _load_weights(runner) -> None:
     experts.quant_method.process_weights_after_loading(experts)
 
 
-def _local_to_global(runner) -> list[int]:
-    emap = runner.expert_map
+def local_to_global(layer) -> list[int]:
+    """The global ids of this EP rank's experts, in local order, by the layer's (a runner's or
+    a ``FusedMoE`` module's) expert map."""
+    emap = layer.expert_map
     if emap is None:
-        return list(range(runner.moe_config.num_experts))
+        return list(range(layer.moe_config.num_experts))
     mine = (emap >= 0).nonzero().flatten()
     return mine[emap[mine].argsort()].tolist()
 
@@ -211,6 +239,10 @@ class RunnerLayer:
     def topk_indices_dtype(self):
         return self.runner.routed_experts.quant_method.topk_indices_dtype
 
+    def moe(self, x_th, logits_tk):
+        """The MoE layer on this rank's rows: ``[t, H]`` and their ``[t, 2K]`` logits -> ``[t, H]``."""
+        return self.runner.forward(x_th, logits_tk)
+
     def __call__(self, x_TH, w_TK, ids_TK):
         from vllm.distributed import tensor_model_parallel_all_gather
         from vllm.model_executor.models.utils import sequence_parallel_chunk
@@ -219,7 +251,7 @@ class RunnerLayer:
         x, logits = x_TH.clone(), routing_logits(ids_TK, w_TK)
         if self.sequence_parallel:
             x, logits = sequence_parallel_chunk(x), sequence_parallel_chunk(logits)
-        out = self.runner.forward(x, logits)
+        out = self.moe(x, logits)
         if self.sequence_parallel:
             out = tensor_model_parallel_all_gather(out.contiguous(), 0)[:T]
         return out

@@ -1,0 +1,109 @@
+"""vLLM's MoE layer where it is a module class (0.18 .. 0.23): ``FusedMoE`` (``SharedFusedMoE``
+with shared experts where the release has it), built and called as those releases' models
+build and call it.
+
+Legend: T tokens of this DP rank, K top_k, H hidden.
+
+What vLLM does in these releases, and the layer level with it:
+
+- the model builds ``FusedMoE(..., reduce_results=False)`` under the current ``VllmConfig``;
+  the layer owns its quant method, weights and runner (``DefaultMoERunner`` in 0.18/0.19,
+  ``MoERunner`` from 0.20);
+- after the weights load, each quant method's ``process_weights_after_loading``, then vLLM's
+  ``prepare_communication_buffer_for_model`` (the GPU model runner's call after loading), which
+  has every EP communicator call the layer's ``maybe_init_modular_kernel``: the quant method's
+  ``maybe_make_prepare_finalize`` builds the all-to-all's prepare/finalize and
+  ``FusedMoEModularMethod.make`` asks the quant method's ``select_gemm_impl`` for the experts,
+  where the testbed's experts stand in for the Triton ones it picks;
+- the final reduce: from 0.20 the runner's own ``_maybe_reduce_final_output``; in 0.18/0.19
+  the model's (Qwen3-MoE's, DeepSeek-V2's): ``layer.maybe_all_reduce_tensor_model_parallel``
+  of the shared plus routed output where TP > 1 and not sequence parallel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from testbed import patch
+from testbed.integrations.vllm.environment import moe_class
+from testbed.integrations.vllm.experts import experts_class
+from testbed.integrations.vllm.layer import (
+    RunnerLayer,
+    building,
+    enter_as_on_cuda,
+    load_weights,
+    placed_as_the_testbed,
+)
+
+
+def build_layer(session, index: int, fmt: str, experts):
+    """vLLM's ``FusedMoE`` module of one scenario layer, loaded, processed and with its modular
+    kernel, as the release's model runner leaves it."""
+    from vllm.distributed.parallel_state import prepare_communication_buffer_for_model
+
+    with building(session, index, fmt, experts) as arguments:
+        cls = _layer_class(arguments["shared_experts"] is not None)
+        layer = cls(**arguments, **_where_taken(inspect.signature(cls).parameters, reduce_results=False,
+                                                 apply_routed_scale_to_output=True))
+        load_weights(layer)
+        method = layer.quant_method
+        # What FusedMoEModularMethod.make asks the quant method for: the experts of its kernel.
+        undo = patch.attribute(method, "select_gemm_impl", lambda prepare_finalize, moe_layer: experts_class(
+            experts)(moe_config=method.moe, quant_config=method.moe_quant_config))
+        try:
+            prepare_communication_buffer_for_model(layer)
+        finally:
+            undo()
+    placed_as_the_testbed(layer, experts)
+    # 0.20 on: the runner's _forward_entry; 0.18/0.19: DefaultMoERunner's moe_forward.
+    enter_as_on_cuda(layer.runner, "_forward_entry" if hasattr(layer.runner, "_forward_entry") else "moe_forward")
+    return ClassLayer(layer, session.sc, arguments["is_sequence_parallel"])
+
+
+def _where_taken(params, **arguments) -> dict:
+    """The arguments the release's models hand where its layer takes them: ``reduce_results=False``
+    (0.18/0.19; the model reduces), ``apply_routed_scale_to_output`` (0.20 on)."""
+    return {name: value for name, value in arguments.items() if name in params}
+
+
+def _layer_class(shared: bool):
+    """The class a release's models build: ``SharedFusedMoE`` for a block with shared experts
+    where the release has it as a class of its own (0.18/0.19), else ``FusedMoE``."""
+    cls = moe_class()
+    if shared:
+        try:
+            module = importlib.import_module("vllm.model_executor.layers.fused_moe.shared_fused_moe")
+        except ModuleNotFoundError:
+            return cls
+        found = getattr(module, "SharedFusedMoE", cls)
+        return found if inspect.isclass(found) and issubclass(found, cls) else cls
+    return cls
+
+
+class ClassLayer(RunnerLayer):
+    """One scenario layer as a model of these releases calls its ``FusedMoE``: the layer's
+    output, then the model's own TP reduce where the release leaves it to the model."""
+
+    def __init__(self, layer, sc, sequence_parallel: bool):
+        super().__init__(layer.runner, sc, sequence_parallel)
+        self.layer = layer
+        # 0.18/0.19: the model reduces (DefaultMoERunner has no final-reduce decision of its own).
+        self.model_reduces = hasattr(layer, "maybe_all_reduce_tensor_model_parallel")
+        self.reduce_pending = not self.output_is_reduced()
+
+    def output_is_reduced(self) -> bool:
+        kernel = self.layer.quant_method.moe_kernel
+        return kernel is not None and kernel.output_is_reduced()
+
+    def topk_indices_dtype(self):
+        return self.layer.quant_method.topk_indices_dtype
+
+    def moe(self, x_th, logits_tk):
+        out = self.layer(x_th, logits_tk)
+        if isinstance(out, tuple):  # SharedFusedMoE: (shared, routed)
+            shared, out = out
+            out = out if shared is None else shared + out
+        if self.model_reduces and not self.sequence_parallel and self.sc.layout.tp > 1:
+            out = self.layer.maybe_all_reduce_tensor_model_parallel(out)
+        return out
