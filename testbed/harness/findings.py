@@ -60,13 +60,24 @@ def _gone(engine, code: tuple, source: Optional[str]) -> Optional[str]:
     except SourceError:  # no release here to read (the engine not installed): nothing shows it gone
         return None
     label = engine.label
-    for path, pattern in code:
-        try:
-            text = package.read(path)
-        except (KeyError, FileNotFoundError):
-            return f"{label} {package.version} has no {path}"
+    for where, pattern in code:
+        found = _first_file(package, (where,) if isinstance(where, str) else where)
+        if found is None:
+            return f"{label} {package.version} has no {' or '.join((where,) if isinstance(where, str) else where)}"
+        path, text = found
         if re.search(pattern, text) is None:
             return f"{path} of {label} {package.version} no longer matches /{pattern}/"
+    return None
+
+
+def _first_file(package, paths: tuple[str, ...]) -> Optional[tuple[str, str]]:
+    """``(path, text)`` of the first of ``paths`` the release has (a file it moved between
+    releases), or None."""
+    for path in paths:
+        try:
+            return path, package.read(path)
+        except (KeyError, FileNotFoundError):
+            continue
     return None
 
 

@@ -175,7 +175,8 @@ class Finding:
     # integration's matrix does (a latent finding: raw passes, the kernel level).
     reproducer: str = ""
     # Where it lives in the engine's code, ``(file of the release, regular expression)`` pairs
-    # that all match in a release that has it: a release where one does not is judged as if
+    # that all match in a release that has it (a tuple of files: the first the release has,
+    # where the file moved between releases): a release where one does not is judged as if
     # the finding were never written (it is gone there: :func:`testbed.harness.findings.gone`).
     # Empty for a finding of FlashInfer's, which ``applies`` decides by the release's profile.
     code: tuple[tuple[str, str], ...] = ()

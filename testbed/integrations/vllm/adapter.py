@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import replace
+from dataclasses import fields, replace
 from types import SimpleNamespace
 
 import torch
@@ -131,8 +131,11 @@ class VllmSession:
         parallel = FusedMoEParallelConfig.make(tp_size_=lay.tp, pcp_size_=1, dp_size_=lay.dp, sp_size_=1,
                                                vllm_parallel_config=self.config.parallel_config)
         own = experts.own
+        # 0.24 on: intermediate_size; before, the per-partition size (TP 1 here: the same).
+        size = "intermediate_size" if "intermediate_size" in {f.name for f in fields(FusedMoEConfig)} \
+            else "intermediate_size_per_partition"
         moe = FusedMoEConfig(num_experts=sc.experts, experts_per_token=sc.top_k, hidden_dim=sc.hidden,
-                             intermediate_size=sc.hidden, num_local_experts=len(own), num_logical_experts=sc.experts,
+                             **{size: sc.hidden}, num_local_experts=len(own), num_logical_experts=sc.experts,
                              activation=MoEActivation.SILU, device="cpu", routing_method=RoutingMethodType.Renormalize,
                              moe_parallel_config=parallel, in_dtype=ACT_DTYPE, max_num_tokens=max_num_tokens)
         quant = quant_config(fmt, sc.mx_alignment)

@@ -1,6 +1,7 @@
-"""What the testbed found in vLLM's code (0.33.0's, and 0.34.0's VLLM-008; FlashInfer's through it),
-each written up in ``docs/findings.md`` under its id; they apply to scenarios of ``--integration
-vllm`` on a release whose code still holds them (``Finding.code``)."""
+"""What the testbed found in vLLM's code (0.33.0's, 0.34.0's VLLM-008, and the bugs 0.18 .. 0.21
+shipped and later releases fixed, VLLM-009 .. VLLM-015; FlashInfer's through it), each written up
+in ``docs/findings.md`` under its id; they apply to scenarios of ``--integration vllm`` on a
+release whose code still holds them (``Finding.code``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def _orders_rounds(sc: Scenario) -> bool:
 # Where each lives in vLLM's code (Finding.code), relative to the release's root.
 _ALL2ALL = "vllm/distributed/device_communicators/all2all.py"
 _PF = "vllm/model_executor/layers/fused_moe/prepare_finalize/"
+# A prepare/finalize module: in prepare_finalize/ from 0.19, beside the layer in 0.18.
+_ONE_SIDED = (_PF + "flashinfer_nvlink_one_sided.py",
+              "vllm/model_executor/layers/fused_moe/flashinfer_nvlink_one_sided_prepare_finalize.py")
+_TWO_SIDED = (_PF + "flashinfer_nvlink_two_sided.py",
+              "vllm/model_executor/layers/fused_moe/flashinfer_nvlink_two_sided_prepare_finalize.py")
+_NOT_REDUCED = r"def output_is_reduced\(self\) -> bool:\s*return False"
 
 
 def _payload_grows_within_a_forward(sc: Scenario) -> bool:
@@ -33,6 +40,27 @@ def _payload_grows_within_a_forward(sc: Scenario) -> bool:
         return sum(row_bytes(b.fmt, sc.hidden, sc.mx_alignment).values()) > sum(row_bytes(a.fmt, sc.hidden, sc.mx_alignment).values())
 
     return any(grows(a, b) for st in sc.stages for a, b in zip(st, st[1:]))
+
+
+def _dispatch_bytes(sc: Scenario, fmt: str) -> int:
+    return sum(row_bytes(fmt, sc.hidden, sc.mx_alignment).values())
+
+
+def _payload_grows_past_the_first(sc: Scenario) -> bool:
+    """A stage where a later layer dispatches more bytes per token than its first (each stage
+    has an EP group, and so a manager, of its own)."""
+    return any(_dispatch_bytes(sc, ly.fmt) > _dispatch_bytes(sc, st[0].fmt) for st in sc.stages for ly in st[1:])
+
+
+def _dispatches_more_than_nvfp4(sc: Scenario) -> bool:
+    return any(_dispatch_bytes(sc, ly.fmt) > _dispatch_bytes(sc, "nvfp4") for st in sc.stages for ly in st)
+
+
+def _unequal_dp_counts(sc: Scenario) -> bool:
+    """A layer of a pass where the DP ranks' token counts differ: the runtime max then leaves
+    unwritten receive slots behind some rank's rows."""
+    return any(len({sc.tokens(p, ly, d) for d in range(sc.layout.dp)}) > 1
+               for p in range(len(sc.passes)) for st in sc.stages for ly in st)
 
 
 def _all_idle_pass(sc: Scenario) -> bool:
@@ -121,6 +149,77 @@ FINDINGS: tuple[Finding, ...] = (
             "a2a-testbed run --integration vllm --layout 2,1,2,1 --stages bf16:16 --tokens 5,7",
             code=((_ALL2ALL, r"NVLinkOneSidedConfig\((?s:.)*?\bcft=False"),
                   (_ALL2ALL, r"Please install FlashInfer 0\.7\.2 or later"))),
+    Finding("VLLM-009", "vLLM 0.18 .. 0.21's FlashInfer NVLink prepare/finalizes (one-sided and two-sided) "
+                        "declare output_is_reduced() False, though FlashInfer's combine already sums every expert "
+                        "rank's contribution: the TP all-reduce after it (the model's in 0.18/0.19, the runner's "
+                        "_maybe_reduce_final_output in 0.20/0.21) sums complete outputs, output x TP",
+            lambda sc: sc.path in ("one_sided", "two_sided"),
+            (("reduce", "output_is_reduced() is False"), ("reduce", "TP all_reduce call(s)"),
+             ("output", "x the reference")),
+            "yes", "every forward at TP > 1 with DP and expert parallel on either backend (the backends never run "
+            "sequence parallel before 0.29, so nothing skips the reduce); at TP 1 the declaration is as wrong "
+            "and the TP all-reduce is a no-op. Fixed in 0.22.0 (vLLM PR #41382)",
+            "a2a-testbed run --integration vllm --vllm-source 0.21.0 --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
+            code=((_ONE_SIDED, _NOT_REDUCED), (_TWO_SIDED, _NOT_REDUCED))),
+    Finding("VLLM-010", "vLLM 0.18/0.19's FlashInfer managers set up the MNNVL workspace over the DP group "
+                        "(CustomCommunicator(get_dp_group().cpu_group)), not the EP group they dispatch over: at "
+                        "TP > 1 the workspace spans DP ranks only and FlashInfer refuses it",
+            lambda sc: sc.path in ("one_sided", "two_sided") and sc.layout.tp > 1,
+            (("collectives", "mnnvl_compat.py"), ("completes", "workspace first dim must equal ep_size"),
+             ("completes", "")),
+            "yes", "the managers set the workspace up when the first MoE layer builds its prepare/finalize, at "
+            "start-up of every TP > 1 deployment with DP and expert parallel. Fixed in 0.20.0 (vLLM PR #40893)",
+            "a2a-testbed run --integration vllm --vllm-source 0.19.0 --layout 4,2,2,1 --stages nvfp4:8 --tokens 2,3",
+            code=((_ALL2ALL, r"CustomCommunicator\(get_dp_group\(\)\.cpu_group\)"),)),
+    Finding("VLLM-011", "vLLM 0.18/0.19's one-sided manager sizes the workspace for an nvfp4 dispatch row "
+                        "(hidden // 2 + hidden // 16 + 8 top_k bytes) whatever the layer dispatches: a bf16 or "
+                        "mxfp8 layer writes past its dispatch region",
+            lambda sc: sc.path == "one_sided" and _dispatches_more_than_nvfp4(sc),
+            (("workspace", "does not cover layer"), ("round-ordering", "the cross-round race"),
+             ("output", "x the tolerance"), ("expert-load", "lanes")),
+            "yes", "every one-sided deployment of an unquantized or mxfp8 checkpoint (0.18/0.19's prepare builder "
+            "dispatches nvfp4, mxfp8 and bf16). 0.20.0 refuses any format but nvfp4 (vLLM PR #39717); 0.20.1 and "
+            "0.21.0 size the row by the layer's format (vLLM PR #40960)",
+            "a2a-testbed run --integration vllm --vllm-source 0.19.0 --layout 2,1,2,1 --stages bf16:8 --tokens 2,3",
+            code=((_ALL2ALL, r"hidden_size // 2  # nvfp4 hidden states"),)),
+    Finding("VLLM-012", "vLLM 0.18 .. 0.21's one-sided manager keeps the first layer's workspace (initialize "
+                        "returns once initialized): a later layer of a stage that dispatches more bytes per token "
+                        "(an nvfp4 model's bf16 MTP head) writes past it",
+            lambda sc: sc.path == "one_sided" and _payload_grows_past_the_first(sc),
+            (("workspace", "does not cover layer"), ("round-ordering", "the cross-round race"),
+             ("output", "x the tolerance"), ("expert-load", "lanes")),
+            "yes", "a checkpoint whose MoE layers dispatch different formats, as an nvfp4 model with a bf16 MTP "
+            "drafter; FlashInfer's combinePayloadOffset check fires on a GPU. Fixed in 0.22.0: the workspace grows "
+            "to the union of the layers (vLLM PR #42976)",
+            code=((_ALL2ALL, r"class FlashInferNVLinkOneSidedManager(?s:.)*?def initialize(?s:.)*?"
+                             r"if self\.initialized:\s*return\b"),)),
+    Finding("VLLM-013", "vLLM 0.18 .. 0.21's one-sided manager barriers on the world group (dist.barrier()) "
+                        "after building MoeAlltoAll, not on its EP group: under pipeline parallel every stage's "
+                        "ranks wait for every other stage's set-up",
+            lambda sc: sc.path == "one_sided" and sc.layout.pp > 1,
+            (("collectives", "barrier on group"),),
+            "not checked", "each rank initializes its manager once, at its stage's first MoE layer, so the world "
+            "barrier completes where every stage holds an MoE layer; a stage without one (dense first layers) "
+            "hangs the others. Fixed in 0.22.0: the barrier is on the EP group (vLLM PR #42976)",
+            code=((_ALL2ALL, r"dist\.barrier\(\)"),)),
+    Finding("VLLM-014", "vLLM 0.18 .. 0.21's two-sided dispatch sends the activation scales through "
+                        "MnnvlMoe.mnnvl_moe_alltoallv whether or not there are any: an unquantized (bf16) layer "
+                        "hands it None, and every forward raises",
+            lambda sc: sc.path == "two_sided" and any(ly.fmt == "bf16" for st in sc.stages for ly in st),
+            (("completes", "'NoneType' object has no attribute 'dim'"),),
+            "yes", "every forward of an unquantized layer at every two-sided deployment. Fixed in 0.22.0 (if "
+            "x_sf is not None; the release notes name no pull request)",
+            code=((_TWO_SIDED, r"\n        x_sf = MnnvlMoe\.mnnvl_moe_alltoallv\("),)),
+    Finding("VLLM-015", "vLLM 0.18 .. 0.20.0's one-sided dispatch passes no invalid_token_expert_id: the receive "
+                        "slots behind a DP rank with fewer tokens than the runtime max keep what was there, and "
+                        "the experts compute them as routed rows",
+            lambda sc: sc.path == "one_sided" and _unequal_dp_counts(sc),
+            (("expert-load", "lanes"),),
+            "yes", "every forward where the DP ranks' counts differ (the runtime max is the largest count); the "
+            "combine reads only the real rows, so the cost is the experts' work and ids never routed reaching "
+            "them. Fixed in 0.20.1 and 0.21.0 (invalid_token_expert_id=-1, 'Follow TRTLLM Pattern', vLLM PR "
+            "#40960)",
+            code=((_ONE_SIDED, r"\A(?!(?s:.)*invalid_token_expert_id)"),)),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,

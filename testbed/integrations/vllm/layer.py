@@ -231,7 +231,7 @@ class RunnerLayer:
     def __init__(self, runner, sc, sequence_parallel: bool):
         self.runner, self.sc, self.sequence_parallel = runner, sc, sequence_parallel
         # The pending reduce the runner itself will do (the harness logs it, never acts on it).
-        self.reduce_pending = not runner._fused_output_is_reduced
+        self.reduce_pending = not self.output_is_reduced()
 
     def output_is_reduced(self) -> bool:
         return self.runner._fused_output_is_reduced

@@ -86,11 +86,10 @@ class ClassLayer(RunnerLayer):
     output, then the model's own TP reduce where the release leaves it to the model."""
 
     def __init__(self, layer, sc, sequence_parallel: bool):
-        super().__init__(layer.runner, sc, sequence_parallel)
         self.layer = layer
+        super().__init__(layer.runner, sc, sequence_parallel)
         # 0.18/0.19: the model reduces (DefaultMoERunner has no final-reduce decision of its own).
         self.model_reduces = hasattr(layer, "maybe_all_reduce_tensor_model_parallel")
-        self.reduce_pending = not self.output_is_reduced()
 
     def output_is_reduced(self) -> bool:
         kernel = self.layer.quant_method.moe_kernel

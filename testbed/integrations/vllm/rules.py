@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from testbed.cluster.layout import ParallelLayout
-from testbed.integrations.vllm.environment import BACKENDS, ENGINE
+from testbed.integrations.vllm.environment import BACKENDS, ENGINE, LAYER_MODULE
 from testbed.scenario.model import Scenario, first_given
 
 # The paths vLLM 0.33.0 drives through a FlashInfer manager that run on the CPU (its
@@ -135,14 +135,20 @@ def one_sided_dispatch_formats() -> tuple[str, ...] | None:
 def unbuilt_formats() -> dict[str, str]:
     """The formats whose layer the release's experts oracle cannot hand the backend the layer
     level builds it on, as ``{format: "Enum.MEMBER"}`` (0.24's mxfp8 oracle has no Triton
-    backend: a probe of the release's enum); empty where vLLM is not installed."""
+    backend: a probe of the release's enum), nor, where the layer is built through a factory,
+    resolve that backend's experts class; empty where vLLM is not installed. (A layer built as
+    its module class takes its experts from the quant method's ``select_gemm_impl``.)"""
+    from testbed.integrations.vllm.environment import moe_class
     from testbed.integrations.vllm.layer import FORMATS
 
+    if ENGINE.module(LAYER_MODULE) is None:
+        return {}
+    resolved = moe_class() is None
     missing = {}
     for fmt, form in FORMATS.items():
         module = ENGINE.module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
         if module is not None and not (hasattr(getattr(module, form.enum, None), form.member)
-                                       and hasattr(module, form.resolver)):
+                                       and (hasattr(module, form.resolver) or not resolved)):
             missing[fmt] = f"{form.enum}.{form.member}"
     return missing
 
