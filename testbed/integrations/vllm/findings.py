@@ -165,17 +165,19 @@ FINDINGS: tuple[Finding, ...] = (
                         "(CustomCommunicator(get_dp_group().cpu_group)), not the EP group they dispatch over: at "
                         "TP > 1 the workspace spans DP ranks only and FlashInfer refuses it",
             lambda sc: sc.path in ("one_sided", "two_sided") and sc.layout.tp > 1,
-            (("collectives", "mnnvl_compat.py"), ("completes", "workspace first dim must equal ep_size"),
-             ("completes", "")),
+            (("collectives", "mnnvl_compat.py"), ("completes", "workspace first dim must equal ep_size")),
             "yes", "the managers set the workspace up when the first MoE layer builds its prepare/finalize, at "
             "start-up of every TP > 1 deployment with DP and expert parallel. Fixed in 0.20.0 (vLLM PR #40893)",
-            "a2a-testbed run --integration vllm --vllm-source 0.19.0 --layout 4,2,2,1 --stages nvfp4:8 --tokens 2,3",
+            "a2a-testbed run --integration vllm --vllm-source 0.19.0 --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
             code=((_ALL2ALL, r"CustomCommunicator\(get_dp_group\(\)\.cpu_group\)"),)),
-    Finding("VLLM-011", "vLLM 0.18/0.19's one-sided manager sizes the workspace for an nvfp4 dispatch row "
-                        "(hidden // 2 + hidden // 16 + 8 top_k bytes) whatever the layer dispatches: a bf16 or "
-                        "mxfp8 layer writes past its dispatch region",
+    Finding("VLLM-011", "vLLM 0.18/0.19's one-sided path is written for nvfp4 alone: the manager sizes the "
+                        "workspace for an nvfp4 dispatch row (hidden // 2 + hidden // 16 + 8 top_k bytes) and the "
+                        "prepare views received scales as nvfp4's, whatever the layer dispatches: a bf16, mxfp8 "
+                        "or blockwise-FP8 layer writes past its dispatch region (FlashInfer's combinePayloadOffset "
+                        "check) or fails to view its scales",
             lambda sc: sc.path == "one_sided" and _dispatches_more_than_nvfp4(sc),
-            (("workspace", "does not cover layer"), ("round-ordering", "the cross-round race"),
+            (("workspace", "does not cover layer"), ("completes", "combinePayloadOffset"),
+             ("completes", "is invalid for input of size"), ("round-ordering", "the cross-round race"),
              ("output", "x the tolerance"), ("expert-load", "lanes")),
             "yes", "every one-sided deployment of an unquantized or mxfp8 checkpoint (0.18/0.19's prepare builder "
             "dispatches nvfp4, mxfp8 and bf16). 0.20.0 refuses any format but nvfp4 (vLLM PR #39717); 0.20.1 and "
@@ -186,8 +188,8 @@ FINDINGS: tuple[Finding, ...] = (
                         "returns once initialized): a later layer of a stage that dispatches more bytes per token "
                         "(an nvfp4 model's bf16 MTP head) writes past it",
             lambda sc: sc.path == "one_sided" and _payload_grows_past_the_first(sc),
-            (("workspace", "does not cover layer"), ("round-ordering", "the cross-round race"),
-             ("output", "x the tolerance"), ("expert-load", "lanes")),
+            (("workspace", "does not cover layer"), ("completes", "combinePayloadOffset"),
+             ("round-ordering", "the cross-round race"), ("output", "x the tolerance"), ("expert-load", "lanes")),
             "yes", "a checkpoint whose MoE layers dispatch different formats, as an nvfp4 model with a bf16 MTP "
             "drafter; FlashInfer's combinePayloadOffset check fires on a GPU. Fixed in 0.22.0: the workspace grows "
             "to the union of the layers (vLLM PR #42976)",
@@ -219,7 +221,8 @@ FINDINGS: tuple[Finding, ...] = (
             "combine reads only the real rows, so the cost is the experts' work and ids never routed reaching "
             "them. Fixed in 0.20.1 and 0.21.0 (invalid_token_expert_id=-1, 'Follow TRTLLM Pattern', vLLM PR "
             "#40960)",
-            code=((_ONE_SIDED, r"\A(?!(?s:.)*invalid_token_expert_id)"),)),
+            # MoeAlltoAll's dispatch called without the sentinel (moe_ep, 0.33 on, sets its own).
+            code=((_ONE_SIDED, r"moe_alltoall\.dispatch\((?:(?!invalid_token_expert_id)[^()])*\)"),)),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
                         ".view(M, -1) with M = 0), so an mxfp8 layer fails wherever a DP rank enters it empty",
             _mxfp8_on_an_empty_rank,

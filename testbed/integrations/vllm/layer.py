@@ -82,9 +82,9 @@ def checkpoint_quant_config(kind):
 
 
 def handed_routing(hidden_states, gating_output, topk, renormalize):
-    """The scenario's routing out of the logits it rides in: ``[t, 2K]`` -> (weights, ids).
-    A row of zeros is sequence-parallel padding, routed as a gate routes a zero row."""
-    ids, w = gating_output[:, :topk].round().to(torch.int32) - 1, gating_output[:, topk:].clone()
+    """The scenario's routing out of the logits it rides in (``[t, 2K]``, or wider with zero
+    columns) -> (weights, ids). A row of zeros is sequence-parallel padding, routed as a gate routes a zero row."""
+    ids, w = gating_output[:, :topk].round().to(torch.int32) - 1, gating_output[:, topk:2 * topk].clone()
     pad = (ids < 0).all(1)
     if pad.any():
         pad_ids, pad_w = padding_routing(topk)

@@ -9,9 +9,9 @@ from testbed.scenario.model import Scenario, from_text
 # vLLM 0.33.0's own layer (FusedMoEFactory -> MoERunner): one budget per model
 # (scheduler_config's max_num_batched_tokens), sequence parallel wherever vLLM turns it on
 # (one-sided, TP > 1, DP > 1), and the engine's step rule on every pass. The sequence-parallel,
-# blockwise-FP8 and mxfp8 entries are validated where they run: before 0.29 the one-sided backend
-# is not sequence parallel and its prepare builder refuses fp8, and 0.24's experts oracle has no
-# Triton mxfp8 backend (``rules.vllm_rule``) (an idle DP rank runs the 1-token dummy batch; a step
+# blockwise-FP8, mxfp8 and nvfp4 entries are validated where they run: before 0.29 the one-sided
+# backend is not sequence parallel and its prepare builder refuses fp8, 0.24's experts oracle has no
+# Triton mxfp8 backend and 0.18/0.19's no nvfp4 emulation backend (``rules.vllm_rule``) (an idle DP rank runs the 1-token dummy batch; a step
 # where every DP rank is idle runs no forward).
 VLLM_MATRIX: tuple[Scenario, ...] = (
     from_text("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", label="vLLM one-sided; an idle DP rank's dummy batch"),
@@ -35,15 +35,16 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
     # Routed scaling where no release is sequence parallel (TP 1): the runner's scale on every release.
     from_text("4,1,4,1", "bf16:8", "2,5,1,3", integration="vllm", shared_experts=True, routed_scaling=2.5,
        label="vLLM's MoERunner at TP 1: shared experts and routed scaling"),
-    from_text("4,1,4,1", "bf16:16,nvfp4:16", "3,0,7,1 2,2,0,5", integration="vllm", shared_experts=True,
+    from_text("4,1,4,1", "bf16:16,nvfp4:16", "3,0,7,1 2,2,0,5", integration="vllm", validated=False, shared_experts=True,
        label="vLLM ModelOpt nvfp4 after a bf16 layer (kept), shared experts, DP 4"),
     # nvfp4 then bf16: the bf16 dispatch (2H bytes a token) reaches past nvfp4's (H/2 + H/16) (FI-RACE).
     from_text("4,2,2,1", "nvfp4:16,bf16:16", "5,1 2,6", integration="vllm", validated=False, sequence_parallel=True, shared_experts=True,
        routed_scaling=2.5, label="vLLM ModelOpt nvfp4 then bf16 under sequence parallel: the shared communication grows"),
     from_text("8,2,2,2", "mxfp8:8,bf16:8;bf16:8", "4,2 7,8", integration="vllm", validated=False, sequence_parallel=True,
        label="vLLM PP 2 with TP 2 (sequence parallel): the stages replace 1 and 0 times"),
-    # PP 2 and blockwise FP8 on formats every release builds (0.24's oracle has no mxfp8 backend).
-    from_text("4,1,2,2", "nvfp4:8,bf16:8;bf16:8", "3,5 1,2", integration="vllm",
+    # PP 2 and blockwise FP8 on formats 0.24 on build (0.24's oracle has no mxfp8 backend; 0.18/0.19's
+# nvfp4 oracle has no emulation backend, and the others swizzle the weights on the GPU).
+    from_text("4,1,2,2", "nvfp4:8,bf16:8;bf16:8", "3,5 1,2", integration="vllm", validated=False,
        label="vLLM PP 2 without sequence parallel: the stages replace 1 and 0 times"),
     from_text("4,1,2,2", "nvfp4:8;fp8_block:8", "2,1 4,4", integration="vllm", validated=False, path="two_sided",
        hidden=512, top_k=4, label="vLLM two-sided PP 2: an nvfp4 stage and a blockwise FP8 stage"),

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from types import SimpleNamespace
+
+import torch
 
 from testbed import patch
 from testbed.integrations.vllm.environment import moe_class
@@ -44,8 +47,11 @@ def build_layer(session, index: int, fmt: str, experts):
 
     with building(session, index, fmt, experts) as arguments:
         cls = _layer_class(arguments["shared_experts"] is not None)
+        # The scenario's routing rides in fp32 logits, as from a model whose gate computes in fp32
+        # (0.18/0.19's DP-chunked path checks that the layer was told so).
         layer = cls(**arguments, **_where_taken(inspect.signature(cls).parameters, reduce_results=False,
-                                                 apply_routed_scale_to_output=True))
+                                                 apply_routed_scale_to_output=True,
+                                                 router_logits_dtype=torch.float32))
         load_weights(layer)
         method = layer.quant_method
         # What FusedMoEModularMethod.make asks the quant method for: the experts of its kernel.
@@ -56,14 +62,35 @@ def build_layer(session, index: int, fmt: str, experts):
         finally:
             undo()
     placed_as_the_testbed(layer, experts)
+    _chunk_buffers_on_this_device(session.ctx, layer.runner)
     # 0.20 on: the runner's _forward_entry; 0.18/0.19: DefaultMoERunner's moe_forward.
     enter_as_on_cuda(layer.runner, "_forward_entry" if hasattr(layer.runner, "_forward_entry") else "moe_forward")
     return ClassLayer(layer, session.sc, arguments["is_sequence_parallel"])
 
 
+def _chunk_buffers_on_this_device(ctx, runner) -> None:
+    """0.18/0.19's ``DefaultMoERunner`` allocates its DP-chunking buffers (the two-sided path
+    chunks) on ``torch.accelerator.current_device_index()``, the rank's GPU; the module's
+    ``torch`` answers this rank's device, the CPU, there, and is torch itself otherwise."""
+    module = inspect.getmodule(type(runner))
+    if "ensure_dp_chunking_init" not in vars(type(runner)) or getattr(module, "torch", None) is not torch:
+        return
+    ctx.add_cleanup(patch.attribute(module, "torch", _TorchOnThisDevice()))
+
+
+class _TorchOnThisDevice:
+    """``torch``, whose accelerator's current device is the CPU the rank runs on."""
+
+    accelerator = SimpleNamespace(current_device_index=lambda: torch.device("cpu"))
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
 def _where_taken(params, **arguments) -> dict:
     """The arguments the release's models hand where its layer takes them: ``reduce_results=False``
-    (0.18/0.19; the model reduces), ``apply_routed_scale_to_output`` (0.20 on)."""
+    (0.18/0.19; the model reduces), ``apply_routed_scale_to_output`` (0.20 on),
+    ``router_logits_dtype``."""
     return {name: value for name, value in arguments.items() if name in params}
 
 
@@ -99,6 +126,10 @@ class ClassLayer(RunnerLayer):
         return self.layer.quant_method.topk_indices_dtype
 
     def moe(self, x_th, logits_tk):
+        # The routing's [t, 2K] logits widened with zero columns to the experts' count, the
+        # width 0.18/0.19's DP-chunked path copies router logits into (handed_routing reads
+        # the first 2K).
+        logits_tk = torch.nn.functional.pad(logits_tk, (0, max(0, self.sc.experts - logits_tk.size(1))))
         out = self.layer(x_th, logits_tk)
         if isinstance(out, tuple):  # SharedFusedMoE: (shared, routed)
             shared, out = out
