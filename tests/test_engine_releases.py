@@ -153,11 +153,13 @@ def test_engine_release_cpu_platform_as_the_target_device_asks(tmp_path, reads_t
                                   else ["vllm.platforms.cpu.CpuPlatform", "None"])
 
 
-def test_engine_release_moe_layer_factory_is_probed_by_kind_and_arguments(monkeypatch):
-    """vLLM's MoE layer factory is FusedMoEFactory (0.27 on) or a FusedMoE function (0.24 ..
-    0.26); a FusedMoE class (before), or a function without an argument the layer level needs
-    to hand it, is refused naming it."""
+def test_engine_release_moe_layer_is_probed_by_kind_and_arguments(monkeypatch):
+    """vLLM's MoE layer is built through FusedMoEFactory (0.27 on) or a FusedMoE function (0.24 ..
+    0.26), or as the FusedMoE module class (0.18 .. 0.23); a release with none of them, or one
+    without an argument the layer level needs to hand it, is refused naming it."""
     import types
+
+    import torch
 
     from testbed.integrations.vllm import environment as env
 
@@ -178,14 +180,31 @@ def test_engine_release_moe_layer_factory_is_probed_by_kind_and_arguments(monkey
                        is_sequence_parallel=False):  # and no reduce_results, as 0.24's (it always reduces)
         return None
 
-    layer(FusedMoEFactory=factory, FusedMoE=type("FusedMoE", (), {}))
-    assert env.moe_factory() is factory and env.lacks_moe_factory() is None
+    class FusedMoE(torch.nn.Module):  # 0.18 .. 0.23: the layer a module class (shared experts by subclass)
+        def __init__(self, num_experts, top_k, hidden_size, intermediate_size, params_dtype=None,
+                     reduce_results=False, renormalize=True, quant_config=None, prefix="",
+                     custom_routing_function=None, routed_scaling_factor=1.0, apply_router_weight_on_input=False,
+                     is_sequence_parallel=False):
+            super().__init__()
+
+    class Partial(torch.nn.Module):
+        def __init__(self, num_experts, top_k, hidden_size, intermediate_size, params_dtype=None):
+            super().__init__()
+
+    layer(FusedMoEFactory=factory, FusedMoE=FusedMoE)
+    assert env.moe_factory() is factory and env.moe_class() is None and env.lacks_moe_layer() is None
     layer(FusedMoE=factory)
-    assert env.moe_factory() is factory and env.lacks_moe_factory() is None
-    layer(FusedMoE=type("FusedMoE", (), {}))
-    assert env.moe_factory() is None and "its FusedMoE is a class" in env.lacks_moe_factory()
+    assert env.moe_factory() is factory and env.lacks_moe_layer() is None
+    layer(FusedMoE=FusedMoE)
+    assert env.moe_factory() is None and env.moe_class() is FusedMoE and env.lacks_moe_layer() is None
+    layer(FusedMoE=type("FusedMoE", (), {}))  # a class, but no module
+    assert env.moe_class() is None and "has no MoE layer" in env.lacks_moe_layer()
+    layer(FusedMoE=Partial)
+    assert env.lacks_moe_layer() == (f"has a MoE layer {env.LAYER_MODULE}.Partial without renormalize, quant_config, "
+                                     "prefix, custom_routing_function, routed_scaling_factor, "
+                                     "apply_router_weight_on_input, is_sequence_parallel")
     layer(FusedMoE=without_shared)
-    assert env.lacks_moe_factory() == f"has a MoE layer factory {env.LAYER_MODULE}.without_shared without shared_experts"
+    assert env.lacks_moe_layer() == f"has a MoE layer {env.LAYER_MODULE}.without_shared without shared_experts"
 
 
 def test_engine_release_source_is_what_its_subprocesses_import(tmp_path, monkeypatch):

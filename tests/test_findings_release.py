@@ -68,12 +68,20 @@ def test_findings_gone_where_a_pattern_no_longer_matches(tmp_path, monkeypatch):
     assert findings.gone(_toy(finding), Finding("FI-X", "fi", lambda sc: True, (("completes", "x"),))) is None
 
 
+_FIXED_BY_022 = ("VLLM-009", "VLLM-010", "VLLM-011", "VLLM-012", "VLLM-013", "VLLM-014", "VLLM-015")
+
+
 @pytest.mark.parametrize("release, absent", [
     # VLLM-008 is 0.34.0's: no release before builds NVLinkOneSidedConfig(cft=)
-    ("0.31.0", {"VLLM-001", "VLLM-008"}),  # its one-sided prepare passes runtime_max_tokens_per_rank already
-    ("0.32.0", {"VLLM-001", "VLLM-008"}),
-    ("0.33.0", {"VLLM-008"}),
-    ("0.34.0", {"VLLM-001", "VLLM-002", "VLLM-005", "VLLM-006"}),  # moe_ep both ways, no MnnvlMoe or Mapping
+    # VLLM-009 .. 015 are 0.18 .. 0.21's, fixed by 0.22 (VLLM-010/011 by 0.20, VLLM-015 by 0.20.1)
+    ("0.18.0", {"VLLM-001", "VLLM-006", "VLLM-008"}),  # its prepare/finalizes beside the layer, no runtime_max=
+    ("0.19.0", {"VLLM-001", "VLLM-008"}),
+    ("0.21.0", {"VLLM-001", "VLLM-008", "VLLM-010", "VLLM-011", "VLLM-015"}),
+    ("0.22.0", {"VLLM-001", "VLLM-008"} | set(_FIXED_BY_022)),
+    ("0.31.0", {"VLLM-001", "VLLM-008"} | set(_FIXED_BY_022)),  # its one-sided prepare passes runtime_max_tokens_per_rank already
+    ("0.32.0", {"VLLM-001", "VLLM-008"} | set(_FIXED_BY_022)),
+    ("0.33.0", {"VLLM-008"} | set(_FIXED_BY_022)),
+    ("0.34.0", {"VLLM-001", "VLLM-002", "VLLM-005", "VLLM-006"} | set(_FIXED_BY_022)),  # moe_ep both ways
 ])
 def test_findings_vllm_release_has_what_its_code_holds(release, absent, monkeypatch):
     monkeypatch.setenv(VLLM_SOURCE, str(EXCERPTS / f"vllm-{release}"))

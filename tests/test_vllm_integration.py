@@ -62,10 +62,11 @@ def test_vllm_integration_engine_step_rule():
 
 def test_vllm_integration_latent_findings_only_on_raw_passes():
     engine = _parse(f"{RUN} --layout 4,1,4,1 --tokens 0,0,0,0 --tokens 0,3,0,0 --stages mxfp8:8")
-    assert not findings.known(engine)
+    # (the findings of older releases' code apply too where no release is here to read)
+    assert all(f.reachable != "no" for f in findings.known(engine))
     raw = dataclasses.replace(engine, raw_passes=True, passes=((0, 0, 0, 0), (0, 3, 0, 0)))
     known = {f.id: f for f in findings.known(raw)}
-    assert set(known) == {"VLLM-003", "VLLM-004"} and all(f.reachable == "no" for f in known.values())
+    assert {i for i, f in known.items() if f.reachable == "no"} == {"VLLM-003", "VLLM-004"}
     for sc in VLLM_MATRIX:
         assert all(f.reachable != "no" for f in findings.known(sc)), sc.label
 

@@ -79,6 +79,9 @@ def moe_prepare(experts_ids, scales, experts_statics, workspace, max_token_count
     if scales is not None:
         icheck(scales.dtype == torch.float32, "scales.dtype() == dl_float32", "scales must be float32")
     comm = _comm_of(workspace)
+    if comm.Get_size() != ep_size:  # the kernel would read peers' rows the mapping never mapped
+        raise RuntimeError(f"the workspace is mapped over {comm.Get_size()} ranks, but ep_size is {ep_size}: "
+                           "its MNNVL communicator must span the EP group")
     me, K = ep_rank, top_k
     rank_TK = experts_ids.long() // (expert_count // ep_size)
     per_rank_slots = slot_count // ep_size

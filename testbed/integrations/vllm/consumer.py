@@ -14,6 +14,7 @@ CONSUMER = Consumer("vllm", "vllm", (
     PathFile("vllm/distributed/device_communicators/all2all.py"),
     PathFile("vllm/distributed/device_communicators/mnnvl_compat.py"),
     PathFile("vllm/model_executor/layers/fused_moe/all2all_utils.py"),
-    PathFile("vllm/model_executor/layers/fused_moe/prepare_finalize/flashinfer_nvlink_*.py"),
+    # In prepare_finalize/ from 0.19; 0.18's beside the layer (flashinfer_nvlink_*_prepare_finalize.py).
+    PathFile("vllm/model_executor/layers/fused_moe/*flashinfer_nvlink_*.py"),
     PathFile("vllm/model_executor/layers/quantization/utils/mxfp8_utils.py"),
 ), release="0.33.0")

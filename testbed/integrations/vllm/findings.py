@@ -165,7 +165,8 @@ FINDINGS: tuple[Finding, ...] = (
                         "(CustomCommunicator(get_dp_group().cpu_group)), not the EP group they dispatch over: at "
                         "TP > 1 the workspace spans DP ranks only and FlashInfer refuses it",
             lambda sc: sc.path in ("one_sided", "two_sided") and sc.layout.tp > 1,
-            (("collectives", "mnnvl_compat.py"), ("completes", "workspace first dim must equal ep_size")),
+            (("collectives", "mnnvl_compat.py"), ("completes", "workspace first dim must equal ep_size"),
+             ("completes", "its MNNVL communicator must span the EP group")),
             "yes", "the managers set the workspace up when the first MoE layer builds its prepare/finalize, at "
             "start-up of every TP > 1 deployment with DP and expert parallel. Fixed in 0.20.0 (vLLM PR #40893)",
             "a2a-testbed run --integration vllm --vllm-source 0.19.0 --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",

@@ -77,7 +77,10 @@ def checkpoint_quant_config(kind):
     from vllm.model_executor.layers.quantization.modelopt import ModelOptMxFp8Config, ModelOptNvFp4Config
 
     if kind == "nvfp4":
-        return ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True, exclude_modules=[])
+        # kv_cache_quant_algo: required before 0.21 (no KV-cache quantization here).
+        kv = {"kv_cache_quant_algo": None} if "kv_cache_quant_algo" in inspect.signature(ModelOptNvFp4Config).parameters \
+            else {}
+        return ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True, exclude_modules=[], **kv)
     return ModelOptMxFp8Config(is_checkpoint_mxfp8_serialized=True, kv_cache_quant_algo=None, exclude_modules=[])
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 from testbed.scenario.engine import EngineScenario
 from testbed.scenario.model import Scenario, from_text
 
-# vLLM 0.33.0's own layer (FusedMoEFactory -> MoERunner): one budget per model
-# (scheduler_config's max_num_batched_tokens), sequence parallel wherever vLLM turns it on
-# (one-sided, TP > 1, DP > 1), and the engine's step rule on every pass. The sequence-parallel,
-# blockwise-FP8, mxfp8 and nvfp4 entries are validated where they run: before 0.29 the one-sided
-# backend is not sequence parallel and its prepare builder refuses fp8, 0.24's experts oracle has no
-# Triton mxfp8 backend and 0.18/0.19's no nvfp4 emulation backend (``rules.vllm_rule``) (an idle DP rank runs the 1-token dummy batch; a step
-# where every DP rank is idle runs no forward).
+# vLLM's own layer (FusedMoEFactory -> MoERunner from 0.24; the FusedMoE module before): one budget
+# per model (scheduler_config's max_num_batched_tokens), sequence parallel wherever vLLM turns it on
+# (0.29 on: one-sided, TP > 1, DP > 1), and the engine's step rule on every pass (an idle DP rank
+# runs the 1-token dummy batch; a step where every DP rank is idle runs no forward). Every entry is
+# validated where it runs, against the release in use (``rules.vllm_rule``): before 0.29 the
+# one-sided backend is not sequence parallel and its prepare builder refuses fp8, 0.20.0's refuses
+# all but nvfp4, 0.24's experts oracle has no Triton mxfp8 backend and 0.18/0.19's no nvfp4
+# emulation backend.
 VLLM_MATRIX: tuple[Scenario, ...] = (
-    from_text("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", label="vLLM one-sided; an idle DP rank's dummy batch"),
+    from_text("2,1,2,1", "bf16:16", "5,7 3,0", integration="vllm", validated=False, label="vLLM one-sided; an idle DP rank's dummy batch"),
     # An mxfp8 layer then a bf16 one grows the shared communication, and in one forward its bf16
     # dispatch reaches into the mxfp8 round's combine region with nothing between (FI-RACE).
     from_text("2,1,2,1", "mxfp8:16,bf16:16", "4,6 1,3", integration="vllm", validated=False,
@@ -33,7 +34,7 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
        label="vLLM: a bf16 layer then a blockwise FP8 one, shared experts (kept)"),
     from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", validated=False, label="vLLM mxfp8, an idle DP rank's dummy batch"),
     # Routed scaling where no release is sequence parallel (TP 1): the runner's scale on every release.
-    from_text("4,1,4,1", "bf16:8", "2,5,1,3", integration="vllm", shared_experts=True, routed_scaling=2.5,
+    from_text("4,1,4,1", "bf16:8", "2,5,1,3", integration="vllm", validated=False, shared_experts=True, routed_scaling=2.5,
        label="vLLM's MoERunner at TP 1: shared experts and routed scaling"),
     from_text("4,1,4,1", "bf16:16,nvfp4:16", "3,0,7,1 2,2,0,5", integration="vllm", validated=False, shared_experts=True,
        label="vLLM ModelOpt nvfp4 after a bf16 layer (kept), shared experts, DP 4"),
@@ -48,15 +49,15 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
        label="vLLM PP 2 without sequence parallel: the stages replace 1 and 0 times"),
     from_text("4,1,2,2", "nvfp4:8;fp8_block:8", "2,1 4,4", integration="vllm", validated=False, path="two_sided",
        hidden=512, top_k=4, label="vLLM two-sided PP 2: an nvfp4 stage and a blockwise FP8 stage"),
-    from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm",
+    from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm", validated=False,
        label="vLLM DP 4: an all-idle step (no forward), then idle ranks' dummy batches"),
-    from_text("4,1,4,1", "bf16:8", "3,1,0,6", integration="vllm", top_k=1, router_weight_on_input=True,
+    from_text("4,1,4,1", "bf16:8", "3,1,0,6", integration="vllm", validated=False, top_k=1, router_weight_on_input=True,
        routing="hotspot", label="vLLM router weight on input (top_k 1)"),
-    from_text("8,1,8,1", "bf16:8", "0,1,2,3,4,5,6,8", integration="vllm", experts=32, top_k=8, routing="local",
+    from_text("8,1,8,1", "bf16:8", "0,1,2,3,4,5,6,8", integration="vllm", validated=False, experts=32, top_k=8, routing="local",
        label="vLLM EP 8, top_k 8"),
-    from_text("4,2,2,1", "bf16:8", "0,5 3,3", integration="vllm", path="two_sided", hidden=512,
+    from_text("4,2,2,1", "bf16:8", "0,5 3,3", integration="vllm", validated=False, path="two_sided", hidden=512,
        label="vLLM two-sided, TP 2"),
-    from_text("4,2,2,1", "bf16:8", "4,1 2,6", integration="vllm", path="two_sided", hidden=512, shared_experts=True,
+    from_text("4,2,2,1", "bf16:8", "4,1 2,6", integration="vllm", validated=False, path="two_sided", hidden=512, shared_experts=True,
        label="vLLM two-sided, TP 2: TP-sharded shared experts reduced apart from the reduced routed output"),
     from_text("4,1,4,1", "mxfp8:8,bf16:8", "2,1,1,3", integration="vllm", validated=False, path="two_sided", hidden=512,
        label="vLLM two-sided, mxfp8 then bf16"),

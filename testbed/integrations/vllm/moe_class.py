@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from types import SimpleNamespace
 
 import torch
@@ -45,6 +46,7 @@ def build_layer(session, index: int, fmt: str, experts):
     kernel, as the release's model runner leaves it."""
     from vllm.distributed.parallel_state import prepare_communication_buffer_for_model
 
+    _chunk_buffers_on_this_device(session.ctx)
     with building(session, index, fmt, experts) as arguments:
         cls = _layer_class(arguments["shared_experts"] is not None)
         # The scenario's routing rides in fp32 logits, as from a model whose gate computes in fp32
@@ -62,18 +64,19 @@ def build_layer(session, index: int, fmt: str, experts):
         finally:
             undo()
     placed_as_the_testbed(layer, experts)
-    _chunk_buffers_on_this_device(session.ctx, layer.runner)
     # 0.20 on: the runner's _forward_entry; 0.18/0.19: DefaultMoERunner's moe_forward.
     enter_as_on_cuda(layer.runner, "_forward_entry" if hasattr(layer.runner, "_forward_entry") else "moe_forward")
     return ClassLayer(layer, session.sc, arguments["is_sequence_parallel"])
 
 
-def _chunk_buffers_on_this_device(ctx, runner) -> None:
+def _chunk_buffers_on_this_device(ctx) -> None:
     """0.18/0.19's ``DefaultMoERunner`` allocates its DP-chunking buffers (the two-sided path
-    chunks) on ``torch.accelerator.current_device_index()``, the rank's GPU; the module's
-    ``torch`` answers this rank's device, the CPU, there, and is torch itself otherwise."""
-    module = inspect.getmodule(type(runner))
-    if "ensure_dp_chunking_init" not in vars(type(runner)) or getattr(module, "torch", None) is not torch:
+    chunks) on ``torch.accelerator.current_device_index()``, the rank's GPU (0.19: when the
+    runner is built); its module's ``torch`` answers this rank's device, the CPU, there, and is
+    torch itself otherwise."""
+    module = sys.modules.get("vllm.model_executor.layers.fused_moe.runner.default_moe_runner")
+    if getattr(module, "torch", None) is not torch or \
+            "torch.accelerator.current_device_index()" not in inspect.getsource(module):
         return
     ctx.add_cleanup(patch.attribute(module, "torch", _TorchOnThisDevice()))
 

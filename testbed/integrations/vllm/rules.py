@@ -118,13 +118,15 @@ def one_sided_dispatch_formats() -> tuple[str, ...] | None:
     """The activation formats the release's one-sided prepare builder dispatches, where it names
     them in the error it raises for any other when the layer is built (before 0.29:
     ``all2all_utils.maybe_make_prepare_finalize``, "flashinfer_nvlink_one_sided dispatch
-    supports nvfp4, mxfp8, and bf16 (quant_dtype=None) today"); None where it dispatches every
+    supports nvfp4, mxfp8, and bf16 (quant_dtype=None) today"; 0.20.0: nvfp4 only); None where it dispatches every
     format the layer level builds (a probe of its source)."""
     module = ENGINE.module("vllm.model_executor.layers.fused_moe.all2all_utils")
     if module is None:
         return None
     source = re.sub(r'"\s*\n\s*f?"', "", inspect.getsource(module))  # the message's pieces joined
-    found = re.search(r"flashinfer_nvlink_one_sided dispatch supports (.+?) today", source)
+    found = (re.search(r"flashinfer_nvlink_one_sided dispatch supports (.+?) today", source)
+             # 0.20.0: "The 'flashinfer_nvlink_one_sided' all2all backend only supports nvfp4 ..."
+             or re.search(r"'flashinfer_nvlink_one_sided' all2all backend only supports (.+?) activation", source))
     if found is None:
         return None
     names = {"nvfp4": "nvfp4", "mxfp8": "mxfp8", "bf16": "bf16", "Blockwise FP8": "fp8_block"}
@@ -206,8 +208,8 @@ def vllm_rule(sc: Scenario) -> tuple[str, str] | None:
         fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(dispatched))
         if fmts:
             return "--stages", (f"vLLM {ENGINE.release()[0]} refuses a {', '.join(fmts)} layer on the one-sided "
-                                "backend when it builds the layer (all2all_utils.maybe_make_prepare_finalize raises "
-                                f"NotImplementedError: its one-sided dispatch supports {', '.join(dispatched)})")
+                                "backend when it builds the layer (all2all_utils.maybe_make_prepare_finalize raises: "
+                                f"its one-sided dispatch supports {', '.join(dispatched)})")
     formats = VLLM_FORMATS[sc.level]
     fmts = sorted({ly.fmt for st in sc.stages for ly in st} - set(formats))
     if fmts:
