@@ -90,7 +90,11 @@ def _classes() -> tuple[type, type]:
         def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
                   expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
                   apply_router_weight_on_input):
-            if self.quant_config.quant_dtype == "nvfp4" and self.quant_config.is_scale_swizzled:
+            # is_scale_swizzled from 0.20.1; is_nvfp4_scale_swizzled before.
+            swizzled = getattr(self.quant_config, "is_scale_swizzled", None)
+            if swizzled is None:
+                swizzled = self.quant_config.is_nvfp4_scale_swizzled
+            if self.quant_config.quant_dtype == "nvfp4" and swizzled:
                 # The prepare interleaved the received scales 128x4 for experts that read them so.
                 rows, cols = hidden_states.size(0), 2 * hidden_states.size(1) // 16
                 a1q_scale = deinterleave_128x4(a1q_scale.view(torch.uint8).reshape(-1), rows, cols)
