@@ -159,7 +159,7 @@ FINDINGS: tuple[Finding, ...] = (
             "yes", "every forward at TP > 1 with DP and expert parallel on either backend (the backends never run "
             "sequence parallel before 0.29, so nothing skips the reduce); at TP 1 the declaration is as wrong "
             "and the TP all-reduce is a no-op. Fixed in 0.22.0 (vLLM PR #41382)",
-            "a2a-testbed run --integration vllm --vllm-source 0.21.0 --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
+            "a2a-testbed run --integration vllm --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
             code=((_ONE_SIDED, _NOT_REDUCED), (_TWO_SIDED, _NOT_REDUCED))),
     Finding("VLLM-010", "vLLM 0.18/0.19's FlashInfer managers set up the MNNVL workspace over the DP group "
                         "(CustomCommunicator(get_dp_group().cpu_group)), not the EP group they dispatch over: at "
@@ -169,7 +169,7 @@ FINDINGS: tuple[Finding, ...] = (
              ("completes", "its MNNVL communicator must span the EP group")),
             "yes", "the managers set the workspace up when the first MoE layer builds its prepare/finalize, at "
             "start-up of every TP > 1 deployment with DP and expert parallel. Fixed in 0.20.0 (vLLM PR #40893)",
-            "a2a-testbed run --integration vllm --vllm-source 0.19.0 --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
+            "a2a-testbed run --integration vllm --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
             code=((_ALL2ALL, r"CustomCommunicator\(get_dp_group\(\)\.cpu_group\)"),)),
     Finding("VLLM-011", "vLLM 0.18/0.19's one-sided path is written for nvfp4 alone: the manager sizes the "
                         "workspace for an nvfp4 dispatch row (hidden // 2 + hidden // 16 + 8 top_k bytes) and the "
@@ -183,7 +183,7 @@ FINDINGS: tuple[Finding, ...] = (
             "yes", "every one-sided deployment of an unquantized or mxfp8 checkpoint (0.18/0.19's prepare builder "
             "dispatches nvfp4, mxfp8 and bf16). 0.20.0 refuses any format but nvfp4 (vLLM PR #39717); 0.20.1 and "
             "0.21.0 size the row by the layer's format (vLLM PR #40960)",
-            "a2a-testbed run --integration vllm --vllm-source 0.19.0 --layout 2,1,2,1 --stages bf16:8 --tokens 2,3",
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --stages bf16:8 --tokens 2,3",
             code=((_ALL2ALL, r"hidden_size // 2  # nvfp4 hidden states"),)),
     Finding("VLLM-012", "vLLM 0.18 .. 0.21's one-sided manager keeps the first layer's workspace (initialize "
                         "returns once initialized): a later layer of a stage that dispatches more bytes per token "
