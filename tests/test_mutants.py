@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import json
 import subprocess
@@ -82,6 +83,40 @@ def test_mutant_killed_only_by_the_expected_failure(cluster, monkeypatch):
     assert not hunt.killed and "only unexpected failures" in hunt.by and "reduce @ 1" in hunt.by
 
 
+def test_mutant_not_killed_by_what_the_release_already_shows(cluster, monkeypatch):
+    """On a scenario a known finding of the release fails, the expected failure counts only where
+    the unmutated scenario does not show it too (the release's own bug is no kill)."""
+    from testbed.harness import findings
+    from testbed.integrations.base import Finding
+
+    real = mutants.get("double-reduce-one-sided")
+    known = Finding("TOY-1", "toy", lambda sc: True, (("reduce", "output_is_reduced()"),))
+    monkeypatch.setattr(findings, "known", lambda sc: [known])
+    already = runner.run(cluster, MATRIX[0], mutant=real.name, timeout_s=20)
+    assert already.failed("reduce") or already.known_failures
+    monkeypatch.setattr(runner, "_unmutated", lambda pool, sc, timeout_s: already)
+    hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
+    assert not hunt.killed, hunt
+    clean = invariants.Verdict(MATRIX[0])
+    monkeypatch.setattr(runner, "_unmutated", lambda pool, sc, timeout_s: clean)
+    hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
+    assert hunt.killed and hunt.by == "reduce @ 1", hunt
+
+
+def test_mutant_target_in_the_first_module_a_release_has(monkeypatch):
+    """A release that moved the module (``a|b:Function``): the mutant changes it where it is, and
+    is absent only where no alternative has it."""
+    real = mutants.get("combine-bytes-8bit")
+    moved = dataclasses.replace(real, target="impl.not_here|" + real.target)
+    _substitute(monkeypatch, moved)
+    undo = mutants.apply(moved.name)
+    try:
+        assert impl.one_sided.combine_bytes_per_token(64) == 64
+    finally:
+        undo()
+    assert impl.one_sided.combine_bytes_per_token(64) == 128
+
+
 def test_mutants_cli_world_barrier_end_to_end(tmp_path):
     """Historical bug 3 through `a2a-testbed mutants`: the deadlock is reported by the
     collective audit (a barrier on the world group from _barrier_after_build)."""
@@ -131,8 +166,8 @@ def test_engine_mutant_applies_and_undoes_exactly(m):
         with pytest.raises(mutants.MutantError):
             mutants.apply(m.name)
         return
-    module_name, _, path = m.target.partition(":")
-    owner = importlib.import_module(module_name)
+    modules, _, path = m.target.partition(":")  # a|b: the first module the release has
+    owner = next(importlib.import_module(n) for n in modules.split("|") if importlib.util.find_spec(n))
     *owner_path, attr = path.split(".")
     for part in owner_path:
         owner = getattr(owner, part)

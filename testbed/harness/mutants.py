@@ -2,7 +2,8 @@
 (:meth:`testbed.integrations.base.Integration.mutants`), looked up by name and applied here.
 
 A mutant replaces one exact piece of one function's source (or, where the integration's
-release writes that code differently, the same change in its form) and recompiles that function in
+release writes that code differently, the same change in its form; where a release moved the
+module, in the first of ``a|b:Function`` it has) and recompiles that function in
 its module (the file name and line numbers stay the real ones, so call sites and stacks still
 point into the integration's code). A replacement that does not match exactly once is a
 broken mutant (:class:`MutantError`), never a "killed" one. ``expect`` says how the testbed
@@ -54,17 +55,36 @@ def not_applicable(m: Mutant) -> tuple[str, str] | None:
     engine = owner_of(m.name).engine
     if found or engine is None:
         return found
-    lacks = engine.lacks(*m.target.split(":"))
-    return ("absent", f"{lacks} (its code came later)") if lacks else None
+    modules, path = _target(m)
+    lacks = [engine.lacks(module, path) for module in modules]
+    return ("absent", f"{lacks[0]} (its code came later)") if all(lacks) else None
+
+
+def _target(m: Mutant) -> tuple[list[str], str]:
+    """The modules mutant ``m``'s target may live in (``a|b:Qual``: where a release moved it;
+    the first the release has) and the function's path in it."""
+    modules, _, path = m.target.partition(":")
+    return modules.split("|"), path
+
+
+def _import_first(modules: list[str]):
+    for name in modules[:-1]:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is None or not name.startswith(e.name):
+                raise
+    return importlib.import_module(modules[-1])
 
 
 def apply(name: str) -> Callable[[], None]:
     """Patch the integration's code in this process with mutant ``name``; returns the function
     that undoes it."""
     m = get(name)
-    module_name, _, path = m.target.partition(":")
+    modules, path = _target(m)
     owner_of(name).prepare_environment()  # what its code needs before it is imported here
-    module = importlib.import_module(module_name)
+    module = _import_first(modules)
+    module_name = module.__name__
     *owner_path, attr = path.split(".")
     owner = module
     try:

@@ -177,9 +177,12 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
     other = []
     for index, sc in kill_order(scenarios if m.needs_scenarios else ()):
         v = run(pool, sc, mutant=name, timeout_s=timeout_s)
+        # On a scenario a known finding fails, a failure the release's own code shows too (the
+        # finding's, or one that follows from it) is no kill: only what the mutant adds.
+        already = _unmutated(pool, sc, timeout_s) if findings.known(sc) else None
         for invariant, piece in m.expect:
-            for f in v.failed(invariant):
-                if piece in f.evidence:
+            for f in v.failed(invariant) + [g for g in v.known_failures if g.invariant == invariant]:
+                if piece in f.evidence and not (already and _shows(already, invariant, piece)):
                     return Hunt(name, True, f"{invariant} @ {index}", time.monotonic() - started,
                                 f.evidence.splitlines()[0][:300])
         other += [f"{f.invariant} @ {index}" for f in v.failures]
@@ -192,6 +195,21 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
         other += ["tests"] if failed else []
     why = "survived" + (f" (only unexpected failures: {', '.join(other[:4])})" if other else "")
     return Hunt(name, False, why, time.monotonic() - started)
+
+
+_UNMUTATED: dict[Scenario, Verdict] = {}
+
+
+def _unmutated(pool: RankPool, sc: Scenario, timeout_s: float) -> Verdict:
+    """``sc``'s verdict without a mutant, run once per process (a hunt of every mutant asks for
+    the same scenarios)."""
+    if sc not in _UNMUTATED:
+        _UNMUTATED[sc] = run(pool, sc, timeout_s=timeout_s)
+    return _UNMUTATED[sc]
+
+
+def _shows(v: Verdict, invariant: str, piece: str) -> bool:
+    return any(f.invariant == invariant and piece in f.evidence for f in v.failures + v.known_failures)
 
 
 def kill_order(scenarios) -> list[tuple[int, Scenario]]:

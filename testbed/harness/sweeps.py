@@ -189,7 +189,7 @@ def judge_matrix(pin: str) -> Judge:
 def judge_mutants(engine, source: Optional[str]) -> Judge:
     """An engine release's mutants: every one killed, each by the failure it names; one is
     left out (N/A) as absent only where the release's source of its target has none of the
-    code it changes, and as equivalent only by its probe's reason."""
+    code it changes, and as equivalent or masked only by its probe's reason."""
     def judge(data: dict, stdout: str) -> list[str]:
         from testbed.contract.source import open_package
         from testbed.harness import mutants
@@ -202,19 +202,19 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
         package = open_package(engine.name, source)
         for absent in data["not_applicable"]:
             m = mutants.get(absent["mutant"])
-            if absent["kind"] == "equivalent":  # its code is there by definition: the probe names the guard
+            if absent["kind"] in ("equivalent", "masked"):  # its code is there: the probe names the guard or finding
                 if not absent["why"]:
-                    problems.append(f"{m.name} was left out as equivalent without a reason")
+                    problems.append(f"{m.name} was left out as {absent['kind']} without a reason")
                 continue
-            module = m.target.partition(":")[0]
-            try:
-                text = package.read(module.replace(".", "/") + ".py")
-            except (KeyError, FileNotFoundError):  # the module came later
-                continue
-            present = [old for old in (m.old,) + tuple(old for old, _ in m.forms) if old in text]
-            if present:
-                problems.append(f"{m.name} was left out as N/A ({absent['why']}), but {module} of this release "
-                                f"holds the code it changes: {present[0][:80]!r}")
+            for module in m.target.partition(":")[0].split("|"):
+                try:
+                    text = package.read(module.replace(".", "/") + ".py")
+                except (KeyError, FileNotFoundError):  # the module came later (or moved)
+                    continue
+                present = [old for old in (m.old,) + tuple(old for old, _ in m.forms) if old in text]
+                if present:
+                    problems.append(f"{m.name} was left out as N/A ({absent['why']}), but {module} of this "
+                                    f"release holds the code it changes: {present[0][:80]!r}")
         return problems
     return judge
 

@@ -131,20 +131,25 @@ class Mutant:
     # release does (a guard it always passes through undoes it; one line naming that guard),
     # or None. The mutant is then equivalent there: not hunted, and reported as such.
     equivalent: Optional[Callable[[], Optional[str]]] = None
+    # A probe of the release: why every deployment that reaches the change already fails, in the
+    # invariants that catch the mutant, by a finding of the release's own (one line naming it),
+    # or None. The mutant is then masked there: not hunted, and reported as such.
+    masked: Optional[Callable[[], Optional[str]]] = None
 
     @classmethod
     def of(cls, name, description, target, old, new, *expect, tests=(), forms=(), requires=None,
-           equivalent=None) -> "Mutant":
+           equivalent=None, masked=None) -> "Mutant":
         """A catalogue entry as written: the ``expect`` pairs after the change, tests, other
         releases' forms, the capability it needs and its equivalence probe by keyword."""
         return cls(name, description, target, old, new, tuple(expect), tuple(tests), tuple(forms), requires,
-                   equivalent)
+                   equivalent, masked)
 
     def not_applicable(self) -> Optional[tuple[str, str]]:
         """``(kind, why)`` this mutant is not hunted on the release: ``absent`` (the release has
-        none of the code it changes) or ``equivalent`` (its change is undone on every path), or
-        None."""
-        for kind, probe in (("absent", self.requires), ("equivalent", self.equivalent)):
+        none of the code it changes), ``equivalent`` (its change is undone on every path) or
+        ``masked`` (a finding of the release's fails every deployment it reaches the same way),
+        or None."""
+        for kind, probe in (("absent", self.requires), ("equivalent", self.equivalent), ("masked", self.masked)):
             why = probe() if probe is not None else None
             if why:
                 return kind, why

@@ -43,7 +43,7 @@ def _two_sided_on_moe_ep():
 def _no_one_sided_buffer():
     from testbed.integrations.vllm.environment import ENGINE
 
-    module = ENGINE.module(V_OS)
+    module = _first_module(V_OS)
     # Its own: the modular kernel's base has one that hands nothing (0.33).
     if module is not None and "allocate_fused_expert_output" in vars(module.FlashInferNVLinkOneSidedPrepareAndFinalize):
         return None
@@ -64,6 +64,80 @@ def _set_up_barriers_itself():
             + ", so no peer can dispatch into a row before it is zeroed")
 
 
+def _first_module(alternatives: str):
+    """The first of ``a|b`` module names the release has, imported as the engine's probes are
+    (None where vLLM cannot run here)."""
+    from testbed.integrations.vllm.environment import ENGINE
+
+    names = alternatives.split("|")
+    for name in names:
+        try:
+            return ENGINE.module(name)
+        except ModuleNotFoundError:
+            if name == names[-1]:
+                raise
+    return None
+
+
+def _finalizes_claim_not_reduced():
+    """Where the release's FlashInfer prepare/finalizes already say their output is not reduced
+    (0.18 .. 0.21, VLLM-009), a mutant that makes them or the runner act so changes nothing."""
+    for modules, cls in ((V_OS, "FlashInferNVLinkOneSidedPrepareAndFinalize"),
+                         (V_TS, "FlashInferNVLinkTwoSidedPrepareAndFinalize")):
+        module = _first_module(modules)
+        if module is None or not _returns_false(getattr(module, cls).output_is_reduced):
+            return None
+    return ("this vLLM's FlashInfer prepare/finalizes already declare output_is_reduced() False (VLLM-009), so "
+            "the reduce runs whatever the change: the release is this mutant")
+
+
+def _keeps_the_first_communication():
+    """0.18 .. 0.21's one-sided manager returns at the top of ``initialize`` once initialized
+    (VLLM-012): it keeps the first layer's workspace and has no replacement rule to change."""
+    import inspect
+    import re
+
+    from testbed.integrations.vllm.environment import ENGINE
+
+    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
+    source = "" if module is None else inspect.getsource(module.FlashInferNVLinkOneSidedManager.initialize)
+    if re.search(r'"""[^"]*"""\s*if self\.initialized:\s*return\n', source) is None:
+        return None
+    return ("this vLLM's one-sided manager keeps the first layer's workspace (initialize returns once initialized, "
+            "VLLM-012): there is no replacement rule, and keeping the first is what the release does")
+
+
+def _barriers_on_the_world():
+    """0.18 .. 0.21's one-sided manager barriers on the world group after its build (VLLM-013)."""
+    import inspect
+
+    from testbed.integrations.vllm.environment import ENGINE
+
+    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
+    if module is None or "        dist.barrier()\n" not in inspect.getsource(
+            module.FlashInferNVLinkOneSidedManager.initialize):
+        return None
+    return "this vLLM's one-sided manager already barriers on the world group after its build (VLLM-013)"
+
+
+def _reduce_already_doubled():
+    """Where the prepare/finalizes say their output is not reduced (VLLM-009), every TP > 1
+    deployment already all-reduces complete outputs, which the reduce and output invariants
+    report; at TP 1 a TP all-reduce is over one rank."""
+    if _finalizes_claim_not_reduced() is None:
+        return None
+    return ("VLLM-009: this vLLM's prepare/finalizes declare output_is_reduced() False, so every TP > 1 deployment "
+            "already reduces a complete output over TP (reported by the reduce and output invariants) and at TP 1 "
+            "the reduce it changes is over one rank")
+
+
+def _returns_false(function) -> bool:
+    import inspect
+    import re
+
+    return re.search(r"return False\s*$", inspect.getsource(function)) is not None
+
+
 def _one_sided_on_moe_ep():
     from testbed.integrations.vllm.environment import one_sided_api
 
@@ -81,10 +155,13 @@ def _ids_cast_on_every_path():
     return None
 V_MGR = "vllm.distributed.device_communicators.all2all:FlashInferNVLinkOneSidedManager"
 V_MGR2 = "vllm.distributed.device_communicators.all2all:FlashInferNVLinkTwoSidedManager"
-V_PF = ("vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided:"
-        "FlashInferNVLinkOneSidedPrepareAndFinalize")
-V_OS = "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided"
-V_TS = "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"
+# The prepare/finalize modules: in prepare_finalize/ from 0.19, beside the layer in 0.18 (a|b: the
+# first a release has).
+V_OS = ("vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided|"
+        "vllm.model_executor.layers.fused_moe.flashinfer_nvlink_one_sided_prepare_finalize")
+V_TS = ("vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided|"
+        "vllm.model_executor.layers.fused_moe.flashinfer_nvlink_two_sided_prepare_finalize")
+V_PF = f"{V_OS}:FlashInferNVLinkOneSidedPrepareAndFinalize"
 V_RUNNER = "vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner"
 V_SHARED = "vllm.model_executor.layers.fused_moe.runner.shared_experts:SharedExperts"
 V_ROUTER = "vllm.model_executor.layers.fused_moe.router.cpu_router:CPURouter"
@@ -101,27 +178,34 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("v-first-layer-communication", "historical bug 2: the first layer's communication is kept whatever later "
        "layers need", f"{V_MGR}.initialize", "max_num_tokens <= previous_max", "True or max_num_tokens <= previous_max",
        ("workspace", "does not cover"), ("completes", "insufficient"),
-       forms=(("needed_workspace_size <= self.workspace_size\n", "True or needed_workspace_size <= self.workspace_size\n"),)),
+       forms=(("needed_workspace_size <= self.workspace_size\n", "True or needed_workspace_size <= self.workspace_size\n"),),
+       equivalent=_keeps_the_first_communication),
     _m("v-growth-ignores-dispatch-bytes", "the replacement rule compares tokens and hidden but not dispatch bytes",
        f"{V_MGR}.initialize", "                and dispatch_bytes <= previous_bytes\n", "",
        ("workspace", "does not cover"), ("completes", "insufficient"),
-       forms=(("                needed_workspace_size <= self.workspace_size\n                and ", "                "),)),
+       forms=(("                needed_workspace_size <= self.workspace_size\n                and ", "                "),),
+       equivalent=_keeps_the_first_communication),
     _m("v-replace-when-covered", "a layer the shared communication already covers replaces it anyway",
        f"{V_MGR}.initialize", "                return\n", "                pass\n", ("workspace", "build(s) for layer"),
-       ("workspace", "builds after layer")),
+       ("workspace", "builds after layer"), equivalent=_keeps_the_first_communication),
     # -- barriers and communicator scope (seed 001's historical bug 3) ---------------------------
     _m("v-world-barrier-after-build", "historical bug 3: the barrier after a build runs on the world group",
        f"{V_MGR}.initialize", "        )\n        dist.barrier(group=self.cpu_group)", "        )\n        dist.barrier()",
        ("collectives", "barrier on group"), ("completes", ""),
-       forms=((_BARRIER_0_32, "would deadlock.\n        dist.barrier()"),)),
+       forms=((_BARRIER_0_32, "would deadlock.\n        dist.barrier()"),), equivalent=_barriers_on_the_world),
     _m("v-no-barrier-after-build", "no barrier after the communication is built",
        f"{V_MGR}.initialize", "        )\n        dist.barrier(group=self.cpu_group)", "        )\n        pass",
-       ("collectives", "not followed by a barrier"), forms=((_BARRIER_0_32, "would deadlock.\n        pass"),),
+       ("collectives", "not followed by a barrier"),
+       # 0.18 .. 0.21: the world barrier (VLLM-013) is the one after the build.
+       forms=((_BARRIER_0_32, "would deadlock.\n        pass"), ("        dist.barrier()\n", "        pass\n")),
        equivalent=_set_up_barriers_itself),
     _m("v-world-mnnvl-communicator", "the MNNVL handles are exchanged over the world group",
        f"{V_MGR}.initialize", "comm_backend=CustomCommunicator(self.cpu_group),",
        "comm_backend=CustomCommunicator(dist.group.WORLD),",
-       ("completes", "MNNVL communicator has"), ("collectives", "all_gather_object on group")),
+       ("completes", "MNNVL communicator has"), ("collectives", "all_gather_object on group"),
+       # 0.18/0.19 exchange them over the DP group (VLLM-010).
+       forms=(("comm_backend=CustomCommunicator(get_dp_group().cpu_group),",
+               "comm_backend=CustomCommunicator(dist.group.WORLD),"),)),
     # -- the step's runtime max tokens ---------------------------------------------------------
     _m("v-step-is-local-count", "each rank dispatches with its own token count as the step's max",
        f"{V_PF}.prepare", "            max(global_num_tokens_cpu)\n", "            a1.shape[0]\n",
@@ -150,14 +234,15 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        f"{V_PF}.prepare", "a1.mul_(topk_weights.to(a1.dtype))", "a1.mul_(1)", ("output", "x the tolerance")),
     # -- the reduce contract (seed 002) ----------------------------------------------------------
     _m("v-one-sided-not-reduced", "historical bug 1: the one-sided finalize claims its output is not reduced",
-       f"{V_PF}.output_is_reduced", "return True", "return False", ("reduce", "output_is_reduced()")),
+       f"{V_PF}.output_is_reduced", "return True", "return False", ("reduce", "output_is_reduced()"),
+       equivalent=_finalizes_claim_not_reduced),
     _m("v-two-sided-not-reduced", "historical bug 1 on the two-sided finalize",
        f"{V_TS}:FlashInferNVLinkTwoSidedPrepareAndFinalize.output_is_reduced", "return True", "return False",
-       ("reduce", "output_is_reduced()")),
+       ("reduce", "output_is_reduced()"), equivalent=_finalizes_claim_not_reduced),
     _m("v-reduce-ignores-reduced", "the runner all-reduces over TP even when the kernel's output is reduced",
        f"{V_RUNNER}._maybe_reduce_final_output", "            and not output_is_reduced\n", "",
        ("reduce", "TP all_reduce"), ("output", "x the tolerance"),
-       forms=(("            and not self._fused_output_is_reduced\n", ""),)),
+       forms=(("            and not self._fused_output_is_reduced\n", ""),), equivalent=_finalizes_claim_not_reduced),
     # -- combine -----------------------------------------------------------------------------------
     _m("v-combine-without-output", "finalize hands combine a scratch tensor as output=: the layer's output is "
        "never written", f"{V_PF}.finalize", "            output=output,\n",
@@ -202,7 +287,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("r-shared-not-reduced", "the TP-sharded shared output is reduced only when the routed one is not",
        f"{V_RUNNER}._maybe_reduce_shared_expert_output", "            and fused_output_is_reduced\n",
        "            and not fused_output_is_reduced\n", ("reduce", "TP all_reduce"), ("output", "x the tolerance"),
-       forms=(("            and self._fused_output_is_reduced\n", "            and not self._fused_output_is_reduced\n"),)),
+       forms=(("            and self._fused_output_is_reduced\n", "            and not self._fused_output_is_reduced\n"),),
+       masked=_reduce_already_doubled),
     _m("r-fused-reduced-inverted", "the runner reads the kernel's output_is_reduced() backwards",
        f"{V_RUNNER}._fused_output_is_reduced", "            and self._quant_method.moe_kernel.output_is_reduced()",
        "            and not self._quant_method.moe_kernel.output_is_reduced()", ("reduce", ""),
