@@ -54,9 +54,12 @@ def scaled_fp4_quant_out(input, input_scale, is_sf_swizzled_layout, *, output, o
     m, n = input.shape
     if n % 16:
         raise ValueError(f"scaled_fp4_quant: the last dimension has to be a multiple of 16, got {n}")
-    if input_scale.numel() != 1:
-        raise ValueError(f"scaled_fp4_quant takes one global scale, got {input_scale.numel()}")
-    values, scales = block_quant.nvfp4(input, input_scale.float().reshape(1).expand(m), is_sf_swizzled_layout)
+    # The kernel reads the global scale's first element: one scale, or one expanded per expert
+    # (vLLM's FlashInfer backends share it); scales that differ would be silently wrong there.
+    flat_scale = input_scale.float().reshape(-1)
+    if flat_scale.numel() == 0 or (flat_scale != flat_scale[0]).any():
+        raise ValueError(f"scaled_fp4_quant takes one global scale, got {input_scale.numel()} that differ")
+    values, scales = block_quant.nvfp4(input, flat_scale[:1].expand(m), is_sf_swizzled_layout)
     output.copy_(values)
     flat = output_scale.view(torch.uint8).reshape(-1)
     if flat.numel() != scales.numel():

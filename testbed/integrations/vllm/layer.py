@@ -104,15 +104,24 @@ def format_on_this_release(fmt: str) -> tuple[Format, tuple]:
     """How a layer of ``fmt`` is built on this vLLM, and the modules whose platform must not be a
     CPU for it: where the release's unquantized oracle answers a CPU platform with its CPU
     backend and no experts class (before 0.28: "TODO: migrate to MK structure"; 0.18's assigns
-    the CPU backend, whose kernel is monolithic; a probe of its source), that layer never gets a modular kernel on a CPU, so it is built as on a CUDA host
-    (what those two modules ask of the platform answers so), on vLLM's Triton backend, the
-    testbed's experts standing in for Triton's."""
+    the CPU backend, whose kernel is monolithic; a probe of its source), that layer never gets a
+    modular kernel on a CPU, so it is built as on a CUDA host (what those two modules ask of the
+    platform answers so), on vLLM's Triton backend, the testbed's experts standing in for
+    Triton's. Where the nvfp4 oracle has no emulation backend (0.18/0.19), an nvfp4 layer is
+    built on FlashInfer's CUTLASS backend (what a B200 picks), the testbed's experts standing in
+    for FlashInfer's and its block-scale swizzle's result left on the CPU."""
     form = FORMATS[fmt]
     if form.kind is None and _cpu_backend_without_kernel():
         return form._replace(moe_backend="triton", member="TRITON"), (
             "vllm.model_executor.layers.fused_moe.oracle.unquantized",
             "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method")
+    if form.kind == "nvfp4" and not hasattr(_oracle(form).NvFp4MoeBackend, form.member):
+        return form._replace(moe_backend="flashinfer_cutlass", member="FLASHINFER_CUTLASS"), ()
     return form, ()
+
+
+def _oracle(form: Format):
+    return importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
 
 
 @functools.cache
@@ -137,7 +146,7 @@ def building(session, index: int, fmt: str, experts):
 
     sc, ctx, config = session.sc, session.ctx, session.config
     form, gpu_modules = format_on_this_release(fmt)
-    oracle = importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
+    oracle = _oracle(form)
     undo = []
     resolve = getattr(oracle, form.resolver, None)
     if resolve is not None:
@@ -149,6 +158,8 @@ def building(session, index: int, fmt: str, experts):
     for name in gpu_modules:
         module = importlib.import_module(name)
         undo.append(patch.attribute(module, "current_platform", NotACpu(module.current_platform, cuda=True)))
+    if form.member == "FLASHINFER_CUTLASS":
+        undo.append(_swizzle_on_this_device())
     sp = config.parallel_config.use_sequence_parallel_moe
     shared = None
     if sc.shared_experts:
@@ -171,6 +182,22 @@ def building(session, index: int, fmt: str, experts):
     finally:
         for restore in reversed(undo):
             restore()
+
+
+def _swizzle_on_this_device():
+    """vLLM's own block-scale swizzle for FlashInfer's CUTLASS kernels, its result moved to this
+    rank's device, the CPU (``swizzle_blockscale`` ends in ``.cuda()``); returns what undoes it."""
+    module = importlib.import_module("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe")
+    swizzle = module.swizzle_blockscale
+
+    def on_this_device(scale):
+        undo = patch.attribute(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+        try:
+            return swizzle(scale)
+        finally:
+            undo()
+
+    return patch.attribute(module, "swizzle_blockscale", on_this_device)
 
 
 def placed_as_the_testbed(layer, experts) -> None:

@@ -33,6 +33,8 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
     from_text("2,1,2,1", "bf16:16,fp8_block:16", "4,6 0,3", integration="vllm", validated=False, shared_experts=True,
        label="vLLM: a bf16 layer then a blockwise FP8 one, shared experts (kept)"),
     from_text("2,1,2,1", "mxfp8:8", "0,3", integration="vllm", validated=False, label="vLLM mxfp8, an idle DP rank's dummy batch"),
+    from_text("2,1,2,1", "nvfp4:16", "5,7 3,1", integration="vllm", validated=False,
+       label="vLLM ModelOpt nvfp4 alone, one-sided: the workspace sized by the first layer's scales"),
     # Routed scaling where no release is sequence parallel (TP 1): the runner's scale on every release.
     from_text("4,1,4,1", "bf16:8", "2,5,1,3", integration="vllm", validated=False, shared_experts=True, routed_scaling=2.5,
        label="vLLM's MoERunner at TP 1: shared experts and routed scaling"),

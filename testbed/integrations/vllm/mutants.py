@@ -131,6 +131,21 @@ def _reduce_already_doubled():
             "the reduce it changes is over one rank")
 
 
+def _sizes_the_scales():
+    """The one-sided manager adds the activation scales' bytes to the dispatch row it sizes the
+    workspace for (0.20.1 .. 0.32)."""
+    import inspect
+
+    from testbed.integrations.vllm.environment import ENGINE
+
+    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
+    source = "" if module is None else inspect.getsource(module.FlashInferNVLinkOneSidedManager.initialize)
+    if any(f"+ {name}\n" in source for name in ("x_sf_bytes_per_token", "dispatch_scale_bytes_per_token")):
+        return None
+    return ("this vLLM's one-sided manager adds no scale bytes of a layer's own: before 0.20.1 it sizes an nvfp4 row "
+            "whatever the layer (VLLM-011), from 0.33 moe_ep sizes the row from the communication's parameters")
+
+
 def _returns_false(function) -> bool:
     import inspect
     import re
@@ -189,6 +204,10 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        f"{V_MGR}.initialize", "                return\n", "                pass\n", ("workspace", "build(s) for layer"),
        ("workspace", "builds after layer"), equivalent=_keeps_the_first_communication),
     # -- barriers and communicator scope (seed 001's historical bug 3) ---------------------------
+    _m("v-sized-without-scales", "the one-sided workspace is sized for the dispatch row without its activation "
+       "scales", f"{V_MGR}.initialize", "            + x_sf_bytes_per_token\n", "", ("workspace", "does not cover"),
+       ("completes", "insufficient"), forms=(("            + dispatch_scale_bytes_per_token\n", ""),),
+       requires=_sizes_the_scales),
     _m("v-world-barrier-after-build", "historical bug 3: the barrier after a build runs on the world group",
        f"{V_MGR}.initialize", "        )\n        dist.barrier(group=self.cpu_group)", "        )\n        dist.barrier()",
        ("collectives", "barrier on group"), ("completes", ""),

@@ -141,7 +141,7 @@ def unbuilt_formats() -> dict[str, str]:
     resolve that backend's experts class; empty where vLLM is not installed. (A layer built as
     its module class takes its experts from the quant method's ``select_gemm_impl``.)"""
     from testbed.integrations.vllm.environment import moe_class
-    from testbed.integrations.vllm.layer import FORMATS
+    from testbed.integrations.vllm.layer import FORMATS, format_on_this_release
 
     if ENGINE.module(LAYER_MODULE) is None:
         return {}
@@ -149,6 +149,7 @@ def unbuilt_formats() -> dict[str, str]:
     missing = {}
     for fmt, form in FORMATS.items():
         module = ENGINE.module(f"vllm.model_executor.layers.fused_moe.oracle.{form.oracle}")
+        form = format_on_this_release(fmt)[0] if module is not None else form
         if module is not None and not (hasattr(getattr(module, form.enum, None), form.member)
                                        and (hasattr(module, form.resolver) or not resolved)):
             missing[fmt] = f"{form.enum}.{form.member}"
