@@ -152,7 +152,8 @@ def test_vllm_integration_needs_dp_above_one():
 def test_vllm_integration_scaled_fp4_quant_cpu_kernel(swizzled):
     """The CPU kernel behind vLLM's ``ops.scaled_fp4_quant`` (vLLM's own wrapper allocates and
     calls ``torch.ops._C.scaled_fp4_quant.out``) against the format's definition: values on the
-    NVFP4 grid come back exactly, and a bad shape names the rule."""
+    NVFP4 grid come back exactly, a global scale expanded per expert is read as the kernel reads
+    it (its first element), and a bad shape or scales that differ name the rule."""
     from fakes.flashinfer.fused_moe.layouts import deinterleave_128x4
     from testbed.integrations.vllm import kernels
     from testbed.scenario.reference import NVFP4_GLOBAL_SCALE, dequantize, representable
@@ -166,8 +167,11 @@ def test_vllm_integration_scaled_fp4_quant_cpu_kernel(swizzled):
     if swizzled:
         sf = deinterleave_128x4(sf.view(torch.uint8).reshape(-1), 5, 4)
     assert torch.equal(dequantize("nvfp4", q, sf, 64), x.float())
+    per_expert = torch.tensor([NVFP4_GLOBAL_SCALE]).expand(4)  # vLLM's FlashInfer backends share one
+    q4, sf4 = ops.scaled_fp4_quant(x.to(torch.bfloat16), per_expert, is_sf_swizzled_layout=False)
+    assert torch.equal(dequantize("nvfp4", q4, sf4, 64), x.float())
     with pytest.raises(ValueError, match="one global scale"):
-        torch.ops._C.scaled_fp4_quant.out(x.to(torch.bfloat16), torch.ones(2), False,
+        torch.ops._C.scaled_fp4_quant.out(x.to(torch.bfloat16), torch.tensor([1.0, 2.0]), False,
                                           output=torch.empty(5, 32, dtype=torch.uint8),
                                           output_scale=torch.empty(5, 4, dtype=torch.uint8))
 

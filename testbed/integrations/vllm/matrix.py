@@ -53,8 +53,9 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
        hidden=512, top_k=4, label="vLLM two-sided PP 2: an nvfp4 stage and a blockwise FP8 stage"),
     from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm", validated=False,
        label="vLLM DP 4: an all-idle step (no forward), then idle ranks' dummy batches"),
-    from_text("4,1,4,1", "bf16:8", "3,1,0,6", integration="vllm", validated=False, top_k=1, router_weight_on_input=True,
-       routing="hotspot", label="vLLM router weight on input (top_k 1)"),
+    # nvfp4: the format every release's one-sided path dispatches (0.18/0.19's is written for it alone).
+    from_text("4,1,4,1", "nvfp4:8", "3,1,0,6", integration="vllm", validated=False, top_k=1, router_weight_on_input=True,
+       routing="hotspot", label="vLLM router weight on input (top_k 1), nvfp4"),
     from_text("8,1,8,1", "bf16:8", "0,1,2,3,4,5,6,8", integration="vllm", validated=False, experts=32, top_k=8, routing="local",
        label="vLLM EP 8, top_k 8"),
     from_text("4,2,2,1", "bf16:8", "0,5 3,3", integration="vllm", validated=False, path="two_sided", hidden=512,

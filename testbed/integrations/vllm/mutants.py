@@ -146,6 +146,20 @@ def _sizes_the_scales():
             "whatever the layer (VLLM-011), from 0.33 moe_ep sizes the row from the communication's parameters")
 
 
+def _runner_sums_the_shared_output():
+    """From 0.20 the runner adds the shared experts' output; 0.18/0.19's ``MoERunner`` is an
+    abstract base (``DefaultMoERunner`` returns the two apart, and the model sums them)."""
+    import inspect
+
+    from testbed.integrations.vllm.environment import ENGINE
+
+    module = ENGINE.module(V_RUNNER.partition(":")[0])
+    if module is None or not inspect.isabstract(module.MoERunner):
+        return None
+    return ("this vLLM's runner returns the shared and routed outputs apart (MoERunner is an abstract base); its "
+            "models sum them")
+
+
 def _returns_false(function) -> bool:
     import inspect
     import re
@@ -234,7 +248,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        ("runtime-max-tokens", "runtime_max_tokens_per_rank")),
     _m("v-no-dp-metadata", "the one-sided prepare never reads the DP metadata (the local count serves)",
        f"{V_OS}:get_local_sizes", "return dp_metadata.get_chunk_sizes_across_dp_rank()", "return None",
-       ("runtime-max-tokens", "runtime_max_tokens_per_rank"), ("completes", "")),
+       ("runtime-max-tokens", "runtime_max_tokens_per_rank"), ("completes", ""),
+       forms=(("return get_forward_context().dp_metadata.get_chunk_sizes_across_dp_rank()", "return None"),)),
     _m("v-two-sided-step-is-local-count", "the two-sided prepare sizes its step with this rank's own count",
        f"{V_TS}:flashinfer_alltoall_dispatch", "max(global_num_tokens_cpu) if global_num_tokens_cpu is not None else",
        "x.shape[0] if global_num_tokens_cpu is not None else", ("completes", ""), ("output", "x the tolerance"),
@@ -317,7 +332,7 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        "        if self.routed_scaling_factor == 1.0:", ("output", "x the tolerance")),
     _m("r-shared-output-dropped", "the runner returns the routed output without the shared experts'",
        f"{V_RUNNER}.forward", "            result = shared_output + fused_output",
-       "            result = fused_output", ("output", "x the tolerance")),
+       "            result = fused_output", ("output", "x the tolerance"), requires=_runner_sums_the_shared_output),
     _m("r-shared-never-run", "the shared experts run in no order (the order test is inverted)",
        f"{V_SHARED}.forward", "        if order != experts_order:", "        if order == experts_order:",
        ("completes", ""), ("output", "x the tolerance")),
@@ -344,7 +359,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        "experts read them 128x4-interleaved", f"{V_PF}.prepare",
        'if quant_config.quant_dtype == "nvfp4" and quant_config.is_scale_swizzled:',
        'if quant_config.quant_dtype == "nvfp4" and not quant_config.is_scale_swizzled:',
-       ("output", "x the tolerance"), ("completes", "")),
+       ("output", "x the tolerance"), ("completes", ""),
+       forms=(("and quant_config.is_nvfp4_scale_swizzled\n", "and not quant_config.is_nvfp4_scale_swizzled\n"),)),
     # -- the router hand-off and the layer's quantize ---------------------------------------------
     _m("r-router-ids-int64", "the CPU router hands the custom function's ids on as int64",
        f"{V_ROUTER}._compute_routing", "            topk_ids = topk_ids.to(torch.int32).contiguous()",
