@@ -36,8 +36,9 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
     from_text("2,1,2,1", "nvfp4:16", "5,7 3,1", integration="vllm", validated=False,
        label="vLLM ModelOpt nvfp4 alone, one-sided: the workspace sized by the first layer's scales"),
     # Routed scaling where no release is sequence parallel (TP 1): the runner's scale on every release.
-    from_text("4,1,4,1", "bf16:8", "2,5,1,3", integration="vllm", validated=False, shared_experts=True, routed_scaling=2.5,
-       label="vLLM's MoERunner at TP 1: shared experts and routed scaling"),
+    # nvfp4, the format every release's one-sided path dispatches (0.20.0's alone).
+    from_text("4,1,4,1", "nvfp4:8", "2,5,1,3", integration="vllm", validated=False, shared_experts=True, routed_scaling=2.5,
+       label="vLLM's MoERunner at TP 1: shared experts and routed scaling, nvfp4"),
     from_text("4,1,4,1", "bf16:16,nvfp4:16", "3,0,7,1 2,2,0,5", integration="vllm", validated=False, shared_experts=True,
        label="vLLM ModelOpt nvfp4 after a bf16 layer (kept), shared experts, DP 4"),
     # nvfp4 then bf16: the bf16 dispatch (2H bytes a token) reaches past nvfp4's (H/2 + H/16) (FI-RACE).
@@ -49,6 +50,8 @@ VLLM_MATRIX: tuple[Scenario, ...] = (
 # nvfp4 oracle has no emulation backend, and the others swizzle the weights on the GPU).
     from_text("4,1,2,2", "nvfp4:8,bf16:8;bf16:8", "3,5 1,2", integration="vllm", validated=False,
        label="vLLM PP 2 without sequence parallel: the stages replace 1 and 0 times"),
+    from_text("4,1,2,2", "nvfp4:8;nvfp4:8", "2,5 4,1", integration="vllm", validated=False,
+       label="vLLM PP 2, nvfp4 in both stages: each stage's EP group set up apart"),
     from_text("4,1,2,2", "nvfp4:8;fp8_block:8", "2,1 4,4", integration="vllm", validated=False, path="two_sided",
        hidden=512, top_k=4, label="vLLM two-sided PP 2: an nvfp4 stage and a blockwise FP8 stage"),
     from_text("4,1,4,1", "bf16:8", "0,0,0,0 2,0,0,1", integration="vllm", validated=False,

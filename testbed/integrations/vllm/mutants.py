@@ -160,6 +160,16 @@ def _runner_sums_the_shared_output():
             "models sum them")
 
 
+def _reading_backwards_undoes_the_double_reduce():
+    """Where the finalizes declare their output not reduced (VLLM-009), the runner reading the
+    flag backwards skips the TP all-reduce that doubles it."""
+    if _finalizes_claim_not_reduced() is None:
+        return None
+    return ("VLLM-009: this vLLM's prepare/finalizes declare output_is_reduced() False, so the runner reading it "
+            "backwards skips exactly the TP all-reduce VLLM-009 doubles the output with (its reduce claim still "
+            "fails every deployment) and at TP 1 reduces over one rank")
+
+
 def _returns_false(function) -> bool:
     import inspect
     import re
@@ -326,7 +336,11 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
     _m("r-fused-reduced-inverted", "the runner reads the kernel's output_is_reduced() backwards",
        f"{V_RUNNER}._fused_output_is_reduced", "            and self._quant_method.moe_kernel.output_is_reduced()",
        "            and not self._quant_method.moe_kernel.output_is_reduced()", ("reduce", ""),
-       ("output", "x the tolerance")),
+       ("output", "x the tolerance"),
+       # 0.20.0: the runner's quant_method not yet private.
+       forms=(("            and self.quant_method.moe_kernel.output_is_reduced()",
+               "            and not self.quant_method.moe_kernel.output_is_reduced()"),),
+       masked=_reading_backwards_undoes_the_double_reduce),
     _m("r-routed-scale-dropped", "routed_scaling_factor is applied only where it is 1",
        f"{V_RUNNER}._maybe_apply_routed_scale_to_output", "        if self.routed_scaling_factor != 1.0:",
        "        if self.routed_scaling_factor == 1.0:", ("output", "x the tolerance")),
