@@ -194,6 +194,7 @@ FINDINGS: tuple[Finding, ...] = (
             "yes", "a checkpoint whose MoE layers dispatch different formats, as an nvfp4 model with a bf16 MTP "
             "drafter; FlashInfer's combinePayloadOffset check fires on a GPU. Fixed in 0.22.0: the workspace grows "
             "to the union of the layers (vLLM PR #42976)",
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --stages nvfp4:16,bf16:16 --tokens 1,5 --tokens 3,4",
             code=((_ALL2ALL, r"class FlashInferNVLinkOneSidedManager(?s:.)*?def initialize(?s:.)*?"
                              r"if self\.initialized:\s*return\b"),)),
     Finding("VLLM-013", "vLLM 0.18 .. 0.21's one-sided manager barriers on the world group (dist.barrier()) "
@@ -204,6 +205,7 @@ FINDINGS: tuple[Finding, ...] = (
             "not checked", "each rank initializes its manager once, at its stage's first MoE layer, so the world "
             "barrier completes where every stage holds an MoE layer; a stage without one (dense first layers) "
             "hangs the others. Fixed in 0.22.0: the barrier is on the EP group (vLLM PR #42976)",
+            "a2a-testbed run --integration vllm --layout 4,1,2,2 --stages 'nvfp4:8;nvfp4:8' --tokens 2,5 --tokens 4,1",
             code=((_ALL2ALL, r"dist\.barrier\(\)"),)),
     Finding("VLLM-014", "vLLM 0.18 .. 0.21's two-sided dispatch sends the activation scales through "
                         "MnnvlMoe.mnnvl_moe_alltoallv whether or not there are any: an unquantized (bf16) layer "
@@ -212,6 +214,8 @@ FINDINGS: tuple[Finding, ...] = (
             (("completes", "'NoneType' object has no attribute 'dim'"),),
             "yes", "every forward of an unquantized layer at every two-sided deployment. Fixed in 0.22.0 (if "
             "x_sf is not None; the release notes name no pull request)",
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --path two_sided --hidden 512 --stages bf16:8 "
+            "--tokens 2,6",
             code=((_TWO_SIDED, r"\n        x_sf = MnnvlMoe\.mnnvl_moe_alltoallv\("),)),
     Finding("VLLM-015", "vLLM 0.18 .. 0.20.0's one-sided dispatch passes no invalid_token_expert_id: the receive "
                         "slots behind a DP rank with fewer tokens than the runtime max keep what was there, and "
@@ -222,6 +226,7 @@ FINDINGS: tuple[Finding, ...] = (
             "combine reads only the real rows, so the cost is the experts' work and ids never routed reaching "
             "them. Fixed in 0.20.1 and 0.21.0 (invalid_token_expert_id=-1, 'Follow TRTLLM Pattern', vLLM PR "
             "#40960)",
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --stages nvfp4:16 --tokens 5,7 --tokens 3,1",
             # MoeAlltoAll's dispatch called without the sentinel (moe_ep, 0.33 on, sets its own).
             code=((_ONE_SIDED, r"moe_alltoall\.dispatch\((?:(?!invalid_token_expert_id)[^()])*\)"),)),
     Finding("VLLM-004", "vLLM 0.33.0's mxfp8 activation quantize raises on a rank with 0 tokens (scales "
