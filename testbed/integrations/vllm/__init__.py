@@ -1,7 +1,8 @@
 """vLLM as an integration: the installed vLLM's own FlashInfer all-to-all code.
 
 Private modules: :mod:`.adapter` (vLLM's managers, prepare/finalize builder and modular kernel
-on a rank), :mod:`.environment` (the engine: install, probe, preload, and the CPU glue),
+on a rank), :mod:`.layer` (its MoE layer through its factory, 0.24 on) and :mod:`.moe_class` (its
+``FusedMoE`` module class, 0.18 .. 0.23), :mod:`.environment` (the engine: install, probe, preload, and the CPU glue),
 :mod:`.rules` (what vLLM's classes can run here), :mod:`.matrix`, :mod:`.fuzz`,
 :mod:`.mutants` (of vLLM's own source), :mod:`.findings` (docs/findings.md's VLLM-* and
 FI-RACE), :mod:`.consumer` (the files the consumer contract reads) and :mod:`.preload`.
