@@ -74,7 +74,7 @@ _FIXED_BY_022 = ("VLLM-009", "VLLM-010", "VLLM-011", "VLLM-012", "VLLM-013", "VL
 @pytest.mark.parametrize("release, absent", [
     # VLLM-008 is 0.34.0's: no release before builds NVLinkOneSidedConfig(cft=)
     # VLLM-009 .. 015 are 0.18 .. 0.21's, fixed by 0.22 (VLLM-010/011 by 0.20, VLLM-015 by 0.20.1)
-    ("0.18.0", {"VLLM-001", "VLLM-006", "VLLM-008"}),  # its prepare/finalizes beside the layer, no runtime_max=
+    ("0.18.0", {"VLLM-001", "VLLM-008"}),  # its prepare/finalizes beside the layer
     ("0.19.0", {"VLLM-001", "VLLM-008"}),
     ("0.21.0", {"VLLM-001", "VLLM-008", "VLLM-010", "VLLM-011", "VLLM-015"}),
     ("0.22.0", {"VLLM-001", "VLLM-008"} | set(_FIXED_BY_022)),

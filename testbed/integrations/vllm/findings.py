@@ -97,7 +97,7 @@ FINDINGS: tuple[Finding, ...] = (
             lambda sc: _vllm(sc, "one_sided", "0.7.4"),
             (("completes", "unexpected keyword argument 'max_tokens_per_rank'"),),
             "yes", _EVERY_FORWARD,
-            code=((_PF + "flashinfer_nvlink_one_sided.py", r"(?<!runtime_)max_tokens_per_rank=self\.runtime"),)),
+            code=((_ONE_SIDED, r"(?<!runtime_)max_tokens_per_rank=self\.runtime"),)),
     Finding("VLLM-002", "vLLM 0.33.0's two-sided backend needs flashinfer.comm.trtllm_alltoall.MnnvlMoe, which "
                         "FlashInfer 0.7.4 removed: the manager's constructor asserts",
             lambda sc: _vllm(sc, "two_sided", "0.7.4"),
@@ -136,7 +136,7 @@ FINDINGS: tuple[Finding, ...] = (
             "candidate, not driven here (--level kernel reaches it)",
             "a2a-testbed run --integration vllm --layout 2,1,2,1 --path two_sided --experts 4 --top-k 2 --hidden 64 "
             "--stages bf16:1 --tokens 1,1 --router-ids int64 --level kernel",
-            code=((_PF + "flashinfer_nvlink_two_sided.py", r"MnnvlMoe\.mnnvl_moe_alltoallv_prepare_without_allgather\("),)),
+            code=((_TWO_SIDED, r"MnnvlMoe\.mnnvl_moe_alltoallv_prepare_without_allgather\("),)),
     Finding("VLLM-008", "vLLM 0.34.0's one-sided manager builds NVLinkOneSidedConfig(cft=False, lamport=False), "
                         "fields FlashInfer 0.7.3 added, while its probe and its message accept FlashInfer 0.7.2: on "
                         "0.7.2 the backend raises TypeError when the first MoE layer builds its communication",
@@ -159,7 +159,9 @@ FINDINGS: tuple[Finding, ...] = (
             "yes", "every forward at TP > 1 with DP and expert parallel on either backend (the backends never run "
             "sequence parallel before 0.29, so nothing skips the reduce); at TP 1 the declaration is as wrong "
             "and the TP all-reduce is a no-op. Fixed in 0.22.0 (vLLM PR #41382)",
-            "a2a-testbed run --integration vllm --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
+            # nvfp4 at TP 1: the one layer every release with it builds and dispatches one-sided (at TP 2
+            # the output is 2x: `--layout 4,2,2,1 --stages bf16:8 --tokens 2,3` on 0.21.0).
+            "a2a-testbed run --integration vllm --layout 2,1,2,1 --stages nvfp4:16 --tokens 5,7 --tokens 3,1",
             code=((_ONE_SIDED, _NOT_REDUCED), (_TWO_SIDED, _NOT_REDUCED))),
     Finding("VLLM-010", "vLLM 0.18/0.19's FlashInfer managers set up the MNNVL workspace over the DP group "
                         "(CustomCommunicator(get_dp_group().cpu_group)), not the EP group they dispatch over: at "
@@ -169,7 +171,7 @@ FINDINGS: tuple[Finding, ...] = (
              ("completes", "its MNNVL communicator must span the EP group")),
             "yes", "the managers set the workspace up when the first MoE layer builds its prepare/finalize, at "
             "start-up of every TP > 1 deployment with DP and expert parallel. Fixed in 0.20.0 (vLLM PR #40893)",
-            "a2a-testbed run --integration vllm --layout 4,2,2,1 --stages bf16:8 --tokens 2,3",
+            "a2a-testbed run --integration vllm --layout 4,2,2,1 --stages nvfp4:8 --tokens 2,3",
             code=((_ALL2ALL, r"CustomCommunicator\(get_dp_group\(\)\.cpu_group\)"),)),
     Finding("VLLM-011", "vLLM 0.18/0.19's one-sided path is written for nvfp4 alone: the manager sizes the "
                         "workspace for an nvfp4 dispatch row (hidden // 2 + hidden // 16 + 8 top_k bytes) and the "
