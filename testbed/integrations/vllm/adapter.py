@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from dataclasses import fields, replace
 from types import SimpleNamespace
 
@@ -195,8 +196,10 @@ def quant_config(fmt: str, mx_alignment: int):
     if fmt == "bf16":
         return FUSED_MOE_UNQUANTIZED_CONFIG
     if fmt == "mxfp8":
-        return replace(FusedMoEQuantConfig.make(quant_dtype="mxfp8", is_scale_swizzled=False),
-                       mx_alignment=mx_alignment)
+        # is_scale_swizzled from 0.21; before, its nvfp4-only predecessor, which mxfp8 ignores.
+        swizzle = {"is_scale_swizzled": False} if "is_scale_swizzled" in inspect.signature(
+            FusedMoEQuantConfig.make).parameters else {}
+        return replace(FusedMoEQuantConfig.make(quant_dtype="mxfp8", **swizzle), mx_alignment=mx_alignment)
     raise ValueError(f"--integration vllm has no quant config for {fmt!r}")
 
 
