@@ -3,8 +3,13 @@ wrong changes the invariants must catch (applied at run time in the rank process
 :mod:`testbed.harness.mutants`). Written against 0.33.0; ``forms`` give the same change where
 0.31.0 and 0.32.0 (whose one-sided manager drives ``MoeAlltoAll`` itself) write the code otherwise.
 0.34.0's two-sided path on ``flashinfer.moe_ep`` and its experts writing into FlashInfer's
-combine-input buffer have mutants of their own; a probe of the release says where a mutant's
-code is absent or its change is undone on every path (``requires``, ``equivalent``)."""
+combine-input buffer have mutants of their own; so does 0.20.1 .. 0.32's sizing of the scales.
+On 0.18 .. 0.23 (the MoE layer a module class) the forms follow their managers and 0.18's
+prepare/finalizes beside the layer (``a|b`` targets). A probe of the release says where a mutant's
+code is absent, its change is undone on every path, or a finding of the release's own already
+fails every deployment it reaches the same way (``requires``, ``equivalent``, ``masked``: 0.18 ..
+0.21, where VLLM-009 double-reduces, or keep the first workspace and barrier on the world, are
+those mutants)."""
 
 from __future__ import annotations
 
