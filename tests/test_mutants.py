@@ -166,8 +166,18 @@ def test_engine_mutant_applies_and_undoes_exactly(m):
         with pytest.raises(mutants.MutantError):
             mutants.apply(m.name)
         return
-    modules, _, path = m.target.partition(":")  # a|b: the first module the release has
-    owner = next(importlib.import_module(n) for n in modules.split("|") if importlib.util.find_spec(n))
+    modules, _, paths = m.target.partition(":")  # a|b:F|G: the first module and function the release has
+    module = next(importlib.import_module(n) for n in modules.split("|") if importlib.util.find_spec(n))
+    def has(path):
+        owner = module
+        for part in path.split("."):
+            if not hasattr(owner, part):
+                return False
+            owner = getattr(owner, part)
+        return True
+
+    path = next(p for p in paths.split("|") if has(p))
+    owner = module
     *owner_path, attr = path.split(".")
     for part in owner_path:
         owner = getattr(owner, part)

@@ -3,7 +3,7 @@
 
 A mutant replaces one exact piece of one function's source (or, where the integration's
 release writes that code differently, the same change in its form; where a release moved the
-module, in the first of ``a|b:Function`` it has) and recompiles that function in
+module or renamed the function, in the first of ``a|b:F|G`` it has) and recompiles that function in
 its module (the file name and line numbers stay the real ones, so call sites and stacks still
 point into the integration's code). A replacement that does not match exactly once is a
 broken mutant (:class:`MutantError`), never a "killed" one. ``expect`` says how the testbed
@@ -55,16 +55,16 @@ def not_applicable(m: Mutant) -> tuple[str, str] | None:
     engine = owner_of(m.name).engine
     if found or engine is None:
         return found
-    modules, path = _target(m)
-    lacks = [engine.lacks(module, path) for module in modules]
+    modules, paths = _target(m)
+    lacks = [engine.lacks(module, path) for module in modules for path in paths]
     return ("absent", f"{lacks[0]} (its code came later)") if all(lacks) else None
 
 
-def _target(m: Mutant) -> tuple[list[str], str]:
-    """The modules mutant ``m``'s target may live in (``a|b:Qual``: where a release moved it;
-    the first the release has) and the function's path in it."""
-    modules, _, path = m.target.partition(":")
-    return modules.split("|"), path
+def _target(m: Mutant) -> tuple[list[str], list[str]]:
+    """The modules mutant ``m``'s target may live in and the function's paths in them
+    (``a|b:F|G``: where a release moved or renamed it; the first the release has)."""
+    modules, _, paths = m.target.partition(":")
+    return modules.split("|"), paths.split("|")
 
 
 def _import_first(modules: list[str]):
@@ -81,18 +81,22 @@ def apply(name: str) -> Callable[[], None]:
     """Patch the integration's code in this process with mutant ``name``; returns the function
     that undoes it."""
     m = get(name)
-    modules, path = _target(m)
+    modules, paths = _target(m)
     owner_of(name).prepare_environment()  # what its code needs before it is imported here
     module = _import_first(modules)
     module_name = module.__name__
-    *owner_path, attr = path.split(".")
-    owner = module
-    try:
-        for part in owner_path:
-            owner = getattr(owner, part)
-        original = inspect.getattr_static(owner, attr)
-    except AttributeError:  # the release has moved or removed the target: broken here, never killed
-        raise MutantError(f"mutant {name}: {m.target} is not in this release's {module_name}") from None
+    for path in paths:
+        *owner_path, attr = path.split(".")
+        owner = module
+        try:
+            for part in owner_path:
+                owner = getattr(owner, part)
+            original = inspect.getattr_static(owner, attr)
+            break
+        except AttributeError:
+            continue
+    else:  # the release has moved or removed the target: broken here, never killed
+        raise MutantError(f"mutant {name}: {m.target} is not in this release's {module_name}")
     function = original.fget if isinstance(original, property) else original  # its source has @property
     lines, first = inspect.getsourcelines(function)
     source = "".join(lines)

@@ -353,7 +353,8 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        f"{V_RUNNER}.forward", "            result = shared_output + fused_output",
        "            result = fused_output", ("output", "x the tolerance"), requires=_runner_sums_the_shared_output),
     _m("r-shared-never-run", "the shared experts run in no order (the order test is inverted)",
-       f"{V_SHARED}.forward", "        if order != experts_order:", "        if order == experts_order:",
+       # SharedExperts.apply before it was forward (0.20 .. 0.2x).
+       f"{V_SHARED}.forward|SharedExperts.apply", "        if order != experts_order:", "        if order == experts_order:",
        ("completes", ""), ("output", "x the tolerance")),
     _m("r-sp-sizes-unchunked", "the runner's sequence-parallel context counts each DP rank's tokens unchunked",
        f"{V_RUNNER}._sequence_parallel_context", "                self.moe_config.sp_size,", "                1,",
