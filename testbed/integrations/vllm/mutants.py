@@ -13,6 +13,9 @@ those mutants)."""
 
 from __future__ import annotations
 
+import inspect
+import re
+
 from testbed.integrations.base import Mutant
 
 _m = Mutant.of
@@ -96,17 +99,18 @@ def _finalizes_claim_not_reduced():
             "the reduce runs whatever the change: the release is this mutant")
 
 
-def _keeps_the_first_communication():
-    """0.18 .. 0.21's one-sided manager returns at the top of ``initialize`` once initialized
-    (VLLM-012): it keeps the first layer's workspace and has no replacement rule to change."""
-    import inspect
-    import re
-
+def _one_sided_initialize() -> str:
+    """The source of the release's one-sided manager's ``initialize`` ("" where vLLM cannot run here)."""
     from testbed.integrations.vllm.environment import ENGINE
 
     module = ENGINE.module("vllm.distributed.device_communicators.all2all")
-    source = "" if module is None else inspect.getsource(module.FlashInferNVLinkOneSidedManager.initialize)
-    if re.search(r'"""[^"]*"""\s*if self\.initialized:\s*return\n', source) is None:
+    return "" if module is None else inspect.getsource(module.FlashInferNVLinkOneSidedManager.initialize)
+
+
+def _keeps_the_first_communication():
+    """0.18 .. 0.21's one-sided manager returns at the top of ``initialize`` once initialized
+    (VLLM-012): it keeps the first layer's workspace and has no replacement rule to change."""
+    if re.search(r'"""[^"]*"""\s*if self\.initialized:\s*return\n', _one_sided_initialize()) is None:
         return None
     return ("this vLLM's one-sided manager keeps the first layer's workspace (initialize returns once initialized, "
             "VLLM-012): there is no replacement rule, and keeping the first is what the release does")
@@ -114,13 +118,7 @@ def _keeps_the_first_communication():
 
 def _barriers_on_the_world():
     """0.18 .. 0.21's one-sided manager barriers on the world group after its build (VLLM-013)."""
-    import inspect
-
-    from testbed.integrations.vllm.environment import ENGINE
-
-    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
-    if module is None or "        dist.barrier()\n" not in inspect.getsource(
-            module.FlashInferNVLinkOneSidedManager.initialize):
+    if "        dist.barrier()\n" not in _one_sided_initialize():
         return None
     return "this vLLM's one-sided manager already barriers on the world group after its build (VLLM-013)"
 
@@ -139,12 +137,7 @@ def _reduce_already_doubled():
 def _sizes_the_scales():
     """The one-sided manager adds the activation scales' bytes to the dispatch row it sizes the
     workspace for (0.20.1 .. 0.32)."""
-    import inspect
-
-    from testbed.integrations.vllm.environment import ENGINE
-
-    module = ENGINE.module("vllm.distributed.device_communicators.all2all")
-    source = "" if module is None else inspect.getsource(module.FlashInferNVLinkOneSidedManager.initialize)
+    source = _one_sided_initialize()
     if any(f"+ {name}\n" in source for name in ("x_sf_bytes_per_token", "dispatch_scale_bytes_per_token")):
         return None
     return ("this vLLM's one-sided manager adds no scale bytes of a layer's own: before 0.20.1 it sizes an nvfp4 row "
@@ -154,7 +147,6 @@ def _sizes_the_scales():
 def _runner_sums_the_shared_output():
     """From 0.20 the runner adds the shared experts' output; 0.18/0.19's ``MoERunner`` is an
     abstract base (``DefaultMoERunner`` returns the two apart, and the model sums them)."""
-    import inspect
 
     from testbed.integrations.vllm.environment import ENGINE
 
@@ -176,8 +168,6 @@ def _reading_backwards_undoes_the_double_reduce():
 
 
 def _returns_false(function) -> bool:
-    import inspect
-    import re
 
     return re.search(r"return False\s*$", inspect.getsource(function)) is not None
 
