@@ -337,3 +337,27 @@ def model_between_forwards(ctx, log) -> None:
     logged as the collective it is."""
     log.write(Collective(op="barrier", group=tuple(ctx.group_ranks["ep"]), site="testbed: the model between two forwards"))
     torch.distributed.barrier(group=ctx.groups["ep"])
+
+
+class TorchOnThisDevice:
+    """``torch`` as an engine module sees it on a GPU box, answering the rank's CPU where the
+    module names its GPU: a tensor created on ``device="cuda"`` and the accelerator's current
+    device index. Any other name is torch's own."""
+
+    accelerator = type("accelerator", (), {"current_device_index": staticmethod(lambda: torch.device("cpu"))})
+
+    def __getattr__(self, name):
+        found = getattr(torch, name)
+        if name in ("empty", "zeros", "ones", "full", "tensor", "arange"):
+            return _on_the_cpu(found)
+        return found
+
+
+def _on_the_cpu(factory):
+    @functools.wraps(factory)
+    def made(*args, **kwargs):
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return factory(*args, **kwargs)
+
+    return made

@@ -49,36 +49,30 @@ import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
-import logging
-import types
 from types import SimpleNamespace
 
 import torch
 
 from testbed import patch
 from testbed.integrations import engine as support
+from testbed.integrations.sglang import shapes
 from testbed.integrations.sglang.environment import DISPATCHER, ENGINE, cpu_kernels, prepare_environment
 from testbed.scenario.events import Collective
 from testbed.scenario.rank import logged_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE
 
 CAPACITY_ENV = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
-# The scenario's sentinel and combine region -> the MoE runner backend SGLang picks them for
-# (FlashinferDispatcher.__init__: -1 for the TRT-LLM and DeepGEMM runners, else num_experts;
-# payload_in_workspace for flashinfer_cutlass only).
-RUNNERS = {("-1", "separate"): "flashinfer_trtllm", ("num_experts", "separate"): "flashinfer_cutedsl",
-           ("num_experts", "workspace"): "flashinfer_cutlass"}
 
 
-def server_arguments(sc) -> dict:
+def server_arguments(sc, **more) -> dict:
     """SGLang's ``ServerArgs`` of the scenario: TP and EP over a stage's ranks, DP attention
-    unless it is Muse Spark's SP, the model's one dispatch format."""
+    unless it is Muse Spark's SP, and ``more`` (the model's one dispatch format, where the
+    release takes it as an argument)."""
     lay = sc.layout
     stage = lay.tp * lay.dp
     kw = dict(model_path="dummy", device="cpu", tp_size=stage, ep_size=stage, pp_size=lay.pp,
-              moe_a2a_backend="flashinfer", moe_runner_backend=RUNNERS[(sc.invalid_expert_id, sc.expert_output)],
-              flashinfer_a2a_dispatch_type=sc.stages[0][0].fmt,
-              disable_custom_all_reduce=True)  # a CUDA all-reduce; its set-up only warns on the CPU
+              moe_a2a_backend="flashinfer", moe_runner_backend=shapes.runner_backend(sc.invalid_expert_id, sc.expert_output),
+              disable_custom_all_reduce=True, **more)  # a CUDA all-reduce; its set-up only warns on the CPU
     if not sc.sp_prefill:
         kw.update(enable_dp_attention=True, dp_size=lay.dp)
     return kw
@@ -89,13 +83,11 @@ class SglangSession:
         prepare_environment()
         self.ctx, self.sc, self.log = ctx, sc, log
         support.name_the_fake(ctx, sc)
-        from sglang.srt import runtime_context as rc
         from sglang.srt.distributed import parallel_state as ps
         from sglang.srt.layers import dp_attention as dpa
-        from sglang.srt.layers.moe.utils import initialize_moe_config
         from sglang.srt.server_args import ServerArgs
 
-        self.ps, self.dpa, self.rc = ps, dpa, rc
+        self.ps, self.dpa = ps, dpa
         self.sp_dispatcher = None
         self.counts = None  # this forward's token counts of every DP rank
         self._batch = None  # this forward's ForwardBatch, built on a block's first call
@@ -106,6 +98,7 @@ class SglangSession:
                                f"{', '.join(ENGINE.tested)})")
         for name, value in rebound.items():
             ctx.add_cleanup(patch.attribute(dispatcher, name, value))
+        shapes.comm_backend_as_on_a_gpu(ctx, dispatcher)
         import flashinfer
         from sglang.srt.layers.quantization import fp4_utils
 
@@ -119,21 +112,22 @@ class SglangSession:
         budget = sc.stages[0][0].max_num_tokens  # one capacity for every layer
         ctx.add_cleanup(patch.environment({CAPACITY_ENV: str(budget)}))
         lay = sc.layout
-        ctx.add_cleanup(rc.reset_context)  # last: SGLang's published configuration, flags and forward state
-        server_args = ServerArgs(**server_arguments(sc))
-        _resolve_shared_experts_fusion(server_args)
-        rc.publish(server_args, role="test",
-                   ranks=rc.SpawnRanks(world_rank=ctx.rank, dp_rank=None if sc.sp_prefill else ctx.coords.dp_rank))
-        initialize_moe_config()
+        fmt = sc.stages[0][0].fmt
+        shapes.dispatch_format_environment(ctx, fmt)
+        server_args = ServerArgs(**server_arguments(sc, **shapes.dispatch_format_argument(fmt)))
+        shapes.a2a_startup(server_args, fmt)
+        shapes.publish(ctx, server_args, dp_rank=None if sc.sp_prefill else ctx.coords.dp_rank)
+        shapes.import_time_format(ctx, dispatcher)
+        shapes.cuda_tensors_on_this_device(ctx, dispatcher)
         if sc.block:
             _unbuilt_expert_locations(ctx)
         ctx.add_cleanup(self._teardown)
         ps._MODEL_PARALLEL_GROUP_TIMEOUT = ctx.pg_timeout  # SGLang sets it only where it starts the world
         ps.init_distributed_environment(world_size=lay.world_size, rank=ctx.rank, local_rank=ctx.rank,
                                         backend="gloo")
-        ps.initialize_model_parallel(backend="gloo")
-        dpa.initialize_dp_attention(server_args)
-        tp = rc.get_parallel().tp_group
+        shapes.initialize_model_parallel(server_args)
+        shapes.initialize_dp_attention(server_args, sc)
+        tp = shapes.tp_group()
         if tuple(tp.ranks) != tuple(ctx.group_ranks["ep"]):
             raise RuntimeError(f"SGLang's TP group {tp.ranks} (its dispatcher's EP group) is not the layout's EP "
                                f"group {ctx.group_ranks['ep']}")
@@ -143,13 +137,18 @@ class SglangSession:
         ps = self.ps
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
+        # A group the release's destroy leaves (0.5.9's keeps its attention TP group): a served
+        # process builds its groups once; a rank here builds them per scenario.
+        for name, group in list(vars(ps).items()):
+            if isinstance(group, ps.GroupCoordinator) and name != "_WORLD":
+                group.destroy()
+                setattr(ps, name, None)
         if ps._WORLD is not None:
             ps._WORLD.destroy()
             ps._WORLD = None
         ps._MODEL_PARALLEL_GROUP_TIMEOUT = None
 
     def build_layer(self, index: int, fmt: str, max_num_tokens: int, experts):
-        from sglang.srt.layers.moe.fused_moe_triton.layer import create_moe_dispatcher
         from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
         from sglang.srt.layers.moe.utils import MoeRunnerBackend, speculative_moe_a2a_backend_context
 
@@ -158,7 +157,7 @@ class SglangSession:
             from testbed.integrations.sglang.blocks import FAMILIES, BlockLayer
 
             return BlockLayer(self, FAMILIES[sc.block], index, _TestbedMethod, experts)
-        backend = MoeRunnerBackend(RUNNERS[(sc.invalid_expert_id, sc.expert_output)])
+        backend = MoeRunnerBackend(shapes.runner_backend(sc.invalid_expert_id, sc.expert_output))
         # The config carries the runner backend from 0.5.23 on; before, the server arguments' does.
         own = {"runner_backend": backend} if "runner_backend" in {f.name for f in dataclasses.fields(MoeRunnerConfig)} \
             else {}
@@ -170,23 +169,25 @@ class SglangSession:
                 from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferDispatcher
 
                 self.sp_dispatcher = FlashinferDispatcher(
-                    group=self.rc.get_parallel().tp_group.device_group, router_topk=sc.top_k, num_experts=sc.experts,
+                    group=shapes.tp_group().device_group, router_topk=sc.top_k, num_experts=sc.experts,
                     num_local_experts=len(experts.own), hidden_size=sc.hidden, moe_runner_config=config,
                     enable_sp_prefill_a2a=True)
             return SpPrefillLayer(self.sp_dispatcher, experts, sc)
         draft = index >= len(sc.stages[self.ctx.coords.pp_rank]) - sc.draft_layers
         with speculative_moe_a2a_backend_context() if draft else contextlib.nullcontext():
-            dispatcher = create_moe_dispatcher(config, quant_method=None)
+            dispatcher = shapes.create_dispatcher(config)
         if fmt == "nvfp4":  # what ModelOpt's NVFP4 method hands the dispatcher for an nvfp4 dispatch
             dispatcher.set_quant_config({"input_global_scale": quant_config(fmt).a1_gscale})
-        return SglangLayer(dispatcher, experts, self.rc.get_parallel().moe_ep_size, sc)
+        return SglangLayer(dispatcher, experts, shapes.moe_ep_size(), sc)
 
     @contextlib.contextmanager
     def forward_pass(self, num_tokens: int):
         # Under DP attention SGLang's scheduler all-gathers every DP rank's token count before
         # each forward (its MLP sync); that collective also orders every EP rank's forwards.
-        forward = self.rc.get_forward()
         if self.sc.sp_prefill:
+            from sglang.srt.runtime_context import get_forward
+
+            forward = get_forward()
             support.model_between_forwards(self.ctx, self.log)
             self.dpa.set_is_extend_in_batch(True)
             forward.set("sp_active", True)
@@ -266,23 +267,6 @@ def _unbuilt_expert_locations(ctx) -> None:
         ctx.add_cleanup(lambda: expert_location.set_global_expert_location_metadata(None, allow_overwrite=True))
 
 
-def _resolve_shared_experts_fusion(server_args) -> None:
-    """SGLang's own resolution pass of the shared-experts fusion under an all-to-all
-    (``_a2a_fusion_adjustments``: FlashInfer A2A turns the fusion off), which its start-up runs
-    in the MoE hook's A2A handling and a dummy model's server arguments do not reach: a
-    DeepSeek block built after it keeps its shared experts apart, as it does when served."""
-    from sglang.srt.arg_groups import overrides
-
-    # Its warning is a server operator's, once at start-up; here it would repeat per scenario and rank.
-    logger = logging.getLogger(overrides.__name__)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        overrides.run_post_process_pass(server_args, overrides._a2a_fusion_adjustments)
-    finally:
-        logger.setLevel(level)
-
-
 class _TestbedMethod(torch.nn.Module):
     """The quant method's ``apply`` as SGLang's FlashInfer runners do it: the experts over the
     received rows, into the combine region when the dispatcher hands one (``moe_output``). A
@@ -317,22 +301,18 @@ class SglangLayer:
         # post-experts sum to the MoE block (reduce_moe_output).
         module = SimpleNamespace(dispatcher=dispatcher, quant_method=_TestbedMethod(experts), reduce_results=False,
                                  moe_tp_size=1, moe_ep_size=moe_ep_size, _dwdp_bound=False)
-        module._dispatch_with_pre_quant = types.MethodType(FusedMoE._dispatch_with_pre_quant, module)
-        module.run_moe_core = types.MethodType(FusedMoE.run_moe_core, module)
-        self._forward = types.MethodType(FusedMoE.forward_impl, module)
+        shapes.bind_forward(module, FusedMoE)
+        self._forward = module.forward_impl
+        self._reduce = shapes.post_experts_reduce() or (lambda out: out)
 
     def output_is_reduced(self) -> bool:
-        from sglang.srt.layers.moe.utils import post_experts_output_is_complete
-
-        return post_experts_output_is_complete(is_tp_path=True)
+        return shapes.output_is_complete()
 
     def topk_indices_dtype(self):
         return None  # SGLang's router hands its own ids; the dispatcher converts them to int32
 
     def __call__(self, x_TH, w_TK, ids_TK):
-        from sglang.srt.layers.moe.utils import reduce_moe_output
-
-        return reduce_moe_output(self._forward(x_TH, _topk(x_TH, w_TK, ids_TK, self.sc)))
+        return self._reduce(self._forward(x_TH, _topk(x_TH, w_TK, ids_TK, self.sc)))
 
 
 class SpPrefillLayer(SglangLayer):

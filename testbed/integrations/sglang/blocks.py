@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from testbed.integrations.sglang import shapes
 from testbed.scenario.experts import SharedLinear
 from testbed.scenario.reference import ACT_DTYPE, intermediate_size, shared_weight
 
@@ -197,9 +198,7 @@ class BlockLayer:
                                                                            sc.hidden))
 
     def output_is_reduced(self) -> bool:
-        from sglang.srt.layers.moe.utils import post_experts_output_is_complete
-
-        return post_experts_output_is_complete(is_tp_path=True)
+        return shapes.output_is_complete()
 
     def topk_indices_dtype(self):
         return None
@@ -212,7 +211,7 @@ class BlockLayer:
         from sglang.srt.layers.moe import utils
 
         T = x_TH.size(0)
-        own = utils.is_moe_input_scattered_across_dp_ranks()
+        own = shapes.moe_input_is_own_rows()
         x, w, ids = (x_TH, w_TK, ids_TK) if own else self.session.gather_dp_rows(x_TH, w_TK, ids_TK)
         self.router.pending = (w, ids)
         try:

@@ -16,6 +16,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import re
 import sys
 import types
 from pathlib import Path
@@ -39,14 +40,11 @@ CPU_OPS = {"flashinfer_fp4_quantize": ("sglang.srt.layers.quantization.fp4_utils
 
 CAPABILITIES = (
     ("sglang.srt.server_args", "ServerArgs"),
-    ("sglang.srt.runtime_context", "publish"),
     ("sglang.srt.distributed.parallel_state", "init_distributed_environment"),
     ("sglang.srt.distributed.parallel_state", "initialize_model_parallel"),
     ("sglang.srt.layers.moe.utils", "initialize_moe_config"),
     ("sglang.srt.layers.moe.fused_moe_triton.layer", "create_moe_dispatcher"),
     ("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE"),
-    ("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE._dispatch_with_pre_quant"),
-    ("sglang.srt.layers.moe.utils", "reduce_moe_output"),  # the MoE block's post-experts reduce
     (DISPATCHER, "FlashinferDispatcher"),
     ("sglang.srt.layers.dp_attention", "set_dp_buffer_len"),
 )
@@ -56,6 +54,7 @@ def prepare_environment() -> None:
     """What must hold before SGLang is imported in a process (the fork server's too)."""
     support.source_first(SOURCE_ENV)
     _stand_in_torchvision()
+    _stand_in_kv_cache_io()
     _configs_transformers_ships()
 
 
@@ -114,9 +113,31 @@ def _stand_in_torchvision() -> None:
     from transformers.utils import import_utils
 
     import_utils.is_torchvision_available(), import_utils.is_torchvision_v2_available()
-    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
-                 "torchvision.transforms.v2", "torchvision.transforms.v2.functional", "torchvision.io",
-                 "torchvision.ops"):
+    _placeholder_package("torchvision", ("transforms", "transforms.functional", "transforms.v2",
+                                         "transforms.v2.functional", "io", "ops"))
+
+
+def _stand_in_kv_cache_io() -> None:
+    """SGLang 0.5.9 .. 0.5.12's host KV-cache pool imports ``sgl_kernel.kvcacheio`` at load on
+    any host but an NPU, XPU (or MPS), on the import path of ``FusedMoE`` (0.5.9/0.5.10: through
+    EPLB and the scheduler's batch), and ``sgl_kernel`` is a CUDA build. A placeholder package answers
+    that import where the release's pool imports it so and no sgl_kernel is installed; any
+    use of it fails loudly. The KV cache is not on the all-to-all's path."""
+    if "sgl_kernel" in sys.modules or importlib.util.find_spec("sgl_kernel") is not None:
+        return
+    spec = importlib.util.find_spec("sglang")
+    pool = Path(spec.origin).parent / "srt" / "mem_cache" / "memory_pool_host.py" if spec else None
+    # Imported wherever the host is not an NPU, XPU or MPS (a CPU included); later releases
+    # import it on CUDA and ROCm only.
+    on_a_cpu = r"if not \(_is_npu or _is_xpu(?: or _is_mps)?\):\s*from sgl_kernel\.kvcacheio import"
+    if pool is None or not pool.exists() or not re.search(on_a_cpu, pool.read_text()):
+        return
+    _placeholder_package("sgl_kernel", ("kvcacheio",))
+
+
+def _placeholder_package(root: str, submodules: tuple[str, ...]) -> None:
+    """Modules ``root`` and ``root.<sub>`` whose every name is a :class:`_Placeholder`."""
+    for name in (root, *(f"{root}.{sub}" for sub in submodules)):
         module = types.ModuleType(name)
         module.__getattr__ = lambda attr, _name=name: _module_attr(_name, attr)
         module.__path__ = []
@@ -169,6 +190,8 @@ def cpu_kernels() -> torch.library.Library:
     process; the library object keeps the registrations)."""
     lib = torch.library.Library("sglang", "IMPL")
     for op, (module, name) in CPU_OPS.items():
-        lib.impl(op, inspect.unwrap(getattr(importlib.import_module(module), name)), "CPU")
+        implementation = getattr(importlib.import_module(module), name, None)
+        if implementation is not None:  # the release has the op (SGLang's fp4 quantize op came with 0.5.12)
+            lib.impl(op, inspect.unwrap(implementation), "CPU")
     return lib
 

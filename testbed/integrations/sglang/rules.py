@@ -10,8 +10,9 @@ from testbed.scenario.model import Scenario, first_given
 # What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
 # capacity and one process-wide dispatch format, and the (sentinel, expert output) pairs of the
 # MoE runners SGLang allows with FlashInfer A2A (arg_groups/moe_hook.py), by
-# testbed.integrations.sglang.adapter.RUNNERS: flashinfer_trtllm (-1), flashinfer_cutedsl (num_experts)
-# and flashinfer_cutlass (num_experts, combining from the workspace).
+# testbed.integrations.sglang.shapes.runner_backend: flashinfer_trtllm (-1), flashinfer_cutedsl
+# (num_experts) and flashinfer_cutlass (num_experts, combining from the workspace); an older
+# release's start-up accepts fewer (_startup_rule).
 SGLANG_FORMATS = ("bf16", "nvfp4")
 SGLANG_RUNNER_CHOICES = (("-1", "separate"), ("num_experts", "separate"), ("num_experts", "workspace"))
 # The runners SGLang starts on an unquantized checkpoint, what --block builds (flashinfer_trtllm,
@@ -101,7 +102,22 @@ def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
             return "--tokens", (f"Muse Spark pads a prefill to a multiple of tp ({lay.tp}) with zero rows its router "
                                 f"would route, which the testbed does not model: give multiples of {lay.tp}, got "
                                 f"{uneven}")
-    return None
+    return _startup_rule(sc, fmts[0])
+
+
+def _startup_rule(sc: Scenario, fmt: str) -> tuple[str, str] | None:
+    """The release's own FlashInfer A2A start-up handler on the scenario's server arguments
+    (the runners and topologies each release accepts differ)."""
+    from testbed.integrations.sglang import shapes
+    from testbed.integrations.sglang.adapter import server_arguments
+
+    refused = shapes.a2a_startup_refusal(server_arguments(sc, **shapes.dispatch_format_argument(fmt)), fmt)
+    if refused is None:
+        return None
+    runner = shapes.runner_backend(sc.invalid_expert_id, sc.expert_output)
+    flag = "--invalid-expert-id" if "runner" in refused else "--layout"
+    return flag, (f"SGLang {ENGINE.version_in_use()}'s start-up refuses FlashInfer MoE A2A with the MoE runner the "
+                  f"scenario's sentinel and combine region ask for ({runner}) on this layout: {refused}")
 
 
 def _block_rule(sc: Scenario) -> tuple[str, str] | None:

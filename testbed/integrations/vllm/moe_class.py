@@ -25,11 +25,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from types import SimpleNamespace
 
 import torch
 
 from testbed import patch
+from testbed.integrations import engine as support
 from testbed.integrations.vllm.environment import moe_class
 from testbed.integrations.vllm.experts import experts_class
 from testbed.integrations.vllm.layer import (
@@ -78,16 +78,7 @@ def _chunk_buffers_on_this_device(ctx) -> None:
     if getattr(module, "torch", None) is not torch or \
             "torch.accelerator.current_device_index()" not in inspect.getsource(module):
         return
-    ctx.add_cleanup(patch.attribute(module, "torch", _TorchOnThisDevice()))
-
-
-class _TorchOnThisDevice:
-    """``torch``, whose accelerator's current device is the CPU the rank runs on."""
-
-    accelerator = SimpleNamespace(current_device_index=lambda: torch.device("cpu"))
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
+    ctx.add_cleanup(patch.attribute(module, "torch", support.TorchOnThisDevice()))
 
 
 def _where_taken(params, **arguments) -> dict:

@@ -1,0 +1,310 @@
+"""What SGLang's releases (0.5.9 .. 0.5.23) differ in on the adapter's path, one fact per
+function, each decided by a capability probe of the release's own code, never by its version.
+
+Groups found (newest first), by the probe that marks each:
+
+- 0.5.21 on: ``FusedMoE._dispatch_with_pre_quant``; the MoE block's post-experts reduce is
+  SGLang's ``reduce_moe_output``, its claim ``post_experts_output_is_complete``;
+  ``create_moe_dispatcher(config, quant_method)``.
+- 0.5.17 .. 0.5.20: ``runtime_context.publish`` publishes the server configuration; the
+  post-experts reduce is inline in each model block (``should_skip_post_experts_all_reduce``).
+- 0.5.9 .. 0.5.16: the scheduler publishes through ``set_global_server_args_for_scheduler`` and
+  ``initialize_moe_config(server_args)`` (0.5.15/0.5.16's shim writes the runtime context).
+- 0.5.9 .. 0.5.14: the dispatcher's constructor creates its dummy-token tensors on
+  ``device="cuda"``; they land on the rank's CPU (:func:`cuda_tensors_on_this_device`).
+- 0.5.9 .. 0.5.19: the dispatcher reads its dispatch format once, at import
+  (``MOE_NVFP4_DISPATCH``), after the server arguments set it; a process serves one
+  configuration, a rank here several, so it is read again per scenario
+  (:func:`import_time_format`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import importlib
+import importlib.util
+import logging
+import os
+from types import SimpleNamespace
+
+from testbed import patch
+from testbed.integrations import engine as support
+from testbed.integrations.sglang.environment import DISPATCHER
+from testbed.scenario.reference import ACT_DTYPE
+
+
+def server_argument_names() -> frozenset[str]:
+    """The fields of this release's ``ServerArgs``."""
+    from sglang.srt.server_args import ServerArgs
+
+    return frozenset(inspect.signature(ServerArgs).parameters)
+
+
+NVFP4_DISPATCH_ENV = "SGLANG_MOE_NVFP4_DISPATCH"
+
+
+def dispatch_format_argument(fmt: str) -> dict:
+    """The scenario's dispatch format as a server argument (``flashinfer_a2a_dispatch_type``,
+    0.5.20 on), or none where the release takes it from the environment
+    (:func:`dispatch_format_environment`)."""
+    return {"flashinfer_a2a_dispatch_type": fmt} if "flashinfer_a2a_dispatch_type" in server_argument_names() else {}
+
+
+def dispatch_format_environment(ctx, fmt: str) -> None:
+    """Before 0.5.20, ``SGLANG_MOE_NVFP4_DISPATCH`` as the release's start-up leaves it for the
+    scenario's checkpoint: set for nvfp4 (an NVFP4 checkpoint, for which every release's
+    start-up sets it), left to the release's own default for bf16 (0.5.9 .. 0.5.14's start-up
+    sets it whatever the checkpoint); restored after the scenario (the start-up writes it into
+    this process's environment)."""
+    if dispatch_format_argument(fmt):
+        return
+    ctx.add_cleanup(_format_in_environment(fmt))
+
+
+def _format_in_environment(fmt: str):
+    restore = patch.environment({NVFP4_DISPATCH_ENV: os.environ.get(NVFP4_DISPATCH_ENV, "")})
+    if fmt == "nvfp4":
+        os.environ[NVFP4_DISPATCH_ENV] = "1"
+    else:
+        os.environ.pop(NVFP4_DISPATCH_ENV)
+    return restore
+
+
+def publish(ctx, server_args, dp_rank: int | None) -> None:
+    """Publish the scenario's server configuration and MoE configuration as this release's
+    scheduler does, undone by the context's cleanup."""
+    from sglang.srt.layers.moe.utils import initialize_moe_config
+
+    rc = _runtime_context()
+    if rc is not None and hasattr(rc, "reset_context"):
+        ctx.add_cleanup(rc.reset_context)  # SGLang's published configuration, flags and forward state
+    if rc is not None and hasattr(rc, "publish"):
+        # The launcher's placement of this rank, where publish takes it (0.5.21 on).
+        ranks = {"ranks": rc.SpawnRanks(world_rank=ctx.rank, dp_rank=dp_rank)} if hasattr(rc, "SpawnRanks") else {}
+        rc.publish(server_args, role="test", **ranks)
+    else:
+        from sglang.srt import server_args as sa
+
+        if not hasattr(rc, "reset_context"):  # before 0.5.15: a module global
+            ctx.add_cleanup(patch.attribute(sa, "_global_server_args", getattr(sa, "_global_server_args", None)))
+        sa.set_global_server_args_for_scheduler(server_args)
+    if inspect.signature(initialize_moe_config).parameters:
+        initialize_moe_config(server_args)
+    else:
+        initialize_moe_config()
+
+
+def _runtime_context():
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:  # before 0.5.14
+        return None
+    return runtime_context
+
+
+def tp_group():
+    """SGLang's TP group coordinator (the FlashInfer dispatcher's EP group)."""
+    rc = _runtime_context()
+    if rc is not None and hasattr(rc, "get_parallel"):
+        return rc.get_parallel().tp_group
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    return get_tp_group()
+
+
+def moe_ep_size() -> int:
+    rc = _runtime_context()
+    if rc is not None and hasattr(rc, "get_parallel"):
+        return rc.get_parallel().moe_ep_size
+    from sglang.srt.distributed.parallel_state import get_moe_expert_parallel_world_size
+
+    return get_moe_expert_parallel_world_size()
+
+
+def create_dispatcher(config):
+    """``FusedMoE.__init__``'s dispatcher for a layer of ``config`` (its quant method none:
+    the testbed hands the nvfp4 global scale as ModelOpt's method does)."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import create_moe_dispatcher
+
+    if "quant_method" in inspect.signature(create_moe_dispatcher).parameters:
+        return create_moe_dispatcher(config, quant_method=None)
+    return create_moe_dispatcher(config)
+
+
+def cuda_tensors_on_this_device(ctx, module) -> None:
+    """Stand-in: a dispatcher module that creates tensors on ``device="cuda"`` (0.5.9 ..
+    0.5.14's dummy-token tensors) creates them on the rank's CPU; the module's ``torch`` is
+    torch itself otherwise."""
+    if 'device="cuda"' in inspect.getsource(module):
+        ctx.add_cleanup(patch.attribute(module, "torch", support.TorchOnThisDevice()))
+
+
+def import_time_format(ctx, module) -> None:
+    """A dispatcher module that read ``SGLANG_MOE_NVFP4_DISPATCH`` at import (before 0.5.20)
+    reads it again, after this scenario's server arguments set it, as the scheduler process
+    that imports it after them does."""
+    if hasattr(module, "MOE_NVFP4_DISPATCH"):
+        from sglang.srt.environ import envs
+
+        ctx.add_cleanup(patch.attribute(module, "MOE_NVFP4_DISPATCH", envs.SGLANG_MOE_NVFP4_DISPATCH.get()))
+
+
+def bind_forward(module, fused_moe_class) -> None:
+    """``FusedMoE``'s own forward methods bound on the stand-in ``module``."""
+    for name in ("_dispatch_with_pre_quant", "run_moe_core", "forward_impl"):
+        if hasattr(fused_moe_class, name):
+            setattr(module, name, getattr(fused_moe_class, name).__get__(module))
+
+
+def post_experts_reduce():
+    """SGLang's shared post-experts reduce of an MoE block (``reduce_moe_output``, 0.5.21 on),
+    or None where each model block decides it inline (checked with ``--block``)."""
+    from sglang.srt.layers.moe import utils
+
+    return getattr(utils, "reduce_moe_output", None)
+
+
+def output_is_complete() -> bool:
+    """SGLang's claim that the MoE output owes no TP sum (``post_experts_output_is_complete``,
+    0.5.21 on). Before, the layer alone makes no claim: its output is the combine's, which
+    sums every expert rank's contribution, and each model block decides its reduce inline."""
+    from sglang.srt.layers.moe import utils
+
+    claim = getattr(utils, "post_experts_output_is_complete", None)
+    return True if claim is None else claim(is_tp_path=True)
+
+
+def initialize_model_parallel(server_args) -> None:
+    """SGLang's model-parallel groups at the scenario's widths: read from the published
+    configuration (0.5.21 on), or handed from the server arguments as the release's model
+    runner hands them."""
+    from sglang.srt.distributed import parallel_state as ps
+
+    params = inspect.signature(ps.initialize_model_parallel).parameters
+    widths = {"tensor_model_parallel_size": server_args.tp_size, "pipeline_model_parallel_size": server_args.pp_size,
+              "expert_model_parallel_size": server_args.ep_size,
+              "attention_data_parallel_size": server_args.dp_size if server_args.enable_dp_attention else 1,
+              "attention_context_model_parallel_size": getattr(server_args, "attn_cp_size", 1),
+              "moe_data_model_parallel_size": getattr(server_args, "moe_dp_size", 1),
+              "decode_context_parallel_size": getattr(server_args, "dcp_size", 1)}
+    ps.initialize_model_parallel(backend="gloo", **{k: v for k, v in widths.items() if k in params})
+
+
+def initialize_dp_attention(server_args, sc) -> None:
+    """SGLang's DP-attention state; the releases that size the DP gather buffer here (before
+    0.5.21) read it from the model config, which the testbed does not build from a checkpoint:
+    a stand-in of the scenario's model (hidden size, activation dtype, no hybrid pattern)
+    answers them."""
+    from sglang.srt.layers import dp_attention as dpa
+
+    if "model_config" in inspect.signature(dpa.initialize_dp_attention).parameters:
+        model = SimpleNamespace(hidden_size=sc.hidden, dtype=ACT_DTYPE, hf_config=SimpleNamespace())
+        dpa.initialize_dp_attention(server_args, model)
+    else:
+        dpa.initialize_dp_attention(server_args)
+
+
+def moe_input_is_own_rows() -> bool:
+    """SGLang's decision whether a sparse FFN's input is the DP rank's own rows
+    (``is_moe_input_scattered_across_dp_ranks``, 0.5.19 on; before, the layer communicator's
+    MLP scatter mode of a sparse layer, the same rule where it lived)."""
+    from sglang.srt.layers.moe import utils
+
+    if hasattr(utils, "is_moe_input_scattered_across_dp_ranks"):
+        return utils.is_moe_input_scattered_across_dp_ranks()
+    from sglang.srt.layers.communicator import LayerScatterModes, ScatterMode
+
+    return LayerScatterModes._compute_mlp_mode(SimpleNamespace(is_layer_sparse=True)) is ScatterMode.SCATTERED
+
+
+def a2a_startup(server_args, fmt: str) -> None:
+    """This release's own FlashInfer A2A start-up handling of the server arguments
+    (``ServerArgs._handle_a2a_moe`` before 0.5.19, ``arg_groups.moe_hook.handle_a2a_moe`` on:
+    its asserts, the forced EP size, the shared-experts fusion turned off, the NVFP4 dispatch
+    default), its declarations then applied as the end of the release's resolution applies
+    them (``materialize_declarations``, 0.5.15 on). A dummy model's arguments stop the
+    resolution before the handler, so it is called on them directly; the model config it
+    reads is a stand-in of the scenario's checkpoint (NVFP4 MoE metadata for nvfp4, none for
+    bf16). Raises what the handler raises where the release refuses the arguments."""
+    from sglang.srt.server_args import ServerArgs
+
+    handler = getattr(ServerArgs, "_handle_a2a_moe", None)
+    if handler is None:
+        from sglang.srt.arg_groups.moe_hook import handle_a2a_moe as handler
+    model = SimpleNamespace(nvfp4_moe_meta=object() if fmt == "nvfp4" else None, dtype=ACT_DTYPE,
+                            hf_config=SimpleNamespace())
+    server_args.model_config = server_args._model_config = model
+    server_args.get_model_config = lambda: model
+    # Its warnings are a server operator's, once at start-up; here they would repeat per scenario and rank.
+    quiet = [logging.getLogger(name) for name in (handler.__module__, "sglang.srt.arg_groups.overrides")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        handler(server_args)
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    try:
+        from sglang.srt.arg_groups.overrides import materialize_declarations
+    except ImportError:  # before 0.5.15 the handler writes the fields itself
+        return
+    if not getattr(server_args, "_declarations_materialized", False):
+        materialize_declarations(server_args)
+
+
+def a2a_startup_refusal(arguments: dict, fmt: str) -> str | None:
+    """The message of this release's A2A start-up handling (:func:`a2a_startup`) where it
+    refuses the server ``arguments``, else None. The environment it writes is restored."""
+    from sglang.srt.server_args import ServerArgs
+
+    restore = _format_in_environment(fmt)
+    try:
+        a2a_startup(ServerArgs(**arguments), fmt)
+    except (AssertionError, ValueError, NotImplementedError) as refused:
+        return f"{type(refused).__name__}: {refused}"
+    finally:
+        restore()
+    return None
+
+
+def runner_backend(sentinel: str, expert_output: str) -> str:
+    """The MoE runner backend whose FlashInfer dispatch in this release uses ``sentinel`` and
+    lets the experts write into the workspace (``expert_output`` ``workspace``) or not: the
+    flashinfer_cutlass runner combines from the workspace (every release); a -1 sentinel is the
+    TRT-LLM runner's (``flashinfer_trtllm`` where the dispatcher names it, 0.5.19 on; its routed
+    variant before, 0.5.15 .. 0.5.18, the only TRT-LLM runner those accept with FlashInfer
+    A2A), num_experts the CuTe DSL runner's. Before 0.5.15 the dispatcher's sentinel does not
+    depend on the runner (none, then -1, then num_experts) and its start-up accepts CUTLASS
+    (and CuTe DSL from 0.5.13): the same names, which its start-up judges."""
+    if expert_output == "workspace":
+        return "flashinfer_cutlass"
+    if sentinel == "num_experts":
+        return "flashinfer_cutedsl"
+    source = inspect.getsource(importlib.import_module(DISPATCHER))
+    if "is_flashinfer_trtllm_routed()" in source and "is_flashinfer_trtllm()" not in source:
+        return "flashinfer_trtllm_routed"
+    return "flashinfer_trtllm"
+
+
+def comm_backend_as_on_a_gpu(ctx, dispatcher) -> None:
+    """Stand-in: SGLang's ``TorchDistributedCommBackend`` as its module defines it on a GPU box,
+    a subclass of FlashInfer's ``CommBackend``. Its module (``flashinfer_utils``) picks the base
+    by ``is_flashinfer_available()``, which asks for CUDA, and on a CPU gets a placeholder
+    class; it is imported again with FlashInfer available, for this scenario's release."""
+    cls = getattr(dispatcher, "TorchDistributedCommBackend", None)
+    from flashinfer.comm import mnnvl
+
+    base = getattr(mnnvl, "CommBackend", None)
+    if cls is None or base is None or issubclass(cls, base):
+        return
+    from sglang.srt import utils
+
+    spec = importlib.util.find_spec(cls.__module__)
+    module = importlib.util.module_from_spec(spec)
+    undo = patch.attribute(utils, "is_flashinfer_available", lambda: True)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        undo()
+    ctx.add_cleanup(patch.attribute(dispatcher, "TorchDistributedCommBackend", module.TorchDistributedCommBackend))
