@@ -49,6 +49,7 @@ import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 from types import SimpleNamespace
 
 import torch
@@ -264,7 +265,10 @@ def _unbuilt_expert_locations(ctx) -> None:
 
     if expert_location.get_global_expert_location_metadata() is None:
         expert_location.set_global_expert_location_metadata(_UnbuiltExpertLocations())
-        ctx.add_cleanup(lambda: expert_location.set_global_expert_location_metadata(None, allow_overwrite=True))
+        if "allow_overwrite" in inspect.signature(expert_location.set_global_expert_location_metadata).parameters:
+            ctx.add_cleanup(lambda: expert_location.set_global_expert_location_metadata(None, allow_overwrite=True))
+        else:  # before 0.5.16 a module global, set once per served process
+            ctx.add_cleanup(lambda: setattr(expert_location, "_global_expert_location_metadata", None))
 
 
 class _TestbedMethod(torch.nn.Module):

@@ -182,8 +182,12 @@ class BlockLayer:
 
         self.session, self.family, sc = session, family, session.sc
         cls = getattr(importlib.import_module(f"sglang.srt.models.{family.module}"), family.block)
-        with set_default_torch_dtype(ACT_DTYPE):  # as SGLang's model loader builds a checkpoint's model
-            self.block = family.build(cls, sc, index, f"model.layers.{index}.mlp")
+        default = torch.get_default_dtype()
+        try:
+            with set_default_torch_dtype(ACT_DTYPE):  # as SGLang's model loader builds a checkpoint's model
+                self.block = family.build(cls, sc, index, f"model.layers.{index}.mlp")
+        finally:  # an older SGLang's context manager restores it only when the build returns
+            torch.set_default_dtype(default)
         fused = self.block.experts
         if not isinstance(fused, FusedMoE) or fused.dispatcher.__class__.__name__ != "FlashinferDispatcher":
             raise RuntimeError(f"SGLang's {family.block} built {type(fused).__name__} with "

@@ -21,6 +21,7 @@ Groups found (newest first), by the probe that marks each:
 from __future__ import annotations
 
 import inspect
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -218,33 +219,33 @@ def moe_input_is_own_rows() -> bool:
 
 
 def a2a_startup(server_args, fmt: str) -> None:
-    """This release's own FlashInfer A2A start-up handling of the server arguments
-    (``ServerArgs._handle_a2a_moe`` before 0.5.19, ``arg_groups.moe_hook.handle_a2a_moe`` on:
-    its asserts, the forced EP size, the shared-experts fusion turned off, the NVFP4 dispatch
-    default), its declarations then applied as the end of the release's resolution applies
-    them (``materialize_declarations``, 0.5.15 on). A dummy model's arguments stop the
-    resolution before the handler, so it is called on them directly; the model config it
-    reads is a stand-in of the scenario's checkpoint (NVFP4 MoE metadata for nvfp4, none for
-    bf16). Raises what the handler raises where the release refuses the arguments."""
+    """This release's own FlashInfer A2A start-up handling of the server arguments, where a
+    dummy model's construction stops before it.
+
+    Before 0.5.19 it is ``ServerArgs._handle_a2a_moe`` (its asserts, the forced EP size, the
+    shared-experts fusion turned off, the NVFP4 dispatch default), which the resolution calls
+    after the dummy-model boundary: it is called on the arguments directly, its declarations
+    then applied as the end of the resolution applies them (``materialize_declarations``,
+    0.5.15 on); the model config it reads is a stand-in of the scenario's checkpoint (NVFP4
+    MoE metadata for nvfp4, none for bf16). From 0.5.19 the handler (``moe_hook``) reads
+    fields the resolution derives first; of it the dummy's construction runs the topology
+    rule, and the shared-experts fusion pass (``_a2a_fusion_adjustments``) runs here. Raises
+    what the handler raises where the release refuses the arguments."""
     from sglang.srt.server_args import ServerArgs
 
     handler = getattr(ServerArgs, "_handle_a2a_moe", None)
     if handler is None:
-        from sglang.srt.arg_groups.moe_hook import handle_a2a_moe as handler
+        from sglang.srt.arg_groups import overrides
+
+        with _quiet(overrides.__name__):
+            overrides.run_post_process_pass(server_args, overrides._a2a_fusion_adjustments)
+        return
     model = SimpleNamespace(nvfp4_moe_meta=object() if fmt == "nvfp4" else None, dtype=ACT_DTYPE,
                             hf_config=SimpleNamespace())
     server_args.model_config = server_args._model_config = model
     server_args.get_model_config = lambda: model
-    # Its warnings are a server operator's, once at start-up; here they would repeat per scenario and rank.
-    quiet = [logging.getLogger(name) for name in (handler.__module__, "sglang.srt.arg_groups.overrides")]
-    levels = [logger.level for logger in quiet]
-    for logger in quiet:
-        logger.setLevel(logging.ERROR)
-    try:
+    with _quiet(ServerArgs.__module__, "sglang.srt.arg_groups.overrides"):
         handler(server_args)
-    finally:
-        for logger, level in zip(quiet, levels):
-            logger.setLevel(level)
     try:
         from sglang.srt.arg_groups.overrides import materialize_declarations
     except ImportError:  # before 0.5.15 the handler writes the fields itself
@@ -253,11 +254,30 @@ def a2a_startup(server_args, fmt: str) -> None:
         materialize_declarations(server_args)
 
 
+@contextlib.contextmanager
+def _quiet(*loggers: str):
+    """The start-up's warnings are a server operator's, once; here they would repeat per
+    scenario and rank."""
+    quiet = [logging.getLogger(name) for name in loggers]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+
+
 def a2a_startup_refusal(arguments: dict, fmt: str) -> str | None:
     """The message of this release's A2A start-up handling (:func:`a2a_startup`) where it
-    refuses the server ``arguments``, else None. The environment it writes is restored."""
+    refuses the server ``arguments``, else None (from 0.5.19 the dummy's construction runs
+    the rule, which ``rules.sglang_rule`` holds and a test compares). The environment it
+    writes is restored."""
     from sglang.srt.server_args import ServerArgs
 
+    if not hasattr(ServerArgs, "_handle_a2a_moe"):
+        return None
     restore = _format_in_environment(fmt)
     try:
         a2a_startup(ServerArgs(**arguments), fmt)
