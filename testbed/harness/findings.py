@@ -95,9 +95,8 @@ def judge(v: Verdict) -> Optional[str]:
         return None
     pairs = [pair for f in expected for pair in f.expect]
     explained = all(any(inv == f.invariant and piece in f.evidence for inv, piece in pairs) for f in v.failures)
-    # A finding reproduces when its signature (its first pair) shows; the others are what may follow.
-    ids = [f.id for f in expected if any(f.expect[0][0] == g.invariant and f.expect[0][1] in g.evidence
-                                         for g in v.failures)]
+    # A finding reproduces when its signature shows; the other pairs are what may follow.
+    ids = [f.id for f in expected if f.shows(v.failures)]
     if not explained or not ids:
         return None
     v.known, v.known_failures, v.failures = ids, list(v.failures), []

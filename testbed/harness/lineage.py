@@ -60,8 +60,7 @@ def reproducer(name: str, finding: Finding, pin: str) -> Optional[Scenario]:
 def outcome(finding: Finding, v: Verdict, gone: Optional[str] = None) -> tuple[str, str]:
     """How ``v`` went for ``finding``; ``gone``: why the engine release no longer has it (its
     signature showing there is another failure that reads alike, never the finding)."""
-    inv, piece = finding.expect[0]
-    if not gone and (finding.id in v.known or any(g.invariant == inv and piece in g.evidence for g in v.failures)):
+    if not gone and (finding.id in v.known or finding.shows(v.failures)):
         return "reproduces", ""
     others = [g for g in v.failures if g.invariant != "known-finding"]
     if not others:

@@ -185,6 +185,15 @@ class Finding:
     # the finding were never written (it is gone there: :func:`testbed.harness.findings.gone`).
     # Empty for a finding of FlashInfer's, which ``applies`` decides by the release's profile.
     code: tuple[tuple[str, str], ...] = ()
+    # How many of the first pairs of ``expect`` are its signature: a bug that fails one of
+    # several ways by the scenario's shape (a check of FlashInfer's, or of the testbed's, that
+    # trips first) shows when any of them does.
+    signatures: int = 1
+
+    def shows(self, failures) -> bool:
+        """Whether its signature shows among ``failures`` (:class:`Failure`)."""
+        return any(g.invariant == inv and piece in g.evidence for inv, piece in self.expect[:self.signatures]
+                   for g in failures)
 
 
 class Integration:
