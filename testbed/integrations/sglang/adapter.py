@@ -54,6 +54,7 @@ from types import SimpleNamespace
 
 import torch
 
+from fakes.flashinfer.fused_moe.layouts import deinterleave_128x4
 from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.sglang import shapes
@@ -284,7 +285,13 @@ class _TestbedMethod(torch.nn.Module):
         from sglang.srt.layers.moe.token_dispatcher.flashinfer import FlashinferCombineInput
 
         d = dispatch_output
-        received = SimpleNamespace(a1q=d.hidden_states, a1q_scale=d.hidden_states_scale,
+        scale = d.hidden_states_scale
+        if scale is not None and scale.dim() == 1:
+            # The dispatcher interleaved the received nvfp4 scales 128x4 for the flashinfer_cutlass
+            # runner (nvfp4_block_scale_interleave), the layout that runner reads.
+            rows, cols = d.hidden_states.size(0), 2 * d.hidden_states.size(1) // 16
+            scale = deinterleave_128x4(scale.view(torch.uint8), rows, cols)
+        received = SimpleNamespace(a1q=d.hidden_states, a1q_scale=scale,
                                    topk_ids=d.topk_output.topk_ids.long(), topk_weights=d.topk_output.topk_weights)
         return FlashinferCombineInput(hidden_states=self.experts(received, output=d.moe_output))
 

@@ -39,7 +39,7 @@ def sglang_scenarios(draw) -> Scenario:
     experts = draw(st.sampled_from([n for n in range(ep, 33) if n % ep == 0]))
     top_k = draw(st.sampled_from([k for k in FAKE_PROFILES["0.7.2"].top_k_kernels if k <= experts]))
     sentinel, output = ("-1", "separate") if sp else draw(st.sampled_from(SGLANG_RUNNER_CHOICES))
-    fmt = "bf16" if sp or output == "workspace" else draw(st.sampled_from(SGLANG_FORMATS))
+    fmt = "bf16" if sp else draw(st.sampled_from(SGLANG_FORMATS))
     hidden = draw(st.sampled_from([h for h in (64, 128, 256, 512) if not hidden_rule(fmt, h, "one_sided")]))
     if sp:  # every rank holds the prefill's rows, a multiple of tp (the testbed models no padding rows)
         budget = layout.tp * draw(st.integers(1, MAX_BUDGET // layout.tp))

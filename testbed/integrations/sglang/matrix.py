@@ -27,6 +27,10 @@ SGLANG_MATRIX: tuple[Scenario, ...] = (
        label="SGLang nvfp4 dispatch (SGLANG_MOE_NVFP4_DISPATCH, ModelOpt's input global scale)"),
     from_text("2,1,2,1", "nvfp4:8", "3,8 1,0", integration="sglang", validated=False, invalid_expert_id="num_experts", routing="local",
        label="SGLang nvfp4 dispatch, the flashinfer_cutedsl runner"),
+    from_text("4,1,4,1", "nvfp4:8,nvfp4:8", "6,2,0,3 1,1,1,8", integration="sglang", validated=False,
+       invalid_expert_id="num_experts", expert_output="workspace", routing="spread",
+       label="SGLang nvfp4 dispatch, the flashinfer_cutlass runner: scales interleaved 128x4, experts write into "
+             "the workspace (the one runner 0.5.9 .. 0.5.12 start FlashInfer A2A with)"),
     from_text("4,4,1,1", "bf16:8,bf16:8", "4 8", integration="sglang", validated=False, sp_prefill=True,
        label="SGLang Muse Spark TP4/EP4 SP prefill: decode and SP-prefill MoeAlltoAlls live at once"),
     from_text("8,8,1,1", "bf16:16", "16 8", integration="sglang", validated=False, sp_prefill=True, experts=16, top_k=4,

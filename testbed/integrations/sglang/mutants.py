@@ -36,8 +36,14 @@ def _scale_folds_for_bf16():
     from sglang.srt.layers.moe.utils import MoeRunnerBackend
     from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
 
+    fuses = getattr(layer, "_fuses_routed_scaling_factor_in_topk", None)
+    if fuses is None:  # before 0.5.19 FusedMoE.__init__ answers inline, for the unquantized method or not
+        if "isinstance(self.quant_method, UnquantizedFusedMoEMethod)" in inspect.getsource(layer.FusedMoE.__init__):
+            return None
+        return ("this SGLang never folds the routed scaling factor into the top-k of an unquantized FusedMoE "
+                "(FusedMoE.__init__'s should_fuse_routed_scaling_factor_in_topk names no unquantized method): a block "
+                "never takes the folded branch")
     method = object.__new__(UnquantizedFusedMoEMethod)  # the answer reads its type and class attributes only
-    fuses = layer._fuses_routed_scaling_factor_in_topk
     if "runner_backend" in inspect.signature(fuses).parameters:
         answers = [fuses(method, MoeRunnerBackend(r)) for r in ("flashinfer_trtllm", "flashinfer_cutlass")]
     else:

@@ -80,10 +80,6 @@ def sglang_rule(sc: Scenario) -> tuple[str, str] | None:
     if len(fmts) > 1 or fmts[0] not in SGLANG_FORMATS:
         return "--stages", (f"SGLang's FlashInfer A2A dispatch format is process-wide (SGLANG_MOE_NVFP4_DISPATCH): "
                             f"give every layer one of {', '.join(SGLANG_FORMATS)}, got {', '.join(fmts)}")
-    if fmts == ["nvfp4"] and sc.expert_output == "workspace":
-        return "--expert-output", ("SGLang interleaves received nvfp4 scales for the flashinfer_cutlass runner "
-                                   "(nvfp4_block_scale_interleave), a layout the testbed's experts do not read: "
-                                   "give --expert-output separate with nvfp4")
     budgets = {ly.max_num_tokens for st in sc.stages for ly in st}
     if len(budgets) > 1:
         return "--stages", (f"SGLang sizes every layer's MoeAlltoAll at one capacity "
