@@ -45,7 +45,8 @@ def test_engine_release_consumer_contract(excerpt):
         pin = evidence(f"{engine} {source.version}", source, consumer, pin).by
     assert pin and (DATA / "flashinfer_excerpts" / pin).is_dir(), pin
     report = check(source, consumer, RealTree(open_source(str(DATA / "flashinfer_excerpts" / pin))), resolve(pin).name)
-    assert report.fake_defects == 0 and report.count("ok") >= 45, report
+    # The floor says the check read the release's uses (SGLang 0.5.9 .. 0.5.11's fewest: 40).
+    assert report.fake_defects == 0 and report.count("ok") >= 40, report
 
 
 def test_engine_release_pin_no_profile_serves_is_refused(tmp_path, monkeypatch):

@@ -147,3 +147,26 @@ def test_findings_never_gone_without_a_release_to_read(monkeypatch):
     finding = Finding("TOY-2", "toy", lambda sc: True, (("completes", "x"),), code=(("toy/a2a.py", "x"),))
     monkeypatch.delenv("A2A_TOY_SOURCE", raising=False)
     assert findings.gone(_toy(finding), finding) is None  # no distribution named toy is installed
+
+
+SGLANG_SOURCE = "A2A_SGLANG_SOURCE"
+# The bugs SGLang shipped, by the first release without them (docs/findings.md).
+_SGL_FIXED_IN = {"SGL-006": "0.5.11", "SGL-007": "0.5.15", "SGL-008": "0.5.15", "SGL-009": "0.5.20",
+                 "SGL-010": "0.5.19", "SGL-011": "0.5.16", "SGL-012": "0.5.12"}
+_SGL_RELEASES = ("0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1",
+                 "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
+                 "0.5.22", "0.5.23")
+
+
+@pytest.mark.parametrize("release", _SGL_RELEASES)
+def test_findings_sglang_release_has_what_its_code_holds(release, monkeypatch):
+    """Each bug SGLang shipped is in the releases before its fix and gone from the fix on, read
+    from the checked-in excerpts of the files its code locator names; the latent ones and
+    FlashInfer's stay on every release."""
+    from packaging.version import Version
+
+    monkeypatch.setenv(SGLANG_SOURCE, str(EXCERPTS / f"sglang-{release}"))
+    sglang = integrations.get("sglang")
+    gone = {f.id for f in sglang.findings() if findings.gone(sglang, f)}
+    assert gone == {fid for fid, fixed in _SGL_FIXED_IN.items() if Version(release) >= Version(fixed)}
+    assert {"SGL-002", "SGL-003", "SGL-004", "SGL-005"}.isdisjoint(gone)

@@ -48,7 +48,8 @@ def get(name: str) -> Mutant:
 
 def not_applicable(m: Mutant) -> tuple[str, str] | None:
     """``(kind, why)`` mutant ``m`` is not hunted on the release in use: its own probes'
-    answer (:meth:`Mutant.not_applicable`), else ``absent`` where an engine's release has no
+    answer (:meth:`Mutant.not_applicable`), else ``unbuilt`` where the engine's module imports a
+    package this host lacks (the scenarios reaching it are refused), else ``absent`` where an engine's release has no
     module or function the mutant targets (an older release, before the code was written; this
     project's own code always has its targets, and a mutant that misses one is broken)."""
     found = m.not_applicable()
@@ -56,6 +57,9 @@ def not_applicable(m: Mutant) -> tuple[str, str] | None:
     if found or engine is None:
         return found
     modules, paths = _target(m)
+    unbuilt = [why for module in modules if (why := engine.unimportable(module))]
+    if unbuilt and len(unbuilt) == len(modules):
+        return "unbuilt", f"{unbuilt[0]}: no scenario reaches it here (the rules refuse them, naming it)"
     lacks = [engine.lacks(module, path) for module in modules for path in paths]
     return ("absent", f"{lacks[0]} (its code came later)") if all(lacks) else None
 
@@ -67,14 +71,18 @@ def _target(m: Mutant) -> tuple[list[str], list[str]]:
     return modules.split("|"), paths.split("|")
 
 
-def _import_first(modules: list[str]):
-    for name in modules[:-1]:
+def _importable(modules: list[str]):
+    """Each of ``modules`` this release has, imported, in order."""
+    found = []
+    for name in modules:
         try:
-            return importlib.import_module(name)
+            found.append(importlib.import_module(name))
         except ModuleNotFoundError as e:
             if e.name is None or not name.startswith(e.name):
                 raise
-    return importlib.import_module(modules[-1])
+    if not found:
+        importlib.import_module(modules[-1])  # raises what the last one raises
+    return found
 
 
 def apply(name: str) -> Callable[[], None]:
@@ -83,9 +91,8 @@ def apply(name: str) -> Callable[[], None]:
     m = get(name)
     modules, paths = _target(m)
     owner_of(name).prepare_environment()  # what its code needs before it is imported here
-    module = _import_first(modules)
-    module_name = module.__name__
-    for path in paths:
+    homes = _importable(modules)
+    for module, path in ((module, path) for module in homes for path in paths):
         *owner_path, attr = path.split(".")
         owner = module
         try:
@@ -96,8 +103,11 @@ def apply(name: str) -> Callable[[], None]:
         except AttributeError:
             continue
     else:  # the release has moved or removed the target: broken here, never killed
-        raise MutantError(f"mutant {name}: {m.target} is not in this release's {module_name}")
-    function = original.fget if isinstance(original, property) else original  # its source has @property
+        raise MutantError(f"mutant {name}: {m.target} is not in this release's "
+                          f"{', '.join(module.__name__ for module in homes)}")
+    module_name = module.__name__
+    # Its source has @property (or @classmethod): the function is what it wraps.
+    function = original.fget if isinstance(original, property) else getattr(original, "__func__", original)
     lines, first = inspect.getsourcelines(function)
     source = "".join(lines)
     counts = [(old, new, source.count(old)) for old, new in ((m.old, m.new),) + m.forms]

@@ -189,7 +189,7 @@ def judge_matrix(pin: str) -> Judge:
 def judge_mutants(engine, source: Optional[str]) -> Judge:
     """An engine release's mutants: every one killed, each by the failure it names; one is
     left out (N/A) as absent only where the release's source of its target has none of the
-    code it changes, and as equivalent or masked only by its probe's reason."""
+    code it changes, and as equivalent, masked or unbuilt only with its reason."""
     def judge(data: dict, stdout: str) -> list[str]:
         from testbed.contract.source import open_package
         from testbed.harness import mutants
@@ -202,7 +202,8 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
         package = open_package(engine.name, source)
         for absent in data["not_applicable"]:
             m = mutants.get(absent["mutant"])
-            if absent["kind"] in ("equivalent", "masked"):  # its code is there: the probe names the guard or finding
+            # Its code is there: the probe names the guard or finding (unbuilt: the package its module lacks).
+            if absent["kind"] in ("equivalent", "masked", "unbuilt"):
                 if not absent["why"]:
                     problems.append(f"{m.name} was left out as {absent['kind']} without a reason")
                 continue

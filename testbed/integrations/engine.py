@@ -176,6 +176,19 @@ class Engine:
         with fakes.flashinfer.install(self.pinned()):
             return self._lacks(module, name)
 
+    def unimportable(self, module: str) -> str | None:
+        """``SGLang 0.5.15's M imports P, which this host lacks`` where importing the release's
+        ``module`` fails on a package outside the engine (a CUDA build), else None."""
+        import fakes.flashinfer
+
+        with fakes.flashinfer.install(self.pinned()):
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as e:
+                if e.name is not None and not e.name.startswith(self.name):
+                    return f"{self.label} {self.release()[0]}'s {module} imports {e.name}, which this host lacks"
+        return None
+
     def _lacks(self, module: str, name: str) -> str | None:
         try:
             found = importlib.import_module(module)

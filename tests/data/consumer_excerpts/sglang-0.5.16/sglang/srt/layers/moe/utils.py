@@ -1,0 +1,37 @@
+# An excerpt: the definitions SGLang's findings read (Finding.code); 0.5.16's file has these.
+# should_skip_post_experts_all_reduce, lines 465-499 of 0.5.16's sglang/srt/layers/moe/utils.py
+def should_skip_post_experts_all_reduce(*, is_tp_path: bool) -> bool:
+    """Whether to skip the post-experts all-reduce (EP or TP) because a
+    downstream component will fuse, replace, or absorb it.
+
+    Skip reasons, in order:
+      - ``get_forward().fuse_mlp_allreduce``: LayerCommunicator will fuse the
+        all-reduce with the next layer's residual all-reduce.
+      - ``get_forward().mlp_reduce_scatter``: LayerCommunicator's post-attention
+        scatter will do reduce-scatter, which would double-reduce on top of
+        an all-reduce.
+      - ``should_use_dp_reduce_scatterv()``: the standard dispatcher's combine
+        path replaces the all-reduce with a reduce-scatterv.
+      - ``should_use_flashinfer_cutlass_moe_fp4_allgather()`` (TP path only):
+        the flashinfer cutlass FP4 kernel performs an all-gather that absorbs
+        the post-experts TP all-reduce. Not relevant to the EP all-reduce.
+      - ``get_moe_a2a_backend().is_flashinfer()``: the flashinfer A2A
+        dispatcher's ``MoeAlltoAll.combine`` already alltoall-reduces partial
+        MoE outputs back to the source rank, so any further EP/TP all-reduce
+        would double-count and overflow BF16. Mirrors TRTLLM's
+        ``not enable_alltoall`` gate
+        (``tensorrt_llm/_torch/modules/fused_moe/interface.py:879``).
+
+    The first two reasons come from per-layer ``ForwardFlags`` published by
+    the decoder via ``get_forward().scoped(...)``. Pass ``is_tp_path=True``
+    for the post-experts TP all-reduce, ``False`` for the EP all-reduce.
+    """
+    if should_skip_mlp_all_reduce():
+        return True
+    if should_use_dp_reduce_scatterv():
+        return True
+    if is_tp_path and should_use_flashinfer_cutlass_moe_fp4_allgather():
+        return True
+    if get_moe_a2a_backend().is_flashinfer():
+        return True
+    return False
