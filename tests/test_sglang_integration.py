@@ -27,7 +27,6 @@ BASE = "a2a-testbed run --layout 2,1,2,1 --stages bf16:16 --tokens 5,7 --integra
     (f"{BASE} --path two_sided", "--path"), (f"{BASE} --tokens 0,0", "--tokens"),
     (f"{BASE} --expert-output workspace", "--expert-output"), (f"{BASE} --combine-signature opaque", "--combine-signature"),
     (f"{BASE} --shared-experts", "--shared-experts"),
-    (f"{BASE} --stages nvfp4:16 --invalid-expert-id num_experts --expert-output workspace", "--expert-output"),
     ("a2a-testbed run --layout 4,2,2,1 --stages bf16:16 --tokens 5,7 --integration sglang", "--layout"),
     ("a2a-testbed run --layout 2,2,1,1 --stages bf16:16 --tokens 5 --integration sglang", "--layout"),
     ("a2a-testbed run --layout 4,1,2,2 --stages 'bf16:16;bf16:16' --tokens 5,7 --integration sglang", "--layout"),

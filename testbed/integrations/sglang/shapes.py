@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 from testbed import patch
 from testbed.integrations import engine as support
-from testbed.integrations.sglang.environment import DISPATCHER
+from testbed.integrations.sglang.environment import DISPATCHER, prepare_environment
 from testbed.scenario.reference import ACT_DTYPE
 
 
@@ -274,6 +274,7 @@ def a2a_startup_refusal(arguments: dict, fmt: str) -> str | None:
     refuses the server ``arguments``, else None (from 0.5.19 the dummy's construction runs
     the rule, which ``rules.sglang_rule`` holds and a test compares). The environment it
     writes is restored."""
+    prepare_environment()  # the rules ask this in a process that may not have imported SGLang yet
     from sglang.srt.server_args import ServerArgs
 
     if not hasattr(ServerArgs, "_handle_a2a_moe"):
@@ -301,6 +302,7 @@ def runner_backend(sentinel: str, expert_output: str) -> str:
         return "flashinfer_cutlass"
     if sentinel == "num_experts":
         return "flashinfer_cutedsl"
+    prepare_environment()
     source = inspect.getsource(importlib.import_module(DISPATCHER))
     if "is_flashinfer_trtllm_routed()" in source and "is_flashinfer_trtllm()" not in source:
         return "flashinfer_trtllm_routed"
