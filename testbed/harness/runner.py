@@ -176,10 +176,11 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
         return Hunt(name, False, f"broken: {e}", 0.0)
     other = []
     for index, sc in kill_order(scenarios if m.needs_scenarios else ()):
-        v = run(pool, sc, mutant=name, timeout_s=timeout_s)
         # On a scenario a known finding fails, a failure the release's own code shows too (the
-        # finding's, or one that follows from it) is no kill: only what the mutant adds.
+        # finding's, or one that follows from it) is no kill: only what the mutant adds. Run
+        # first, on ranks the mutated run has not left behind (a rank it killed is restarted).
         already = _unmutated(pool, sc, timeout_s) if findings.known(sc) else None
+        v = run(pool, sc, mutant=name, timeout_s=timeout_s)
         for invariant, piece in m.expect:
             for f in v.failed(invariant) + [g for g in v.known_failures if g.invariant == invariant]:
                 if piece in f.evidence and not (already and _shows(already, invariant, piece)):
