@@ -23,3 +23,12 @@ def mx_alignments(formats, hidden: int, path: str):
     if "mxfp8" not in formats:
         return st.just(0)
     return st.sampled_from([a for a in MX_ALIGNMENTS if not hidden_rule("mxfp8", hidden, path, a)])
+
+
+def dp_counts(dp: int, budget: int):
+    """Each DP rank's tokens of one forward, 0 .. ``budget``; half the draws put one rank at
+    exactly the budget, the boundary where a workspace sized for fewer bytes than a full round
+    (a format's scales, its alignment padding) overruns."""
+    counts = st.lists(st.integers(0, budget), min_size=dp, max_size=dp).map(tuple)
+    at_budget = st.tuples(counts, st.integers(0, dp - 1)).map(lambda c: c[0][:c[1]] + (budget,) + c[0][c[1] + 1:])
+    return st.one_of(counts, at_budget)

@@ -38,7 +38,7 @@ from testbed.scenario.model import (
     hidden_rule,
     pair_routing,
 )
-from testbed.scenario.strategies import LAYOUTS, MAX_BUDGET, mx_alignments
+from testbed.scenario.strategies import LAYOUTS, MAX_BUDGET, dp_counts, mx_alignments
 
 
 @st.composite
@@ -67,7 +67,7 @@ def scenarios(draw) -> Scenario:
         stages.append(tuple(Layer(draw(st.sampled_from(formats)), draw(st.integers(1, MAX_BUDGET)))
                             for _ in range(n)))
     biggest = max(ly.max_num_tokens for stage in stages for ly in stage)
-    counts = st.lists(st.integers(0, biggest), min_size=layout.dp, max_size=layout.dp).map(tuple)
+    counts = dp_counts(layout.dp, biggest)
     passes = tuple(draw(st.lists(counts, min_size=1, max_size=3)))
     routing = draw(st.sampled_from(ROUTINGS))
     kernels = FAKE_PROFILES[profile].top_k_kernels if path == "one_sided" else SUPPORTED_TOP_K

@@ -22,7 +22,7 @@ from testbed.scenario.model import (
     ScenarioInputError,
     hidden_rule,
 )
-from testbed.scenario.strategies import LAYOUTS, MAX_BUDGET
+from testbed.scenario.strategies import LAYOUTS, MAX_BUDGET, dp_counts
 
 
 @st.composite
@@ -46,7 +46,7 @@ def sglang_scenarios(draw) -> Scenario:
         counts = st.integers(1, budget // layout.tp).map(lambda n: (n * layout.tp,))
     else:  # SGLang runs no forward where no DP rank has a token: every pass has one somewhere
         budget = draw(st.integers(1, MAX_BUDGET))
-        counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).filter(any).map(tuple)
+        counts = dp_counts(layout.dp, budget).filter(any)
     stages = (tuple(Layer(fmt, budget) for _ in range(draw(st.integers(1, 3)))),)
     # SGLang's own model blocks, where they run (DP attention, an unquantized checkpoint's runners and
     # dispatch); OLMoE's and PhiMoE's are findings (SGL-004, SGL-005), not drawn.

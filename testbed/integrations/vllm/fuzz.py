@@ -18,7 +18,7 @@ from testbed.scenario.model import (
     ScenarioInputError,
     hidden_rule,
 )
-from testbed.scenario.strategies import LAYOUTS, MAX_BUDGET, mx_alignments
+from testbed.scenario.strategies import LAYOUTS, MAX_BUDGET, dp_counts, mx_alignments
 
 
 VLLM_LAYOUTS = tuple(lay for lay in LAYOUTS if lay.dp >= 2)
@@ -43,7 +43,7 @@ def vllm_scenarios(draw) -> Scenario:
     budget = draw(st.integers(1, MAX_BUDGET))
     stages = tuple(tuple(Layer(draw(st.sampled_from(formats)), budget) for _ in range(draw(st.integers(1, 3))))
                    for _ in range(layout.pp))
-    counts = st.lists(st.integers(0, budget), min_size=layout.dp, max_size=layout.dp).map(tuple)
+    counts = dp_counts(layout.dp, budget)
     routing = draw(st.sampled_from(ROUTINGS))
     kernels = FAKE_PROFILES[profile].top_k_kernels if path == "one_sided" else SUPPORTED_TOP_K
     top_k = draw(st.sampled_from([k for k in SUPPORTED_TOP_K if k in kernels  # moe_ep one-sided: k <= experts
