@@ -157,32 +157,6 @@ def test_scenario_fuzz_bounded_derandomized(cluster):
     assert len(seen) == 6
 
 
-def _at_its_budget_in_padded_mxfp8(sc) -> bool:
-    """A DP rank at exactly the budget (8 tokens or more: a workspace's alignment slack holds a
-    smaller round's shortfall) of an mxfp8 layer whose scale columns mx_alignment pads (a
-    hidden size that is not a multiple of it), on the one-sided path with DP, on MoeAlltoAll (whose
-    workspace the caller sizes)."""
-    budgets = {ly.max_num_tokens for st in sc.stages for ly in st if ly.fmt == "mxfp8"}
-    return (sc.path == "one_sided" and sc.api == "comm" and sc.mx_alignment and sc.hidden % sc.mx_alignment
-            and len(sc.stages) == 1
-            and sc.layout.dp > 1 and any(max(counts) in budgets and max(counts) >= 8 for counts in sc.passes))
-
-
-def test_scenario_fuzz_draws_the_budget_boundary_and_an_undersized_workspace_fails_there(cluster):
-    """The strategy draws a DP rank at exactly its budget in mxfp8 with mx_alignment's padding;
-    there a workspace sized for fewer bytes than the round dispatches (the scales' padding left
-    out) fails."""
-    from hypothesis import HealthCheck, find
-
-    sc = find(scenarios(), _at_its_budget_in_padded_mxfp8,
-              settings=settings(max_examples=5000, derandomize=True, database=None,
-                                suppress_health_check=list(HealthCheck)))
-    assert runner.run(cluster, sc).passed
-    verdict = runner.run(cluster, sc, mutant="mx-alignment-ignored")
-    assert not verdict.passed and {f.invariant for f in verdict.failures} & {"workspace", "completes", "output"}, \
-        failure_text(verdict)
-
-
 def test_scenario_fuzz_find_empty_top1_payload_with_odd_strides(cluster):
     """Found by `a2a-testbed fuzz`: top_k 1 ids of a pass without tokens have strides (1, 0);
     torch calls them contiguous, so the kernel takes them, and the fake must too."""

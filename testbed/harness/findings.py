@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from typing import Optional
 
 from testbed import integrations
@@ -53,32 +52,7 @@ def gone_lines(scenarios) -> list[str]:
 
 @functools.cache
 def _gone(engine, code: tuple, source: Optional[str]) -> Optional[str]:
-    from testbed.contract.source import SourceError
-
-    try:
-        package = engine.package(source)
-    except SourceError:  # no release here to read (the engine not installed): nothing shows it gone
-        return None
-    label = engine.label
-    for where, pattern in code:
-        found = _first_file(package, (where,) if isinstance(where, str) else where)
-        if found is None:
-            return f"{label} {package.version} has no {' or '.join((where,) if isinstance(where, str) else where)}"
-        path, text = found
-        if re.search(pattern, text) is None:
-            return f"{path} of {label} {package.version} no longer matches /{pattern}/"
-    return None
-
-
-def _first_file(package, paths: tuple[str, ...]) -> Optional[tuple[str, str]]:
-    """``(path, text)`` of the first of ``paths`` the release has (a file it moved between
-    releases), or None."""
-    for path in paths:
-        try:
-            return path, package.read(path)
-        except (KeyError, FileNotFoundError):
-            continue
-    return None
+    return engine.missing_code(code, source)
 
 
 def judge(v: Verdict) -> Optional[str]:

@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -175,6 +176,27 @@ class Engine:
 
         with fakes.flashinfer.install(self.pinned()):
             return self._lacks(module, name)
+
+    def missing_code(self, code: tuple, source: str | None = None) -> str | None:
+        """Why the release (``source``, else the installed one) does not hold ``code``, a
+        finding's ``(file, regular expression)`` pairs (a file may be a tuple of the paths it
+        moved between): the first file it lacks or pattern that no longer matches; None where
+        every pattern matches, or no release is here to read."""
+        from testbed.contract.source import SourceError
+
+        try:
+            package = self.package(source)
+        except SourceError:  # no release here to read (the engine not installed): nothing shows it gone
+            return None
+        for where, pattern in code:
+            paths = (where,) if isinstance(where, str) else where
+            found = _first_file(package, paths)
+            if found is None:
+                return f"{self.label} {package.version} has no {' or '.join(paths)}"
+            path, text = found
+            if re.search(pattern, text) is None:
+                return f"{path} of {self.label} {package.version} no longer matches /{pattern}/"
+        return None
 
     def unimportable(self, module: str) -> str | None:
         """``SGLang 0.5.15's M imports P, which this host lacks`` where importing the release's
@@ -374,3 +396,14 @@ def _on_the_cpu(factory):
         return factory(*args, **kwargs)
 
     return made
+
+
+def _first_file(package, paths: tuple[str, ...]) -> tuple[str, str] | None:
+    """``(path, text)`` of the first of ``paths`` the release has (a file it moved between
+    releases), or None."""
+    for path in paths:
+        try:
+            return path, package.read(path)
+        except (KeyError, FileNotFoundError):
+            continue
+    return None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import contextlib
-import importlib
 import importlib.util
 import logging
 import os
@@ -30,15 +29,14 @@ from types import SimpleNamespace
 
 from testbed import patch
 from testbed.integrations import engine as support
-from testbed.integrations.sglang.environment import DISPATCHER, prepare_environment
+from testbed.integrations.sglang.environment import DISPATCHER, ENGINE
 from testbed.scenario.reference import ACT_DTYPE
 
 
 def server_argument_names() -> frozenset[str]:
-    """The fields of this release's ``ServerArgs``."""
-    from sglang.srt.server_args import ServerArgs
-
-    return frozenset(inspect.signature(ServerArgs).parameters)
+    """The fields of this release's ``ServerArgs`` (none where SGLang is not here)."""
+    server_args = ENGINE.module("sglang.srt.server_args")
+    return frozenset(inspect.signature(server_args.ServerArgs).parameters) if server_args is not None else frozenset()
 
 
 NVFP4_DISPATCH_ENV = "SGLANG_MOE_NVFP4_DISPATCH"
@@ -274,11 +272,10 @@ def a2a_startup_refusal(arguments: dict, fmt: str) -> str | None:
     refuses the server ``arguments``, else None (from 0.5.19 the dummy's construction runs
     the rule, which ``rules.sglang_rule`` holds and a test compares). The environment it
     writes is restored."""
-    prepare_environment()  # the rules ask this in a process that may not have imported SGLang yet
-    from sglang.srt.server_args import ServerArgs
-
-    if not hasattr(ServerArgs, "_handle_a2a_moe"):
-        return None
+    server_args = ENGINE.module("sglang.srt.server_args")  # the rules ask in a process without SGLang imported
+    if server_args is None or not hasattr(server_args.ServerArgs, "_handle_a2a_moe"):
+        return None  # no SGLang here, or from 0.5.19: the rule is rules.sglang_rule's
+    ServerArgs = server_args.ServerArgs
     restore = _format_in_environment(fmt)
     try:
         a2a_startup(ServerArgs(**arguments), fmt)
@@ -302,8 +299,8 @@ def runner_backend(sentinel: str, expert_output: str) -> str:
         return "flashinfer_cutlass"
     if sentinel == "num_experts":
         return "flashinfer_cutedsl"
-    prepare_environment()
-    source = inspect.getsource(importlib.import_module(DISPATCHER))
+    dispatcher = ENGINE.module(DISPATCHER)
+    source = inspect.getsource(dispatcher) if dispatcher is not None else ""  # no SGLang here: 0.5.23's
     if "is_flashinfer_trtllm_routed()" in source and "is_flashinfer_trtllm()" not in source:
         return "flashinfer_trtllm_routed"
     return "flashinfer_trtllm"
