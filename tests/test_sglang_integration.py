@@ -123,7 +123,19 @@ def _verdict(sc, failures=()):
     return v
 
 
-def test_sglang_integration_known_findings_are_scenario_properties():
+@pytest.fixture
+def sglang_0_5_23(monkeypatch):
+    """SGLang 0.5.23's code decides which findings its scenarios have (its path files checked
+    in): a process without SGLang reads no release, and every finding would apply there."""
+    from pathlib import Path
+
+    monkeypatch.setenv("A2A_SGLANG_SOURCE", str(Path(__file__).parent / "data" / "consumer_excerpts" / "sglang-0.5.23"))
+    findings._gone.cache_clear()
+    yield
+    findings._gone.cache_clear()
+
+
+def test_sglang_integration_known_findings_are_scenario_properties(sglang_0_5_23):
     assert not findings.known(_parse(BASE))
     on_074 = _parse(f"{BASE} --profile 0.7.4")
     assert [f.id for f in findings.known(on_074)] == ["SGL-002"]
@@ -223,7 +235,7 @@ def test_sglang_block_cli_round_trip():
     assert _parse(sc.to_cli()) == sc and "block=deepseek_v2" in sc.short()
 
 
-def test_sglang_block_findings_are_the_blocks():
+def test_sglang_block_findings_are_the_blocks(sglang_0_5_23):
     """The blocks' findings apply to their blocks, whatever else the scenario varies."""
     assert not findings.known(_parse(f"{BLOCK} --block qwen3_moe"))
     assert [f.id for f in findings.known(_parse(f"{BLOCK} --block olmoe"))] == ["SGL-004"]
