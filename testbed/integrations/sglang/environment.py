@@ -126,7 +126,8 @@ def _stand_in_kv_cache_io() -> None:
     if "sgl_kernel" in sys.modules or importlib.util.find_spec("sgl_kernel") is not None:
         return
     spec = importlib.util.find_spec("sglang")
-    pool = Path(spec.origin).parent / "srt" / "mem_cache" / "memory_pool_host.py" if spec else None
+    origin = spec.origin if spec is not None else None  # None: not here, or a tree of path files alone
+    pool = Path(origin).parent / "srt" / "mem_cache" / "memory_pool_host.py" if origin else None
     # Imported wherever the host is not an NPU, XPU or MPS (a CPU included); later releases
     # import it on CUDA and ROCm only.
     on_a_cpu = r"if not \(_is_npu or _is_xpu(?: or _is_mps)?\):\s*from sgl_kernel\.kvcacheio import"
