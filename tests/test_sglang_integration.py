@@ -129,10 +129,10 @@ def sglang_0_5_23(monkeypatch):
     in): a process without SGLang reads no release, and every finding would apply there."""
     from pathlib import Path
 
-    monkeypatch.setenv("A2A_SGLANG_SOURCE", str(Path(__file__).parent / "data" / "consumer_excerpts" / "sglang-0.5.23"))
-    findings._gone.cache_clear()
-    yield
-    findings._gone.cache_clear()
+    # Read as the findings' code probe reads a release given by A2A_SGLANG_SOURCE, without
+    # putting that tree of path files on this process's import path.
+    excerpt = str(Path(__file__).parent / "data" / "consumer_excerpts" / "sglang-0.5.23")
+    monkeypatch.setattr(findings, "_gone", lambda engine, code, source: engine.missing_code(code, excerpt))
 
 
 def test_sglang_integration_known_findings_are_scenario_properties(sglang_0_5_23):
