@@ -198,11 +198,15 @@ class Engine:
                 return f"{path} of {self.label} {package.version} no longer matches /{pattern}/"
         return None
 
+    @functools.cache  # noqa: B019 - a failed import is attempted again each time; one Engine per adapter
     def unimportable(self, module: str) -> str | None:
         """``SGLang 0.5.15's M imports P, which this host lacks`` where importing the release's
-        ``module`` fails on a package outside the engine (a CUDA build), else None."""
+        ``module`` fails on a package outside the engine (a CUDA build), else None (the engine
+        not here included)."""
         import fakes.flashinfer
 
+        if self.unavailable() is not None:  # prepares the process for the engine's import, too
+            return None
         with fakes.flashinfer.install(self.pinned()):
             try:
                 importlib.import_module(module)

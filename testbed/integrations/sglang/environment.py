@@ -159,7 +159,9 @@ def _module_attr(module: str, attr: str):
 HISTORY = ("0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
            "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
-                        prepare_environment, default_pin="0.7.2", other_releases=HISTORY[:-1], consumer=CONSUMER,
+                        # The post releases are their release's code on the path (history runs them).
+                        prepare_environment, default_pin="0.7.2", consumer=CONSUMER,
+                        other_releases=tuple(r for r in HISTORY[:-1] if ".post" not in r),
                         # The sweeps' sample: a release of each group of the adapter's probes
                         # (sglang/shapes.py): 0.5.9 .. 0.5.14, 0.5.17/0.5.18, 0.5.19/0.5.20, 0.5.21 on.
                         sampled=("0.5.13", "0.5.18", "0.5.20", "0.5.21"), history=HISTORY)

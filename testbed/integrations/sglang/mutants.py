@@ -60,13 +60,11 @@ def _scale_folds_for_bf16():
 
 def _holds(finding_id: str) -> bool:
     """Whether the SGLang release in use still has finding ``finding_id``'s code."""
-    import os
-
     from testbed.integrations.sglang.environment import ENGINE
     from testbed.integrations.sglang.findings import FINDINGS
 
     finding = next(f for f in FINDINGS if f.id == finding_id)
-    return ENGINE.missing_code(finding.code, os.environ.get(ENGINE.source_env) or None) is None
+    return ENGINE.missing_code(finding.code) is None
 
 
 def _bf16_deployments_fail():

@@ -132,11 +132,10 @@ def _block_rule(sc: Scenario) -> tuple[str, str] | None:
                 f"{sc.block}'s block has none" if sc.block else "the MoE layer alone has none") + ")")
     if not sc.block:
         return None
-    missing = _missing_package(f"sglang.srt.models.{FAMILIES[sc.block].module}")
-    if missing:
-        return "--block", (f"SGLang {ENGINE.version_in_use()}'s sglang.srt.models.{FAMILIES[sc.block].module} imports "
-                           f"{missing} at load, a CUDA package no CPU host has (not on the all-to-all's path), so the "
-                           "testbed cannot build this family's block on this release")
+    unbuilt = ENGINE.unimportable(f"sglang.srt.models.{FAMILIES[sc.block].module}")
+    if unbuilt:
+        return "--block", (f"{unbuilt} (a CUDA package, not on the all-to-all's path): the testbed cannot build this "
+                           "family's block on this release")
     if shared and not sc.shared_experts:
         return "--shared-experts", (f"{sc.block}'s block calls its shared experts on every batch with a token (the "
                                     "DeepSeek models it serves have them): give --shared-experts")
@@ -155,13 +154,3 @@ def _block_rule(sc: Scenario) -> tuple[str, str] | None:
                                        "workspace (flashinfer_cutlass)")
     return None
 
-
-def _missing_package(module: str) -> str | None:
-    """The package that importing the engine's ``module`` finds missing, or None where it
-    imports (0.5.15's DeepSeek module imports the CuTe DSL, ``cutlass``, through its sparse
-    attention's indexer)."""
-    try:
-        ENGINE.module(module)
-    except ModuleNotFoundError as missing:
-        return missing.name
-    return None

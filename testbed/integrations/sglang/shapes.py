@@ -20,9 +20,10 @@ Groups found (newest first), by the probe that marks each:
 
 from __future__ import annotations
 
-import inspect
 import contextlib
+import functools
 import importlib.util
+import inspect
 import logging
 import os
 from types import SimpleNamespace
@@ -33,8 +34,10 @@ from testbed.integrations.sglang.environment import DISPATCHER, ENGINE
 from testbed.scenario.reference import ACT_DTYPE
 
 
+@functools.cache
 def server_argument_names() -> frozenset[str]:
-    """The fields of this release's ``ServerArgs`` (none where SGLang is not here)."""
+    """The fields of this release's ``ServerArgs`` (none where SGLang is not here); a process
+    runs one release."""
     server_args = ENGINE.module("sglang.srt.server_args")
     return frozenset(inspect.signature(server_args.ServerArgs).parameters) if server_args is not None else frozenset()
 
@@ -61,10 +64,8 @@ def dispatch_format_environment(ctx, fmt: str) -> None:
 
 
 def _format_in_environment(fmt: str):
-    restore = patch.environment({NVFP4_DISPATCH_ENV: os.environ.get(NVFP4_DISPATCH_ENV, "")})
-    if fmt == "nvfp4":
-        os.environ[NVFP4_DISPATCH_ENV] = "1"
-    else:
+    restore = patch.environment({NVFP4_DISPATCH_ENV: "1"})
+    if fmt != "nvfp4":
         os.environ.pop(NVFP4_DISPATCH_ENV)
     return restore
 
@@ -272,13 +273,17 @@ def a2a_startup_refusal(arguments: dict, fmt: str) -> str | None:
     refuses the server ``arguments``, else None (from 0.5.19 the dummy's construction runs
     the rule, which ``rules.sglang_rule`` holds and a test compares). The environment it
     writes is restored."""
-    server_args = ENGINE.module("sglang.srt.server_args")  # the rules ask in a process without SGLang imported
-    if server_args is None or not hasattr(server_args.ServerArgs, "_handle_a2a_moe"):
+    return _startup_refusal(tuple(sorted(arguments.items())), fmt)
+
+
+@functools.cache  # every scenario's validation asks; a process runs one release
+def _startup_refusal(arguments: tuple, fmt: str) -> str | None:
+    module = ENGINE.module("sglang.srt.server_args")  # the rules ask in a process without SGLang imported
+    if module is None or not hasattr(module.ServerArgs, "_handle_a2a_moe"):
         return None  # no SGLang here, or from 0.5.19: the rule is rules.sglang_rule's
-    ServerArgs = server_args.ServerArgs
     restore = _format_in_environment(fmt)
     try:
-        a2a_startup(ServerArgs(**arguments), fmt)
+        a2a_startup(module.ServerArgs(**dict(arguments)), fmt)
     except (AssertionError, ValueError, NotImplementedError) as refused:
         return f"{type(refused).__name__}: {refused}"
     finally:
@@ -299,11 +304,16 @@ def runner_backend(sentinel: str, expert_output: str) -> str:
         return "flashinfer_cutlass"
     if sentinel == "num_experts":
         return "flashinfer_cutedsl"
+    return "flashinfer_trtllm_routed" if _sentinel_only_for_routed_trtllm() else "flashinfer_trtllm"
+
+
+@functools.cache
+def _sentinel_only_for_routed_trtllm() -> bool:
+    """Whether this release's dispatcher pairs the -1 sentinel with the routed TRT-LLM runner
+    alone (0.5.15 .. 0.5.18); False where SGLang is not here (0.5.23's rule)."""
     dispatcher = ENGINE.module(DISPATCHER)
-    source = inspect.getsource(dispatcher) if dispatcher is not None else ""  # no SGLang here: 0.5.23's
-    if "is_flashinfer_trtllm_routed()" in source and "is_flashinfer_trtllm()" not in source:
-        return "flashinfer_trtllm_routed"
-    return "flashinfer_trtllm"
+    source = inspect.getsource(dispatcher) if dispatcher is not None else ""
+    return "is_flashinfer_trtllm_routed()" in source and "is_flashinfer_trtllm()" not in source
 
 
 def comm_backend_as_on_a_gpu(ctx, dispatcher) -> None:
@@ -317,13 +327,21 @@ def comm_backend_as_on_a_gpu(ctx, dispatcher) -> None:
     base = getattr(mnnvl, "CommBackend", None)
     if cls is None or base is None or issubclass(cls, base):
         return
+    rebuilt = _with_flashinfer_available(cls.__module__, base).TorchDistributedCommBackend
+    ctx.add_cleanup(patch.attribute(dispatcher, "TorchDistributedCommBackend", rebuilt))
+
+
+@functools.cache  # per FlashInfer release: its CommBackend is the key
+def _with_flashinfer_available(name: str, base: type):
+    """Module ``name`` imported afresh while ``is_flashinfer_available()`` answers True (its
+    ``from flashinfer.comm.mnnvl import CommBackend`` then reads ``base``'s release)."""
     from sglang.srt import utils
 
-    spec = importlib.util.find_spec(cls.__module__)
+    spec = importlib.util.find_spec(name)
     module = importlib.util.module_from_spec(spec)
     undo = patch.attribute(utils, "is_flashinfer_available", lambda: True)
     try:
         spec.loader.exec_module(module)
     finally:
         undo()
-    ctx.add_cleanup(patch.attribute(dispatcher, "TorchDistributedCommBackend", module.TorchDistributedCommBackend))
+    return module
