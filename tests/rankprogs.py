@@ -325,9 +325,20 @@ def gather_with_wrong_sizes(ctx) -> None:
     dist.all_gather([torch.empty(n, dtype=torch.int32) for _ in range(ctx.world_size)], torch.zeros(n, dtype=torch.int32))
 
 
-def make_own_group(ctx) -> None:
-    """A scenario that builds a process group of its own (as FlashInfer's TorchDistBackend.Split does)."""
-    dist.new_group(list(range(ctx.world_size)), use_local_synchronization=True)
+def make_own_groups(ctx) -> tuple[tuple[int, ...], int]:
+    """A scenario that builds process groups of its own, as an engine's parallel state does:
+    two of the whole world (one destroyed at the end, one left, as FlashInfer's
+    TorchDistBackend.Split leaves its own) and one with a timeout, each checked by an
+    all-reduce. Returns the groups' ids and the world's group count."""
+    world = list(range(ctx.world_size))
+    groups = [dist.new_group(world), dist.new_group(world, use_local_synchronization=True),
+              dist.new_group(world, timeout=ctx.pg_timeout)]
+    for group in groups:
+        total = torch.tensor([1])
+        dist.all_reduce(total, group=group)
+        assert int(total) == ctx.world_size
+    ctx.add_cleanup(lambda: dist.destroy_process_group(groups[0]))
+    return tuple(id(g) for g in groups), len(dist.distributed_c10d._world.pg_map)
 
 
 def exit_at_start() -> None:

@@ -177,14 +177,29 @@ def test_cluster_keeps_a_world_only_while_every_rank_held_it(no_leaks):
     assert reused == {True, False}  # the walk saw both
 
 
-def test_cluster_world_with_groups_of_a_scenario_is_not_kept(no_leaks):
-    """A scenario's own process groups would pile up in a kept world: after one, the next job
-    gets a new world."""
+def test_cluster_groups_of_a_scenario_are_reused_by_the_next(no_leaks):
+    """A scenario's own process groups (an engine's parallel state) come from those its world's
+    earlier scenarios made: the N-th group of given members is the same group each time, two
+    groups of the same members stay two, a destroyed one goes back to the pool, and the world
+    (its group count included) stays as it was."""
     layout = ParallelLayout(2, dp=2)
     first = no_leaks.run(rankprogs.world_mark, layout)
+    made = no_leaks.run(rankprogs.make_own_groups, layout)
+    again = no_leaks.run(rankprogs.make_own_groups, layout)
+    assert again == made  # the same group objects, the same number of groups in the world
+    assert len(set(made[0][0])) == 3  # three asked for, three distinct
     assert no_leaks.run(rankprogs.world_mark, layout) == first
-    no_leaks.run(rankprogs.make_own_group, layout)
-    assert not set(no_leaks.run(rankprogs.world_mark, layout)) & set(first)
+
+
+def test_cluster_groups_of_a_scenario_without_reuse_leave_the_world():
+    """Without reuse (``--no-reuse``), a scenario's own groups would pile up in a kept world:
+    after one, the next job gets a new world."""
+    with RankPool(reuse_groups=False) as pool:
+        layout = ParallelLayout(2, dp=2)
+        first = pool.run(rankprogs.world_mark, layout)
+        assert pool.run(rankprogs.world_mark, layout) == first
+        pool.run(rankprogs.make_own_groups, layout)
+        assert not set(pool.run(rankprogs.world_mark, layout)) & set(first)
 
 
 @pytest.mark.parametrize(

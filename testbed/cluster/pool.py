@@ -173,6 +173,7 @@ class _Worker:
 # Imported once in the fork server; every worker forks from it with them loaded (and their
 # pages shared until written), instead of importing torch anew per rank.
 PRELOAD = ("torch", "torch.distributed", "testbed.cluster.worker")
+REUSE_ENV = "A2A_REUSE_GROUPS"  # "0": every scenario makes and destroys its own process groups
 PRELOAD_ENV = "A2A_PRELOAD_MODULES"  # comma-separated modules the fork server imports as well
 
 
@@ -222,14 +223,20 @@ class RankPool:
         ``impl`` to the whole run).
     preload : tuple of str, optional
         Modules the fork server imports besides torch's (see :func:`worker_context`).
+    reuse_groups : bool, optional
+        Whether a scenario's own process groups come from those earlier scenarios of its
+        world made (:mod:`testbed.cluster.engine_groups`); default: unless
+        ``A2A_REUSE_GROUPS=0`` (what ``--no-reuse`` sets).
 
     Use as a context manager or call :meth:`close`; workers are also killed at interpreter
     exit and exit by themselves when this process dies.
     """
 
     def __init__(self, start_timeout_s: float = START_TIMEOUT_S,
-                 initializer: Callable[[], Any] | None = None, preload: tuple[str, ...] = ()) -> None:
+                 initializer: Callable[[], Any] | None = None, preload: tuple[str, ...] = (),
+                 reuse_groups: bool | None = None) -> None:
         self._mp = worker_context(preload)
+        self.reuse_groups = reuse_groups if reuse_groups is not None else os.environ.get(REUSE_ENV) != "0"
         _open_pools.add(self)
         self._start_timeout_s = start_timeout_s
         self._initializer = initializer
@@ -364,7 +371,7 @@ class RankPool:
                     worker_mod.Job(
                         name=name, rank=rank, layout=layout, store_path=store_path, pg_timeout_s=pg_timeout_s,
                         pg_backend=pg_backend, arena_prefix=prefix, seed=seed, payload=payload,
-                        sys_path=tuple(sys.path),
+                        sys_path=tuple(sys.path), reuse_groups=self.reuse_groups,
                     )
                 )
             reports, mismatch = self._watch(in_flight, started, timeout_s, abort_grace_s, monitor)
@@ -475,6 +482,7 @@ class RankPool:
             w.cmd.send("end")
         deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
         problems = {}
+        self.last_teardown_s = 0.0
         for rank, w in live.items():
             remaining = max(0.0, deadline - time.monotonic())
             msg = None
@@ -484,6 +492,7 @@ class RankPool:
             except (EOFError, OSError):
                 pass
             if msg is not None and msg[2] is None:
+                self.last_teardown_s = max(self.last_teardown_s, msg[4])
                 if msg[3]:
                     self._worlds[w] = (*world, rank)
                 continue

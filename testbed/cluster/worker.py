@@ -4,7 +4,7 @@ Protocol on the command pipe, per scenario: the parent sends a :class:`Job`; the
 sets up the process groups, runs the function and answers ``("ok" | "raised", ...)``; it
 keeps its process groups alive until the parent sends ``"end"`` (so a rank that finished
 early does not turn a peer's hang into a "connection closed" error, which a GPU would
-not do either), then tears down and answers ``("clean", rank, error, kept)``.
+not do either), then tears down and answers ``("clean", rank, error, kept, seconds the teardown took)``.
 
 After a scenario its rank finished, a worker keeps its world (the default group, the
 groups built on it and their shared-memory collectives) for a next job naming the same
@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from fakes.arena import ShmArena, unlink_prefix
 from testbed.cluster import shm_collectives
+from testbed.cluster.engine_groups import GroupReuse
 from testbed.cluster.layout import GROUP_KINDS, ParallelLayout, RankCoords
 
 EXIT_PARENT_GONE = 3
@@ -57,6 +58,7 @@ class Job:
     seed: int
     payload: bytes
     sys_path: tuple[str, ...]
+    reuse_groups: bool = True  # the scenario's own groups from the world's pool (:mod:`.engine_groups`)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class _State:
     world: tuple | None = None  # (store path, world size, rank, group timeout, backend) of the kept world
     groups_by_members: dict = field(default_factory=dict)
     process_groups: int = 0  # how many this process had when the scenario started
+    engine_groups: GroupReuse = field(default_factory=GroupReuse)
 
 
 # A world that gathered more groups than this (many layouts of one world size) is left, so
@@ -123,6 +126,7 @@ def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
     torch.set_num_threads(1)
     _keep_freed_memory()
     shm_collectives.install()
+    state.engine_groups.install()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.pop("LOCAL_RANK", None)  # a launcher's, if the parent was launched: not this rank's
     if initializer is not None:
@@ -191,6 +195,7 @@ def _run(job: Job, conn, state: _State) -> None:
         fn, args, kwargs = pickle.loads(job.payload)
         phase = "setup"
         ctx = _setup(job, state)
+        state.engine_groups.begin(job.reuse_groups)
         phase = "run"
         result = fn(ctx, *args, **kwargs)
         phase = "return"
@@ -211,11 +216,12 @@ def _run(job: Job, conn, state: _State) -> None:
         conn.recv()  # "end": every rank of the scenario has answered or been killed
     except (EOFError, OSError):
         return
+    ended = time.monotonic()
     if reply[0] == "ok":
         teardown_error = _teardown(ctx, state, keep=_keepable(state))
         ctx = None
     state.arena_prefix = None
-    conn.send(("clean", job.rank, teardown_error, state.world is not None))
+    conn.send(("clean", job.rank, teardown_error, state.world is not None, time.monotonic() - ended))
 
 
 def _teardown(ctx: RankContext | None, state: _State, keep: bool) -> str | None:
@@ -227,6 +233,7 @@ def _teardown(ctx: RankContext | None, state: _State, keep: bool) -> str | None:
                 cleanup()
             ctx.arena.close()
             ctx.groups.clear()
+        state.engine_groups.end()
         if not keep:
             _leave_world(state)
         return None
@@ -241,17 +248,21 @@ def _teardown(ctx: RankContext | None, state: _State, keep: bool) -> str | None:
 
 def _keepable(state: _State) -> bool:
     """Whether the world may serve the next scenario: no group came or went besides the
-    layouts' (a scenario's own groups would pile up), not too many of those, no failed round."""
+    layouts' and the pooled ones (a scenario's own groups would pile up), not too many of
+    those, no failed round."""
     import torch.distributed as dist
 
-    return (len(dist.distributed_c10d._world.pg_map) == state.process_groups
-            and len(state.groups_by_members) <= MAX_KEPT_GROUPS and shm_collectives.healthy())
+    grown = state.engine_groups.made
+    return (len(dist.distributed_c10d._world.pg_map) == state.process_groups + grown
+            and len(state.groups_by_members) <= MAX_KEPT_GROUPS and not state.engine_groups.full()
+            and shm_collectives.healthy())
 
 
 def _leave_world(state: _State) -> None:
     import torch.distributed as dist
 
     state.world, state.groups_by_members = None, {}
+    state.engine_groups.forget()
     shm_collectives.leave_all()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -12,6 +12,7 @@ the scenario's.
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from typing import Optional
 
@@ -143,13 +144,17 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     the testbed's experts, then every forward pass.
 
     Returns ``{"outputs": {(pass, layer): [T, H] bf16 on the CPU}, "lanes": {(pass, layer):
-    Counter}, "weights_scale": {layer: the factor its router folded into the weights}}``;
+    Counter}, "weights_scale": {layer: the factor its router folded into the weights},
+    "phases": {"engine" | "build" | "passes": seconds this rank spent standing the integration
+    up, building its layers, running the passes}}``;
     everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
     FlashInfer the layers run on this rank's GPU.
     """
+    began = time.monotonic()
     device = rank_device(ctx, sc.flashinfer_backend)
     log, integration, api = _start_rank(ctx, sc, log_dir, integration_module, mutant)
     session = integration.start(ctx, sc, api, log)  # the engine's own set-up is not audited
+    phases = {"engine": time.monotonic() - began}
     ctx.add_cleanup(audit.install(log, ctx.world_size, integration.traits(sc).code))
     if sc.late_zeroing:
         ctx.add_cleanup(late_zeroing.install(ctx, sc.layout.group_of("ep", ctx.rank), log_dir))
@@ -169,6 +174,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
         built = session.build_layer(i, layer.fmt, layer.max_num_tokens, recording)
         log.write(LayerBuilt(layer=i))
         layers.append((built, recording))
+    phases["build"] = time.monotonic() - began - phases["engine"]
     outputs, lanes = {}, {}
     for p in range(len(sc.passes)):
         with session.forward_pass(sc.tokens(p, sc.stages[stage][0], dp_rank)):
@@ -187,7 +193,8 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     # A router that folds the routed scaling factor into the weights hands the experts scaled
     # weights (SGLang's TopK where its MoE runner asks for it).
     scales = {i: getattr(moe, "weights_scale", 1.0) for i, (moe, _) in enumerate(layers)}
-    return {"outputs": outputs, "lanes": lanes, "weights_scale": scales}
+    phases["passes"] = time.monotonic() - began - phases["engine"] - phases["build"]
+    return {"outputs": outputs, "lanes": lanes, "weights_scale": scales, "phases": phases}
 
 
 def run_engine(ctx, sc: Scenario, es, model_dir: str, log_dir: str, integration_module: str,
