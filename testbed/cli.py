@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                           "release meets at least two models, not on all of them (the sweeps' sample)")
     run.add_argument("--mutant", metavar="NAME", help="run against this mutant of impl (a2a-testbed mutants --list)")
     run.add_argument("--fault", choices=CLUSTER_FAULTS, help="selfcheck: inject this cluster fault")
+    run.add_argument("--reuse-differential", action="store_true",
+                     help="run the scenarios again with every process group made fresh (none reused from an "
+                          "earlier scenario) and fail on any verdict that differs")
     run.add_argument("--timeout", type=float, default=None, metavar="S",
                      help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
     _source_arguments(run)
@@ -711,7 +714,25 @@ def _judge(scenarios, args, refused=()) -> int:
     for line in gone_lines(scenarios):
         print(line, flush=True)
     _reports(args, ordered, refused, seconds)
-    return _summary(ordered, len(refused), seconds, f" on Ray ({args.ray})" if args.ray else "")
+    differ = _reuse_differential(scenarios, ordered, args, timeout_s) if getattr(args, "reuse_differential", False) else 0
+    return _summary(ordered, len(refused), seconds, f" on Ray ({args.ray})" if args.ray else "") or differ
+
+
+def _reuse_differential(scenarios, reused, args, timeout_s: float) -> int:
+    """``scenarios`` again, each making its own process groups; 1 where any verdict differs
+    from its verdict with reuse (:mod:`testbed.harness.reuse`)."""
+    from testbed.harness import reuse, runner
+
+    if args.ray:
+        raise UsageError("--reuse-differential runs on this machine's rank pool, not with --ray")
+    with runner.scenario_pool(reuse_groups=False) as pool:
+        fresh = [runner.run(pool, sc, mutant=args.mutant, timeout_s=timeout_s) for sc in scenarios]
+    lines = reuse.differences(reused, fresh)
+    for line in lines:
+        print(f"REUSE DIFFERS  {line}", flush=True)
+    print(f"reuse differential: {len(scenarios) - len(lines)} of {len(scenarios)} scenarios judged the same "
+          "with process groups reused and made fresh", flush=True)
+    return 1 if lines else 0
 
 
 def _not_run(refused, each: bool) -> None:
