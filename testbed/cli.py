@@ -212,14 +212,17 @@ def _parser() -> argparse.ArgumentParser:
     hi = sub.add_parser(
         "history", help="every release of an engine since its FlashInfer all-to-all appeared: run or refused",
         description=(
-            "For each release of the engine's history (or --release), in processes of its own: its layer matrix on "
-            "the FlashInfer its metadata pins, then its mutants, or the one line the adapter refuses it with. "
+            "For each release of the engine's history (or --release), in a process of its own (--jobs at once): its "
+            "layer matrix on the FlashInfer its metadata pins, then its mutants, or the one line the adapter refuses it with. "
             "Prints a row per release (the profile serving its pin; passed / failed / known / testbed errors / not "
             "run; mutants killed of applicable) and writes them, dated, with --json. Exit 1 on a FAIL, a testbed "
             "error or a surviving mutant."))
     hi.add_argument("--integration", required=True, metavar="NAME", help="an engine (vllm, sglang)")
     hi.add_argument("--release", action="append", metavar="RELEASE", help="just this release (repeatable)")
     hi.add_argument("--no-mutants", action="store_true", help="the matrices alone")
+    hi.add_argument("--jobs", type=int, default=3, metavar="N",
+                    help="releases run at once, each in a process of its own (default %(default)s: a release's "
+                         "ranks mostly wait on each other, so two cores carry three)")
     hi.add_argument("--json", metavar="PATH", help="write the rows as JSON, with the date and the command")
     sw = sub.add_parser(
         "sweep", help="run the catalogues whole, a group's in a process of its own; any problem fails",
@@ -441,9 +444,10 @@ def _history(args) -> int:
                          + ", ".join(i.name for i in _integrations().engines()) + ")")
     engine = _integrations().get(args.integration).engine
     releases = args.release or list(engine.history)
+    _positive("--jobs", args.jobs)
     started = time.monotonic()
     rows = history.survey(_integrations().get(args.integration), releases, mutants=not args.no_mutants,
-                          log=lambda line: print(line, flush=True))
+                          log=lambda line: print(line, flush=True), jobs=args.jobs)
     print(history.markdown(rows))
     if args.json:
         report.dump_json(args.json, history.as_json(rows, shlex.join(["a2a-testbed", *sys.argv[1:]]),

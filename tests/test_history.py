@@ -4,7 +4,6 @@ one line, from the JSON its commands write; the commands themselves stand in her
 from __future__ import annotations
 
 import json
-import subprocess
 from types import SimpleNamespace
 
 from testbed.harness import history
@@ -17,22 +16,27 @@ def _integration(pins):
 
 
 def _fake_commands(monkeypatch, outcomes):
-    """Each ``run`` / ``mutants`` call answers from ``outcomes[(command, release)]``: a dict
+    """Each release's group of commands answers from ``outcomes[(command, release)]``: a dict
     written as its --json, or a refusal line on stderr with exit 2."""
     calls = []
 
-    def call(cmd):
-        command = cmd[3]
-        release = cmd[cmd.index("--vllm-source") + 1] if "--vllm-source" in cmd else "0.33.0"
-        calls.append((command, release))
-        answer = outcomes[(command, release)]
-        if isinstance(answer, str):
-            return subprocess.CompletedProcess(cmd, 2, "", f"a2a-testbed {command}: error: {answer}\n")
-        with open(cmd[cmd.index("--json") + 1], "w") as f:
-            json.dump(answer, f)
-        return subprocess.CompletedProcess(cmd, 0, "", "")
+    def group(commands):
+        codes, stderr = [], ""
+        for cmd in commands:
+            command = cmd[0]
+            release = cmd[cmd.index("--vllm-source") + 1] if "--vllm-source" in cmd else "0.33.0"
+            calls.append((command, release))
+            answer = outcomes.get((command, release), "refused as its matrix was")
+            if isinstance(answer, str):
+                codes.append(2)
+                stderr += f"a2a-testbed {command}: error: {answer}\n"
+                continue
+            with open(cmd[cmd.index("--json") + 1], "w") as f:
+                json.dump(answer, f)
+            codes.append(0)
+        return codes, stderr
 
-    monkeypatch.setattr(history, "_call", call)
+    monkeypatch.setattr(history, "_group", group)
     return calls
 
 
@@ -49,7 +53,7 @@ def test_history_rows_run_refused_and_failed(monkeypatch):
     })
     rows = history.survey(_integration({"0.33.0": "0.7.2.post1", "0.22.0": "0.6.11.post2"}), ["0.22.0", "0.33.0"],
                           log=lambda line: None)
-    assert calls == [("run", "0.22.0"), ("run", "0.33.0"), ("mutants", "0.33.0")]
+    assert calls == [("run", "0.22.0"), ("mutants", "0.22.0"), ("run", "0.33.0"), ("mutants", "0.33.0")]
     refused, ran = rows
     assert refused.refused.endswith("which the adapter drives") and not refused.matrix and not refused.mutants
     assert refused.served_by == "0.6.11.post2 (served by 0.6.11)"

@@ -52,19 +52,27 @@ HEADER = ("release", "FlashInfer pin (profile)", "matrix passed / failed / known
           "mutants killed of applicable", "failures")
 
 
-def survey(integration, releases: list[str], mutants: bool = True, log=print) -> list[Row]:
-    """Run or refuse each of ``releases`` of ``integration``'s engine, one after another."""
-    rows = []
-    for release in releases:
+def survey(integration, releases: list[str], mutants: bool = True, log=print, jobs: int = 1) -> list[Row]:
+    """Run or refuse each of ``releases`` of ``integration``'s engine, ``jobs`` at once (a
+    release's ranks mostly wait on each other: two cores carry several); the rows in the
+    order of ``releases``, each logged as it ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(release: str) -> Row:
         started = time.monotonic()
         row = survey_one(integration, release, mutants)
-        rows.append(row)
         log(f"{row.engine} {release}: " + (f"refused: {row.refused}" if row.refused else
                                             " ".join(row.cells()[2:4])) + f"  ({time.monotonic() - started:.0f} s)")
-    return rows
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, releases))
 
 
 def survey_one(integration, release: str, mutants: bool = True) -> Row:
+    """One release: its matrix, then its mutants, in one process of its own (the release
+    imported and its rank pool started once; a hunt takes the matrix's verdicts of the
+    unmutated code instead of running them again)."""
     from fakes.flashinfer.profiles import UnservedRelease, served_by
 
     engine = integration.engine
@@ -77,14 +85,16 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
     except (UnservedRelease, ValueError):
         row.served_by = ""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out.json"
-        base = [sys.executable, "-m", "testbed"]
+        outs = [Path(tmp) / "matrix.json", Path(tmp) / "mutants.json"]
         flags = ["--integration", integration.name] + ([f"--{integration.name}-source", source] if source else [])
-        done = _call(base + ["run", *flags, "--json", str(out)])
-        if done.returncode == 2 or not out.is_file():
+        commands = [["run", *flags, "--json", str(outs[0])]] + ([["mutants", *flags, "--json", str(outs[1])]]
+                                                                 if mutants else [])
+        codes, stderr = _group(commands)
+        done = subprocess.CompletedProcess(commands[0], codes[0] if codes[0] is not None else 124, "", stderr)
+        if codes[0] == 2 or not outs[0].is_file():
             row.refused = refusal_line(done)
             return row
-        data = json.loads(out.read_text())
+        data = json.loads(outs[0].read_text())
         row.matrix = {"passed": sum(s["passed"] and not s["known"] for s in data["scenarios"]),
                       "failed": data["failed"], "known": sum(bool(s["known"]) for s in data["scenarios"]),
                       "testbed_errors": data.get("testbed_errors", 0), "not_run": data.get("not_run", 0),
@@ -92,10 +102,8 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
         row.failures = [("ERROR " if s.get("testbed_error") else "FAIL ") + s["label"]
                         for s in data["scenarios"] if not s["passed"]]
         if mutants:
-            out.unlink()
-            done = _call(base + ["mutants", *flags, "--json", str(out)])
-            if out.is_file():
-                hunts = json.loads(out.read_text())
+            if outs[1].is_file():
+                hunts = json.loads(outs[1].read_text())
                 row.mutants = {"killed": hunts["killed"], "total": hunts["total"],
                                "not_applicable": len(hunts["not_applicable"]), "seconds": hunts["seconds"]}
                 row.failures += [f"SURVIVED {h['mutant']}" for h in hunts["mutants"] if not h["killed"]]
@@ -104,19 +112,28 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
     return row
 
 
-def _call(cmd: list[str]) -> subprocess.CompletedProcess:
+def _group(commands: list[list[str]]) -> tuple[list[Optional[int]], str]:
+    """``a2a-testbed`` ``commands`` one after another in one process (:mod:`testbed.sweep_group`):
+    each one's exit code (None: it did not end within the time left) and the process's stderr."""
+    from testbed.harness.sweeps import END
+
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        done = subprocess.run([sys.executable, "-m", "testbed.sweep_group", json.dumps(commands)],
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S * len(commands),
                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        stdout, stderr = done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:
-        return subprocess.CompletedProcess(cmd, 124, "", f"error: did not finish in {e.timeout:.0f} s")
+        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        stderr = f"error: did not finish in {e.timeout:.0f} s"
+    codes = [int(line[len(END):].split()[0]) for line in stdout.splitlines() if line.startswith(END)]
+    return codes + [None] * (len(commands) - len(codes)), stderr
 
 
 def refusal_line(done: subprocess.CompletedProcess) -> str:
     """The one line an ``a2a-testbed`` command refused or failed with (what follows
-    ``a2a-testbed run: error:``), else its last line of stderr."""
+    ``a2a-testbed run: error:``; of a group's commands, the first's), else its last line of stderr."""
     lines = [line for line in done.stderr.splitlines() if ": error: " in line] or done.stderr.strip().splitlines()[-1:]
-    return lines[-1].split(": error: ", 1)[-1] if lines else f"exit {done.returncode}"
+    return lines[0].split(": error: ", 1)[-1] if lines else f"exit {done.returncode}"
 
 
 def markdown(rows: list[Row]) -> str:

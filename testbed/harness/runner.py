@@ -74,6 +74,8 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
     if leaks:
         verdict.failures.append(Failure("no-leaks", leaks))
     findings.judge(verdict)
+    if mutant is None:
+        _UNMUTATED[sc] = verdict  # what a later hunt in this process compares a mutated run with
     return verdict
 
 
@@ -203,9 +205,9 @@ _UNMUTATED: dict[Scenario, Verdict] = {}
 
 def _unmutated(pool: RankPool, sc: Scenario, timeout_s: float) -> Verdict:
     """``sc``'s verdict without a mutant, run once per process (a hunt of every mutant asks for
-    the same scenarios)."""
+    the same scenarios; a matrix run before in this process already ran them)."""
     if sc not in _UNMUTATED:
-        _UNMUTATED[sc] = run(pool, sc, timeout_s=timeout_s)
+        run(pool, sc, timeout_s=timeout_s)
     return _UNMUTATED[sc]
 
 
