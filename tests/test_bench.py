@@ -64,6 +64,17 @@ def test_bench_scenarios_prints_json_line(bench):
     assert result["fuzz_examples"] == 2 and result["matrix_s"] > 0
 
 
+def test_bench_cost_splits_a_scenario_into_its_parts(bench):
+    from testbed.bench.cost import PARTS
+
+    result = bench("cost", "--integration", "impl", "--scenarios", "3")
+    assert result["bench"] == "cost" and result["scenarios"] == 3 and result["reuse"] is True
+    parts = result["per_scenario_parts_s"]
+    assert set(parts) == set(PARTS) and parts["passes"] > 0 and parts["verdict"] > 0
+    assert result["per_scenario_s"] == pytest.approx(sum(parts.values()), abs=0.01)
+    assert result["parent_s"] > 0 and result["pool_start_s"] > 0
+
+
 @pytest.mark.parametrize("profile, with_output", [("0.7.2", True), ("0.6.8", False)])
 def test_bench_combine_prints_json_line(bench, profile, with_output):
     result = bench("combine", "--profile", profile, "--ranks", "2", "--hidden", "256", "--tokens", "8",

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from testbed.bench import a2a, cluster, combine, race, scale, scenarios
+from testbed.bench import a2a, cluster, combine, cost, race, scale, scenarios
 
-BENCHES = {"cluster": cluster, "a2a": a2a, "scenarios": scenarios, "scale": scale, "combine": combine, "race": race}
+BENCHES = {"cluster": cluster, "a2a": a2a, "scenarios": scenarios, "scale": scale, "combine": combine, "race": race, "cost": cost}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -249,6 +249,7 @@ class RankPool:
         self._lock = threading.Lock()
         self._closed = False
         self.scenarios_run = 0
+        self.last_teardown_s = 0.0  # the slowest rank's teardown of the last scenario
         sweep_orphans()
         sweep_stack_dirs()
         atexit.register(self.close)

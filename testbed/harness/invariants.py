@@ -115,6 +115,9 @@ class Verdict:
     # The testbed could not stand the integration up (its adapter's set-up of the engine's config,
     # platform or workspace manager raised): no invariant judged it, and it is no FAIL of the engine.
     testbed_error: str = ""
+    # Seconds of the scenario's parts, the slowest rank's: "engine" (standing the integration
+    # up), "build", "passes", "teardown" (for the cost bench; no invariant reads them).
+    phases: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:

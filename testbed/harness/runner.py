@@ -67,6 +67,9 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
         shutil.rmtree(log_dir, ignore_errors=True)
     verdict = invariants.check(sc, logs, results, error)
     verdict.seconds = seconds
+    if results:
+        verdict.phases = {part: max(r.get("phases", {}).get(part, 0.0) for r in results)
+                          for part in ("engine", "build", "passes")} | {"teardown": pool.last_teardown_s}
     killed = killed_note(sc, error, machine)
     if killed:
         verdict.failures.append(Failure("completes", killed))

@@ -85,7 +85,10 @@ def catalogue(every: bool = False) -> list[Sweep]:
     from fakes.flashinfer.profiles import distinct_alltoalls, release_key
 
     newest = max(distinct_alltoalls(), key=release_key)
-    sweeps = [Sweep("impl matrix", ("run",), judge_whole, group="impl"),
+    # The installed releases' matrices and impl's run again on fresh process groups (reuse
+    # differential): a verdict that differs fails the sweep (its exit status).
+    differential = ("--reuse-differential",)
+    sweeps = [Sweep("impl matrix", ("run", *differential), judge_whole, group="impl"),
               Sweep(f"impl matrix on {newest}", ("run", "--matrix-profile", newest), judge_moved, group="impl"),
               Sweep("models", ("run", "--models") + (() if every else ("--rotate",)), judge_whole)]
     for integration in integrations.engines():
@@ -97,7 +100,8 @@ def catalogue(every: bool = False) -> list[Sweep]:
             flag = (f"--{engine.name}-source", source) if source else ()
             pin = engine.release(source)[1] or engine.default_pin
             group = f"{engine.name} {release}"
-            sweeps.append(Sweep(f"{group} matrix", ("run", "--integration", engine.name, *flag),
+            sweeps.append(Sweep(f"{group} matrix", ("run", "--integration", engine.name, *flag,
+                                                     *(() if source else differential)),
                                 judge_matrix(pin), engine.name, group))
             sweeps.append(Sweep(f"{group} mutants", ("mutants", "--integration", engine.name, *flag),
                                 judge_mutants(engine, source), engine.name, group))
