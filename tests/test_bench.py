@@ -72,7 +72,7 @@ def test_bench_cost_splits_a_scenario_into_its_parts(bench):
     parts = result["per_scenario_parts_s"]
     assert set(parts) == set(PARTS) and parts["passes"] > 0 and parts["verdict"] > 0
     assert result["per_scenario_s"] == pytest.approx(sum(parts.values()), abs=0.01)
-    assert result["parent_s"] > 0 and result["pool_start_s"] > 0
+    assert result["parent_s"] >= 0 and result["pool_start_s"] > 0  # impl: no engine to import
 
 
 @pytest.mark.parametrize("profile, with_output", [("0.7.2", True), ("0.6.8", False)])
