@@ -164,7 +164,16 @@ ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TES
                         other_releases=tuple(r for r in HISTORY[:-1] if ".post" not in r),
                         # The sweeps' sample: a release of each group of the adapter's probes
                         # (sglang/shapes.py): 0.5.9 .. 0.5.14, 0.5.17/0.5.18, 0.5.19/0.5.20, 0.5.21 on.
-                        sampled=("0.5.13", "0.5.18", "0.5.20", "0.5.21"), history=HISTORY)
+                        sampled=("0.5.13", "0.5.18", "0.5.20", "0.5.21"), history=HISTORY,
+                        # What a rank imported on first use (py-spy of 0.5.20's matrix): the sampler
+                        # initialize_model_parallel imports, the model blocks' modules, the group
+                        # communicators, the adapter itself.
+                        rank_imports=("sglang.srt.layers.sampler", "sglang.srt.models.qwen3_moe",
+                                      "sglang.srt.models.deepseek_v2",
+                                      "sglang.srt.distributed.device_communicators.custom_all_reduce",
+                                      "sglang.srt.distributed.device_communicators.shm_broadcast",
+                                      "sglang.srt.distributed.device_communicators.pynccl",
+                                      "testbed.integrations.sglang.adapter", "testbed.integrations.sglang.blocks"))
 
 
 @functools.cache

@@ -153,7 +153,14 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
     # Patch releases are releases of their own: each may pin, or carry, something else.
     history=("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
              "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-             "0.31.0", "0.32.0", "0.33.0", "0.34.0"), probes=(lacks_moe_layer,))
+             "0.31.0", "0.32.0", "0.33.0", "0.34.0"), probes=(lacks_moe_layer,),
+    # What a rank imported on first use (py-spy of 0.25.0's matrix and mutants): the executor
+    # package ParallelConfig's checks import, the routers' model modules, ModelOpt's quant
+    # configs, the nvfp4 oracle, the message queue of vLLM's groups, the adapter itself.
+    rank_imports=("vllm.v1.executor", "vllm.model_executor.models.cohere2_moe", "vllm.model_executor.models.llama4",
+                  "vllm.model_executor.layers.quantization.modelopt",
+                  "vllm.model_executor.layers.fused_moe.oracle.nvfp4",
+                  "vllm.distributed.device_communicators.shm_broadcast", "testbed.integrations.vllm.adapter"))
 
 
 @functools.cache
