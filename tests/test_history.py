@@ -73,3 +73,40 @@ def test_history_unserved_pin_named_without_the_served_list(monkeypatch):
                             log=lambda line: None)
     assert row.served_by == "" and row.cells()[1] == "0.5.3 (none)"
     assert row.cells()[2].endswith("which no profile of the fake serves")
+
+
+def _engine_with_trees(trees: dict, pin: str = "0.6.16.post3"):
+    """An engine whose releases all pin ``pin`` and whose files are ``trees[release]``."""
+    class Package:
+        def __init__(self, files):
+            self.files = files
+
+        def read(self, path):
+            return self.files[path]
+
+    engine = SimpleNamespace(label="vLLM", release=lambda source=None: (source or "0.33.0", pin),
+                             pinned=lambda source=None: pin,
+                             package=lambda source=None: Package(trees[source or "0.33.0"]))
+    return SimpleNamespace(name="vllm", engine=engine)
+
+
+def test_history_identical_release_takes_its_twins_verdicts(monkeypatch):
+    """0.27.1 holds every file 0.27.0's run loaded byte for byte (its version file aside): it is
+    not run, its row is 0.27.0's and says so; 0.28.0 changed one of them, so it runs."""
+    run = {"failed": 0, "testbed_errors": 0, "not_run": 38, "seconds": 9.0,
+           "scenarios": [{"label": "a", "passed": True, "known": []}], "engine_modules": ["vllm", "vllm._version", "vllm.config"]}
+    hunts = {"killed": 1, "total": 1, "seconds": 1.0, "not_applicable": [], "mutants": [{"mutant": "m", "killed": True}]}
+    calls = _fake_commands(monkeypatch, {(c, r): (run if c == "run" else hunts)
+                                         for c in ("run", "mutants") for r in ("0.27.0", "0.28.0")})
+    tree = {"vllm/__init__.py": "x", "vllm/_version.py": "v = '0.27.0'", "vllm/config.py": "c"}
+    trees = {"0.27.0": tree, "0.27.1": tree | {"vllm/_version.py": "v = '0.27.1'"},
+             "0.28.0": tree | {"vllm/config.py": "c2"}}
+    lines = []
+    rows = history.survey(_engine_with_trees(trees), ["0.27.0", "0.27.1", "0.28.0"], log=lines.append, jobs=2)
+    assert [r for _, r in calls] == ["0.27.0", "0.27.0", "0.28.0", "0.28.0"]
+    first, twin, changed = rows
+    assert twin.same_as == "0.27.0 (2 files identical, the version file aside)" and not changed.same_as
+    assert (twin.matrix, twin.mutants) == (first.matrix, first.mutants) and twin.release == "0.27.1"
+    assert any(line.startswith("vLLM 0.27.1: same all-to-all code as 0.27.0 (2 files identical") for line in lines)
+    assert history.markdown(rows).splitlines()[3].endswith("| verdicts of 0.27.0: same all-to-all code "
+                                                          "(2 files identical, the version file aside) |")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -35,6 +35,8 @@ class Row:
     matrix: dict = field(default_factory=dict)  # passed, failed, known, testbed_errors, not_run, seconds
     mutants: dict = field(default_factory=dict)  # killed, total, not_applicable, seconds
     failures: list = field(default_factory=list)  # the labels of FAIL / ERROR scenarios and surviving mutants
+    modules: list = field(default_factory=list)  # the engine modules its run loaded (the code judged)
+    same_as: str = ""  # the earlier release whose verdicts these are: every file its run loaded is identical here
 
     def cells(self) -> list[str]:
         if self.refused:  # (the served releases an unserved pin's refusal lists are the profiles')
@@ -45,7 +47,9 @@ class Row:
                   if m else "did not finish")
         mutants = (f"{self.mutants['killed']} of {self.mutants['total']} ({self.mutants['not_applicable']} N/A)"
                    if self.mutants else "not run")
-        return [self.release, self.served_by, matrix, mutants, "; ".join(self.failures[:3])]
+        said = [f"verdicts of {self.same_as.split()[0]}: same all-to-all code {self.same_as.split(' ', 1)[1]}"] \
+            if self.same_as else []
+        return [self.release, self.served_by, matrix, mutants, "; ".join(said + self.failures[:3])]
 
 
 HEADER = ("release", "FlashInfer pin (profile)", "matrix passed / failed / known / testbed errors / not run",
@@ -55,18 +59,77 @@ HEADER = ("release", "FlashInfer pin (profile)", "matrix passed / failed / known
 def survey(integration, releases: list[str], mutants: bool = True, log=print, jobs: int = 1) -> list[Row]:
     """Run or refuse each of ``releases`` of ``integration``'s engine, ``jobs`` at once (a
     release's ranks mostly wait on each other: two cores carry several); the rows in the
-    order of ``releases``, each logged as it ends."""
+    order of ``releases``, each logged as it ends. A release whose code is identical to the
+    nearest earlier release of the same pin (:func:`identical`) takes that release's verdicts
+    instead of running them again, and says so."""
     from concurrent.futures import ThreadPoolExecutor
+
+    rows: dict = {}
 
     def one(release: str) -> Row:
         started = time.monotonic()
-        row = survey_one(integration, release, mutants)
-        log(f"{row.engine} {release}: " + (f"refused: {row.refused}" if row.refused else
-                                            " ".join(row.cells()[2:4])) + f"  ({time.monotonic() - started:.0f} s)")
+        row = _reused(integration, release, releases, rows) or survey_one(integration, release, mutants)
+        said = (f"same all-to-all code as {row.same_as}; verdicts of {row.same_as.split()[0]}" if row.same_as
+                else f"refused: {row.refused}" if row.refused else " ".join(row.cells()[2:4]))
+        log(f"{row.engine} {release}: {said}  ({time.monotonic() - started:.0f} s)")
         return row
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, releases))
+        for release in releases:  # in order: a release's earlier twin is submitted (so started) before it
+            rows[release] = pool.submit(one, release)
+        return [rows[release].result() for release in releases]
+
+
+def _reused(integration, release: str, releases: list[str], rows: dict) -> Optional[Row]:
+    """``release``'s row as a copy of the nearest earlier release's of the same pin, where
+    every engine file that one's run loaded is identical here; None otherwise."""
+    engine = integration.engine
+    pin = engine.release(_source(engine, release))[1]
+    earlier = [r for r in releases[:releases.index(release)] if engine.release(_source(engine, r))[1] == pin]
+    if not earlier:
+        return None
+    twin = rows[earlier[-1]].result()
+    if twin.refused or twin.same_as or not twin.modules:
+        return None
+    files = identical(engine, twin.release, release, twin.modules)
+    if files is None:
+        return None
+    return replace(twin, release=release, same_as=f"{twin.release} ({files} files identical, the version file aside)")
+
+
+def identical(engine, first: str, second: str, modules: list[str]) -> Optional[int]:
+    """How many files of ``modules`` (engine modules a run of ``first`` loaded) are byte for
+    byte the same in ``second``; None where one differs or is missing. The version file
+    (``<engine>/_version.py``, ``version.py``), which holds nothing but the release's number,
+    is left out."""
+    from testbed.contract.source import SourceError
+
+    try:
+        a, b = engine.package(_source(engine, first)), engine.package(_source(engine, second))
+    except SourceError:
+        return None
+    same = 0
+    for module in modules:
+        if module.rsplit(".", 1)[-1] in ("_version", "version"):
+            continue
+        base = module.replace(".", "/")
+        for path in (base + ".py", base + "/__init__.py"):
+            try:
+                text = a.read(path)
+            except (KeyError, FileNotFoundError, OSError):
+                continue
+            try:
+                if b.read(path) != text:
+                    return None
+            except (KeyError, FileNotFoundError, OSError):
+                return None
+            same += 1
+            break
+    return same
+
+
+def _source(engine, release: str) -> Optional[str]:
+    return None if release == engine.release()[0] else release
 
 
 def survey_one(integration, release: str, mutants: bool = True) -> Row:
@@ -101,6 +164,7 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
                       "seconds": data["seconds"]}
         row.failures = [("ERROR " if s.get("testbed_error") else "FAIL ") + s["label"]
                         for s in data["scenarios"] if not s["passed"]]
+        row.modules = data.get("engine_modules", [])
         if mutants:
             if outs[1].is_file():
                 hunts = json.loads(outs[1].read_text())

@@ -12,6 +12,7 @@ the scenario's.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections import Counter
 from typing import Optional
@@ -146,7 +147,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     Returns ``{"outputs": {(pass, layer): [T, H] bf16 on the CPU}, "lanes": {(pass, layer):
     Counter}, "weights_scale": {layer: the factor its router folded into the weights},
     "phases": {"engine" | "build" | "passes": seconds this rank spent standing the integration
-    up, building its layers, running the passes}}``;
+    up, building its layers, running the passes}, "engine_modules": :func:`engine_modules`}``;
     everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
     FlashInfer the layers run on this rank's GPU.
     """
@@ -194,7 +195,17 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     # weights (SGLang's TopK where its MoE runner asks for it).
     scales = {i: getattr(moe, "weights_scale", 1.0) for i, (moe, _) in enumerate(layers)}
     phases["passes"] = time.monotonic() - began - phases["engine"] - phases["build"]
-    return {"outputs": outputs, "lanes": lanes, "weights_scale": scales, "phases": phases}
+    return {"outputs": outputs, "lanes": lanes, "weights_scale": scales, "phases": phases,
+            "engine_modules": engine_modules(ctx, integration)}
+
+
+def engine_modules(ctx, integration) -> tuple[str, ...]:
+    """The engine's modules this rank process has loaded (rank 0's; none for impl): what a
+    release's run imported, the identity of the code it judged."""
+    if ctx.rank != 0 or integration.engine is None:
+        return ()
+    name = integration.engine.name
+    return tuple(sorted(m for m in sys.modules if m == name or m.startswith(name + ".")))
 
 
 def run_engine(ctx, sc: Scenario, es, model_dir: str, log_dir: str, integration_module: str,

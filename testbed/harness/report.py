@@ -65,7 +65,10 @@ def counts(verdicts: Sequence[Verdict], not_run: int = 0) -> str:
 
 
 def as_json(verdicts: Sequence[Verdict], seconds: float, refused: Sequence[tuple] = ()) -> dict:
+    from testbed.harness.runner import IMPORTED
+
     return {
+        "engine_modules": sorted(IMPORTED),  # what the ranks loaded of the engine: the code judged
         "not_run": len(refused),
         "passed": sum(v.passed for v in verdicts),
         "failed": sum(v.status == "FAIL" for v in verdicts),

@@ -25,6 +25,8 @@ from testbed.scenario.events import Event, LogTail, SharedMemoryCreated
 from testbed.scenario.model import Scenario
 
 DEFAULT_TIMEOUT_S = 30.0
+# The engine modules the ranks of this process's scenarios loaded (a run's report lists them).
+IMPORTED: set[str] = set()
 NAMED_TESTS_TIMEOUT_S = 300.0
 
 
@@ -68,6 +70,7 @@ def run(pool: RankPool, sc: Scenario, *, mutant: Optional[str] = None,
     verdict = invariants.check(sc, logs, results, error)
     verdict.seconds = seconds
     if results:
+        IMPORTED.update(m for r in results for m in r.get("engine_modules", ()))
         verdict.phases = {part: max(r.get("phases", {}).get(part, 0.0) for r in results)
                           for part in ("engine", "build", "passes")} | {"teardown": pool.last_teardown_s}
     killed = killed_note(sc, error, machine)
