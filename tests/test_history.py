@@ -102,7 +102,7 @@ def test_history_identical_release_takes_its_twins_verdicts(monkeypatch):
     trees = {"0.27.0": tree, "0.27.1": tree | {"vllm/_version.py": "v = '0.27.1'"},
              "0.28.0": tree | {"vllm/config.py": "c2"}}
     lines = []
-    rows = history.survey(_engine_with_trees(trees), ["0.27.0", "0.27.1", "0.28.0"], log=lines.append, jobs=2)
+    rows = history.survey(_engine_with_trees(trees), ["0.27.0", "0.27.1", "0.28.0"], log=lines.append)
     assert [r for _, r in calls] == ["0.27.0", "0.27.0", "0.28.0", "0.28.0"]
     first, twin, changed = rows
     assert twin.same_as == "0.27.0 (2 files identical, the version file aside)" and not changed.same_as

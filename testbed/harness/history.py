@@ -60,8 +60,8 @@ def survey(integration, releases: list[str], mutants: bool = True, log=print, jo
     """Run or refuse each of ``releases`` of ``integration``'s engine, ``jobs`` at once (a
     release's ranks mostly wait on each other: two cores carry several); the rows in the
     order of ``releases``, each logged as it ends. A release whose code is identical to the
-    nearest earlier release of the same pin (:func:`identical`) takes that release's verdicts
-    instead of running them again, and says so."""
+    nearest earlier release of the same pin (:func:`identical`), where that one has ended,
+    takes its verdicts instead of running them again, and says so."""
     from concurrent.futures import ThreadPoolExecutor
 
     rows: dict = {}
@@ -74,19 +74,25 @@ def survey(integration, releases: list[str], mutants: bool = True, log=print, jo
         log(f"{row.engine} {release}: {said}  ({time.monotonic() - started:.0f} s)")
         return row
 
+    # The first release of each pin first, then the others: by the time a release starts, the
+    # earlier release of its pin it may share its code with has usually ended (none waits).
+    pins = [integration.engine.release(_source(integration.engine, r))[1] for r in releases]
+    firsts = [r for i, r in enumerate(releases) if pins[i] not in pins[:i]]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for release in releases:  # in order: a release's earlier twin is submitted (so started) before it
+        for release in firsts + [r for r in releases if r not in firsts]:
             rows[release] = pool.submit(one, release)
         return [rows[release].result() for release in releases]
 
 
 def _reused(integration, release: str, releases: list[str], rows: dict) -> Optional[Row]:
-    """``release``'s row as a copy of the nearest earlier release's of the same pin, where
-    every engine file that one's run loaded is identical here; None otherwise."""
+    """``release``'s row as a copy of the nearest earlier release's of the same pin, where that
+    one has ended and every engine file its run loaded is identical here; None otherwise."""
     engine = integration.engine
     pin = engine.release(_source(engine, release))[1]
     earlier = [r for r in releases[:releases.index(release)] if engine.release(_source(engine, r))[1] == pin]
     if not earlier:
+        return None
+    if earlier[-1] not in rows or not rows[earlier[-1]].done():
         return None
     twin = rows[earlier[-1]].result()
     if twin.refused or twin.same_as or not twin.modules:
