@@ -214,4 +214,4 @@ def markdown(rows: list[Row]) -> str:
 
 def as_json(rows: list[Row], command: str, seconds: float) -> dict:
     return {"date": time.strftime("%Y-%m-%d"), "command": command, "seconds": round(seconds, 1),
-            "releases": [asdict(r) for r in rows]}
+            "releases": [{k: v for k, v in asdict(r).items() if k != "modules"} for r in rows]}
