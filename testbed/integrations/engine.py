@@ -58,7 +58,7 @@ class Engine:
     probes: tuple[Callable[[], str | None], ...] = ()
     # Modules a rank imports on first use in a scenario (the engine's lazy imports, the
     # adapter's own): imported in the fork server too, else every new rank process imports
-    # them again (per release, 13 of vLLM's and 22 of SGLang's rank CPU seconds).
+    # them again (py-spy of a release's runs: a third of the ranks' CPU time).
     rank_imports: tuple[str, ...] = ()
 
     @property
