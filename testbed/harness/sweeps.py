@@ -122,11 +122,20 @@ def catalogue(every: bool = False) -> list[Sweep]:
 
 
 def groups(sweeps: list[Sweep]) -> list[list[Sweep]]:
-    """``sweeps`` by the process they share, in catalogue order."""
+    """``sweeps`` by the process they share, the heaviest first (:func:`weight`; catalogue order
+    among equals): run N at once, a heavy group started last would end the whole alone."""
     by: dict[str, list[Sweep]] = {}
     for sweep in sweeps:
         by.setdefault(sweep.group or sweep.name, []).append(sweep)
-    return list(by.values())
+    return sorted(by.values(), key=lambda group: -sum(map(weight, group)))
+
+
+def weight(sweep: Sweep) -> int:
+    """A sweep's rough cost, in units of a release's matrix: the model matrix and an engine
+    matrix about three, a matrix run again by the reuse differential two."""
+    if sweep.argv[0] == "engine" or "--models" in sweep.argv:
+        return 3
+    return 2 if "--reuse-differential" in sweep.argv else 1
 
 
 def missing() -> list[str]:
