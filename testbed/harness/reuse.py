@@ -12,9 +12,13 @@ from testbed.harness.invariants import Verdict
 
 def fingerprint(v: Verdict) -> tuple:
     """What must not depend on reuse: the status, the findings reproduced, each failed
-    invariant, the workspaces built per stage and the worst error."""
+    invariant, the workspaces built per stage and, of a passing scenario, the worst error (the
+    same inputs through the same code). A ``KNOWN`` scenario's error is the finding's damage,
+    which for a race (FI-RACE: a peer still reading the region the next round writes) differs
+    from run to run with the ranks' timing, reuse or not."""
     return (v.status, tuple(sorted(v.known)), tuple(sorted(f.invariant for f in v.failures)),
-            tuple(tuple(stage) for stage in v.builds), round(v.worst, 6), bool(v.testbed_error))
+            tuple(tuple(stage) for stage in v.builds), round(v.worst, 6) if v.status == "PASS" else None,
+            bool(v.testbed_error))
 
 
 def differences(reused: list[Verdict], fresh: list[Verdict]) -> list[str]:
