@@ -11,9 +11,7 @@ testbed errors / not run, the mutants killed of those applicable, or the refusal
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -68,7 +66,7 @@ def survey(integration, releases: list[str], mutants: bool = True, log=print, jo
 
     def one(release: str) -> Row:
         started = time.monotonic()
-        row = _reused(integration, release, releases, rows) or survey_one(integration, release, mutants)
+        row = _reused(integration, release, releases, pins, rows) or survey_one(integration, release, mutants)
         said = (f"same all-to-all code as {row.same_as}; verdicts of {row.same_as.split()[0]}" if row.same_as
                 else f"refused: {row.refused}" if row.refused else " ".join(row.cells()[2:4]))
         log(f"{row.engine} {release}: {said}  ({time.monotonic() - started:.0f} s)")
@@ -84,12 +82,12 @@ def survey(integration, releases: list[str], mutants: bool = True, log=print, jo
         return [rows[release].result() for release in releases]
 
 
-def _reused(integration, release: str, releases: list[str], rows: dict) -> Optional[Row]:
+def _reused(integration, release: str, releases: list[str], pins: list, rows: dict) -> Optional[Row]:
     """``release``'s row as a copy of the nearest earlier release's of the same pin, where that
     one has ended and every engine file its run loaded is identical here; None otherwise."""
     engine = integration.engine
-    pin = engine.release(_source(engine, release))[1]
-    earlier = [r for r in releases[:releases.index(release)] if engine.release(_source(engine, r))[1] == pin]
+    at = releases.index(release)
+    earlier = [r for r, pin in zip(releases[:at], pins) if pin == pins[at]]
     if not earlier:
         return None
     if earlier[-1] not in rows or not rows[earlier[-1]].done():
@@ -183,19 +181,12 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
 
 
 def _group(commands: list[list[str]]) -> tuple[list[Optional[int]], str]:
-    """``a2a-testbed`` ``commands`` one after another in one process (:mod:`testbed.sweep_group`):
+    """``a2a-testbed`` ``commands`` in one process (:func:`testbed.harness.sweeps.call_group`):
     each one's exit code (None: it did not end within the time left) and the process's stderr."""
-    from testbed.harness.sweeps import END
+    from testbed.harness import sweeps
 
-    try:
-        done = subprocess.run([sys.executable, "-m", "testbed.sweep_group", json.dumps(commands)],
-                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S * len(commands),
-                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        stdout, stderr = done.stdout, done.stderr
-    except subprocess.TimeoutExpired as e:
-        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
-        stderr = f"error: did not finish in {e.timeout:.0f} s"
-    codes = [int(line[len(END):].split()[0]) for line in stdout.splitlines() if line.startswith(END)]
+    stdout, stderr, _ = sweeps.call_group(commands, RUN_TIMEOUT_S * len(commands))
+    codes = [int(ended.split()[0]) for _, ended in sweeps.ended_commands(stdout)]
     return codes + [None] * (len(commands) - len(codes)), stderr
 
 

@@ -147,7 +147,7 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     Returns ``{"outputs": {(pass, layer): [T, H] bf16 on the CPU}, "lanes": {(pass, layer):
     Counter}, "weights_scale": {layer: the factor its router folded into the weights},
     "phases": {"engine" | "build" | "passes": seconds this rank spent standing the integration
-    up, building its layers, running the passes}, "engine_modules": :func:`engine_modules`}``;
+    up, building its layers, running the passes}, "engine_modules": the engine modules first reported here (:func:`engine_modules`)}``;
     everything else is in the event log ``{log_dir}/rank{r}.jsonl``. On the real
     FlashInfer the layers run on this rank's GPU.
     """
@@ -199,13 +199,19 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
             "engine_modules": engine_modules(ctx, integration)}
 
 
+_REPORTED: set[str] = set()  # engine modules this process already reported
+
+
 def engine_modules(ctx, integration) -> tuple[str, ...]:
-    """The engine's modules this rank process has loaded (rank 0's; none for impl): what a
-    release's run imported, the identity of the code it judged."""
+    """The engine's modules this rank process loaded and has not reported yet (rank 0's; none
+    for impl): the parent's union over a run is what the run imported, the identity of the
+    code it judged."""
     if ctx.rank != 0 or integration.engine is None:
         return ()
     name = integration.engine.name
-    return tuple(sorted(m for m in sys.modules if m == name or m.startswith(name + ".")))
+    new = {m for m in sys.modules if (m == name or m.startswith(name + ".")) and m not in _REPORTED}
+    _REPORTED.update(new)
+    return tuple(sorted(new))
 
 
 def run_engine(ctx, sc: Scenario, es, model_dir: str, log_dir: str, integration_module: str,

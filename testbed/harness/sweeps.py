@@ -337,16 +337,9 @@ def run(group: list[Sweep], log_dir: str, timeout_s: float = SWEEP_TIMEOUT_S) ->
     outs = [Path(log_dir) / f"{_stem(sweep.name)}.json" for sweep in group]
     argvs = [[*sweep.argv, "--json", str(out)] for sweep, out in zip(group, outs)]
     limit = timeout_s * len(group)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "testbed.sweep_group", json.dumps(argvs)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=limit,
-                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        stdout, stderr, finished = proc.stdout, proc.stderr, True
-    except subprocess.TimeoutExpired as e:
-        stdout, stderr, finished = (_text(e.stdout), _text(e.stderr), False)
+    stdout, stderr, finished = call_group(argvs, limit)
     log.write_text("".join(f"$ {sweep.command}\n" for sweep in group) + stdout + "\n-- stderr --\n" + stderr)
-    pieces = re.split(rf"^{re.escape(END)}(.*)\n?", stdout, flags=re.M)
-    ended = list(zip(pieces[0:-1:2], pieces[1::2]))  # (a command's stdout, "code seconds"), each ended one
+    ended = ended_commands(stdout)
     outcomes = []
     for n, (sweep, out) in enumerate(zip(group, outs)):
         outcome = Outcome(sweep, log=str(log))
@@ -366,6 +359,24 @@ def run(group: list[Sweep], log_dir: str, timeout_s: float = SWEEP_TIMEOUT_S) ->
         if code != "0" and not outcome.problems:
             outcome.problems.append(f"exited {code} though its JSON shows no problem (see {log})")
     return outcomes
+
+
+def call_group(argvs: list[list[str]], limit: float) -> tuple[str, str, bool]:
+    """``a2a-testbed`` commands ``argvs`` one after another in one process of their own
+    (:mod:`testbed.sweep_group`): its stdout, its stderr, and whether it ended within ``limit``."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "testbed.sweep_group", json.dumps(argvs)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=limit,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        return proc.stdout, proc.stderr, True
+    except subprocess.TimeoutExpired as e:
+        return _text(e.stdout), _text(e.stderr) or f"error: did not finish in {e.timeout:.0f} s", False
+
+
+def ended_commands(stdout: str) -> list[tuple[str, str]]:
+    """``(a command's stdout, "exit-code seconds")`` of each command of a group that ended."""
+    pieces = re.split(rf"^{re.escape(END)}(.*)\n?", stdout, flags=re.M)
+    return list(zip(pieces[0:-1:2], pieces[1::2]))
 
 
 def _stem(name: str) -> str:
