@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
     _ray_arguments(mu)
     mu.add_argument("--json", metavar="PATH", help="write the table as JSON")
+    mu.add_argument("--hints", metavar="PATH",
+                    help="the --json of an earlier mutants run (another release's, say): each mutant is hunted "
+                         "first by the scenario that killed it there; only the order changes, never the verdict")
     _source_arguments(mu)
     mu.add_argument("--junit-xml", metavar="PATH",
                     help="write JUnit XML: a test case per mutant, a survivor a failure with why")
@@ -987,17 +990,20 @@ def _mutants(args) -> int:
     for name, (kind, why) in absent.items():
         print(f"{name:32s} {'N/A':9s} {kind}: {why}", flush=True)
     names = [name for name in names if name not in absent]
+    hints = _kill_hints(args.hints)
+
     def show(h) -> None:
         print(f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
         hunts.append(h)
 
     if args.ray:
         with _campaign(args) as hosts:
-            for _, h in hosts.hunt(names, scenarios, timeout_s=args.timeout):
+            for _, h in hosts.hunt(names, scenarios, timeout_s=args.timeout, hints=hints):
                 show(h)
     else:
         with runner.scenario_pool() as pool:
-            for _, h in _each(names, str, lambda name: runner.hunt(pool, name, scenarios, timeout_s=args.timeout)):
+            for _, h in _each(names, str, lambda name: runner.hunt(pool, name, scenarios, timeout_s=args.timeout,
+                                                                    first=hints.get(name))):
                 show(h)
     killed = sum(h.killed for h in hunts)
     if args.junit_xml:
@@ -1017,6 +1023,19 @@ def _mutants(args) -> int:
     print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s"
           + (f" ({len(absent)} not applicable to this release)" if absent else ""))
     return 0 if killed == len(hunts) else 1
+
+
+def _kill_hints(path: str | None) -> dict[str, str]:
+    """``{mutant: label of the scenario that killed it}`` from ``--hints PATH`` (a mutants
+    ``--json``); empty without one."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            hunts = json.load(f)["mutants"]
+        return {h["mutant"]: h["scenario"] for h in hunts if h.get("killed") and h.get("scenario")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--hints: {path} is not the --json of a2a-testbed mutants ({type(e).__name__}: {e})") from None
 
 
 def _sweep(args) -> int:

@@ -154,3 +154,30 @@ def test_cli_junit_xml_one_case_per_fuzz_example_and_mutant(tmp_path, capsys):
     assert mu.returncode == 0, mu.stdout + mu.stderr
     (case,) = ET.parse(tmp_path / "u.xml").getroot().iter("testcase")
     assert case.get("name") == "double-reduce-one-sided" and "killed by reduce" in case.find("system-out").text
+
+
+def test_cli_mutants_hints_try_the_named_scenario_first(tmp_path, capsys):
+    """``--hints``: the scenario another run named is tried first; it kills there, so the
+    verdict names its matrix index; a file that is no mutants JSON is refused naming the flag."""
+    first = _here(capsys, "mutants", "--only", "double-reduce-one-sided", "--json", str(tmp_path / "a.json"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    (hunt,) = json.loads((tmp_path / "a.json").read_text())["mutants"]
+    assert hunt["killed"] and hunt["scenario"]
+    # Name a later scenario the mutant also fails (the last of the matrix that reduces one-sided output).
+    from testbed.harness.matrix import on_integration
+    from testbed.harness.runner import kill_order
+
+    order = kill_order(on_integration("impl")[0])
+    later = [sc for index, sc in order if sc.path == "one_sided" and f"@ {index}" not in hunt["by"]][-1]
+    index = next(i for i, sc in order if sc is later)
+    (tmp_path / "h.json").write_text(json.dumps({"mutants": [{"mutant": hunt["mutant"], "killed": True,
+                                                              "scenario": later.label}]}))
+    hinted = _here(capsys, "mutants", "--only", "double-reduce-one-sided", "--hints", str(tmp_path / "h.json"),
+                   "--json", str(tmp_path / "b.json"))
+    assert hinted.returncode == 0, hinted.stdout + hinted.stderr
+    (again,) = json.loads((tmp_path / "b.json").read_text())["mutants"]
+    assert again["killed"] and again["by"].endswith(f"@ {index}") and again["scenario"] == later.label
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    bad = _here(capsys, "mutants", "--only", "double-reduce-one-sided", "--hints", str(tmp_path / "bad.json"))
+    assert bad.returncode == 2 and bad.stderr.strip().startswith(
+        f"a2a-testbed mutants: error: --hints: {tmp_path / 'bad.json'} is not the --json of a2a-testbed mutants")

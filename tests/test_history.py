@@ -110,3 +110,38 @@ def test_history_identical_release_takes_its_twins_verdicts(monkeypatch):
     assert any(line.startswith("vLLM 0.27.1: same all-to-all code as 0.27.0 (2 files identical") for line in lines)
     assert history.markdown(rows).splitlines()[3].endswith("| verdicts of 0.27.0: same all-to-all code "
                                                           "(2 files identical, the version file aside) |")
+
+
+def test_history_hunts_first_with_what_killed_each_mutant_in_an_ended_release(monkeypatch):
+    """A release's mutants are hunted first by the scenarios that killed them in releases that
+    ended before it (the nearest winning); the first release, with none ended, gets no hints."""
+    hints_seen = {}
+    run = {"failed": 0, "testbed_errors": 0, "not_run": 0, "seconds": 1.0, "scenarios": []}
+
+    def hunts(killer):
+        return {"killed": 2, "total": 3, "seconds": 1.0, "not_applicable": [],
+                "mutants": [{"mutant": "m1", "killed": True, "scenario": f"{killer} [vllm on 0.6.16]"},
+                            {"mutant": "m2", "killed": True, "scenario": ""},
+                            {"mutant": "m3", "killed": False, "scenario": ""}]}
+
+    calls = _fake_commands(monkeypatch, {("run", r): run for r in ("0.20.0", "0.21.0", "0.22.0")}
+                           | {("mutants", "0.20.0"): hunts("far"), ("mutants", "0.21.0"): hunts("near"),
+                              ("mutants", "0.22.0"): hunts("x")})
+    group = history._group
+
+    def spy(commands):
+        for cmd in commands:
+            if "--hints" in cmd:
+                with open(cmd[cmd.index("--hints") + 1]) as f:
+                    hints_seen[cmd[cmd.index("--vllm-source") + 1]] = json.load(f)["mutants"]
+        return group(commands)
+
+    monkeypatch.setattr(history, "_group", spy)
+    pins = {"0.33.0": "0.6.16", "0.20.0": "0.6.16", "0.21.0": "0.6.16", "0.22.0": "0.6.16"}
+    rows = history.survey(_integration(pins), ["0.20.0", "0.21.0", "0.22.0"], log=lambda line: None, jobs=1)
+    assert [r for _, r in calls] == ["0.20.0", "0.20.0", "0.21.0", "0.21.0", "0.22.0", "0.22.0"]
+    assert "0.20.0" not in hints_seen
+    assert hints_seen["0.21.0"] == [{"mutant": "m1", "killed": True, "scenario": "far [vllm on 0.6.16]"}]
+    assert hints_seen["0.22.0"] == [{"mutant": "m1", "killed": True, "scenario": "near [vllm on 0.6.16]"}]
+    assert rows[1].kills == {"m1": "near [vllm on 0.6.16]"}
+    assert all("kills" not in row for row in history.as_json(rows, "history", 1.0)["releases"])

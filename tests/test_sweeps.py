@@ -226,3 +226,17 @@ def test_hunt_meets_every_feature_within_the_first_scenarios():
     assert rest == sorted(rest)  # then matrix order
 
 
+
+
+def test_hunt_tries_the_hinted_scenario_first_whatever_release_it_was_moved_to():
+    from testbed.harness.matrix import on_integration
+    from testbed.harness.runner import same_entry
+
+    moved = on_integration("impl", "0.6.16")[0]
+    for pick in (moved[0], moved[len(moved) // 2], moved[-1]):
+        hint = pick.label.replace("on 0.6.16]", "on 0.7.2.post1]")  # the label another release's run gave it
+        assert hint != pick.label and same_entry(pick.label, hint)
+        order = kill_order(moved, hint)
+        assert order[0][1] is pick and sorted(i for i, _ in order) == list(range(1, len(moved) + 1))
+    assert kill_order(moved, "no such scenario [impl on 0.6.16]") == kill_order(moved)
+    assert not same_entry(moved[0].label, moved[1].label)

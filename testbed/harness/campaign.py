@@ -102,9 +102,12 @@ class Campaign:
         """``(index, verdict)`` of each scenario, in the order they finish."""
         return self._fan_out([lambda a, sc=sc: a.run.remote(sc, mutant, timeout_s) for sc in scenarios])
 
-    def hunt(self, names: Iterable[str], scenarios: list, *, timeout_s: float) -> Iterator[tuple[int, object]]:
-        """``(index, hunt)`` of each mutant, hunted by ``scenarios`` on one host each."""
-        return self._fan_out([lambda a, n=n: a.hunt.remote(n, scenarios, timeout_s) for n in names])
+    def hunt(self, names: Iterable[str], scenarios: list, *, timeout_s: float,
+             hints: Optional[dict] = None) -> Iterator[tuple[int, object]]:
+        """``(index, hunt)`` of each mutant, hunted by ``scenarios`` on one host each (first by
+        the scenario ``hints`` names for it, :func:`testbed.harness.runner.hunt`'s ``first``)."""
+        return self._fan_out([lambda a, n=n: a.hunt.remote(n, scenarios, timeout_s, (hints or {}).get(n))
+                              for n in names])
 
 
 _HOST = None
@@ -133,10 +136,10 @@ def _host_class(ray):
 
                 return runner.run(self.pool, sc, mutant=mutant, timeout_s=timeout_s)
 
-            def hunt(self, name, scenarios, timeout_s):
+            def hunt(self, name, scenarios, timeout_s, first=None):
                 from testbed.harness import runner
 
-                return runner.hunt(self.pool, name, scenarios, timeout_s=timeout_s)
+                return runner.hunt(self.pool, name, scenarios, timeout_s=timeout_s, first=first)
 
             def close(self) -> None:
                 self._pool_cm.__exit__(None, None, None)

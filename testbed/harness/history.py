@@ -34,6 +34,7 @@ class Row:
     mutants: dict = field(default_factory=dict)  # killed, total, not_applicable, seconds
     failures: list = field(default_factory=list)  # the labels of FAIL / ERROR scenarios and surviving mutants
     modules: list = field(default_factory=list)  # the engine modules its run loaded (the code judged)
+    kills: dict = field(default_factory=dict)  # mutant: the label of the scenario that killed it
     same_as: str = ""  # the earlier release whose verdicts these are: every file its run loaded is identical here
 
     def cells(self) -> list[str]:
@@ -66,7 +67,8 @@ def survey(integration, releases: list[str], mutants: bool = True, log=print, jo
 
     def one(release: str) -> Row:
         started = time.monotonic()
-        row = _reused(integration, release, releases, pins, rows) or survey_one(integration, release, mutants)
+        row = (_reused(integration, release, releases, pins, rows)
+               or survey_one(integration, release, mutants, _kill_hints(release, releases, rows)))
         said = (f"same all-to-all code as {row.same_as}; verdicts of {row.same_as.split()[0]}" if row.same_as
                 else f"refused: {row.refused}" if row.refused else " ".join(row.cells()[2:4]))
         log(f"{row.engine} {release}: {said}  ({time.monotonic() - started:.0f} s)")
@@ -99,6 +101,18 @@ def _reused(integration, release: str, releases: list[str], pins: list, rows: di
     if files is None:
         return None
     return replace(twin, release=release, same_as=f"{twin.release} ({files} files identical, the version file aside)")
+
+
+def _kill_hints(release: str, releases: list[str], rows: dict) -> dict[str, str]:
+    """``{mutant: scenario label}``: what killed each mutant in the releases that have ended,
+    the nearest to ``release`` winning (a mutant is mostly killed by the same scenario release
+    after release, and a hunt tries that one first)."""
+    at = releases.index(release)
+    hints: dict = {}
+    for other in sorted(releases, key=lambda r: -abs(releases.index(r) - at)):
+        if other != release and other in rows and rows[other].done():
+            hints.update(rows[other].result().kills)
+    return hints
 
 
 def identical(engine, first: str, second: str, modules: list[str]) -> Optional[int]:
@@ -136,10 +150,11 @@ def _source(engine, release: str) -> Optional[str]:
     return None if release == engine.release()[0] else release
 
 
-def survey_one(integration, release: str, mutants: bool = True) -> Row:
+def survey_one(integration, release: str, mutants: bool = True, hints: Optional[dict] = None) -> Row:
     """One release: its matrix, then its mutants, in one process of its own (the release
     imported and its rank pool started once; a hunt takes the matrix's verdicts of the
-    unmutated code instead of running them again)."""
+    unmutated code instead of running them again, and tries first the scenario ``hints``
+    names for its mutant: ``a2a-testbed mutants --hints``)."""
     from fakes.flashinfer.profiles import UnservedRelease, served_by
 
     engine = integration.engine
@@ -154,8 +169,12 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / "matrix.json", Path(tmp) / "mutants.json"]
         flags = ["--integration", integration.name] + ([f"--{integration.name}-source", source] if source else [])
-        commands = [["run", *flags, "--json", str(outs[0])]] + ([["mutants", *flags, "--json", str(outs[1])]]
-                                                                 if mutants else [])
+        if hints:
+            (Path(tmp) / "hints.json").write_text(json.dumps(
+                {"mutants": [{"mutant": m, "killed": True, "scenario": label} for m, label in hints.items()]}))
+        commands = [["run", *flags, "--json", str(outs[0])]] + (
+            [["mutants", *flags, "--json", str(outs[1])] + (["--hints", str(Path(tmp) / "hints.json")] if hints else [])]
+            if mutants else [])
         codes, stderr = _group(commands)
         done = subprocess.CompletedProcess(commands[0], codes[0] if codes[0] is not None else 124, "", stderr)
         if codes[0] == 2 or not outs[0].is_file():
@@ -175,6 +194,7 @@ def survey_one(integration, release: str, mutants: bool = True) -> Row:
                 row.mutants = {"killed": hunts["killed"], "total": hunts["total"],
                                "not_applicable": len(hunts["not_applicable"]), "seconds": hunts["seconds"]}
                 row.failures += [f"SURVIVED {h['mutant']}" for h in hunts["mutants"] if not h["killed"]]
+                row.kills = {h["mutant"]: h["scenario"] for h in hunts["mutants"] if h["killed"] and h.get("scenario")}
             else:
                 row.failures.append(f"mutants did not finish: {refusal_line(done)}")
     return row
@@ -205,4 +225,4 @@ def markdown(rows: list[Row]) -> str:
 
 def as_json(rows: list[Row], command: str, seconds: float) -> dict:
     return {"date": time.strftime("%Y-%m-%d"), "command": command, "seconds": round(seconds, 1),
-            "releases": [{k: v for k, v in asdict(r).items() if k != "modules"} for r in rows]}
+            "releases": [{k: v for k, v in asdict(r).items() if k not in ("modules", "kills")} for r in rows]}

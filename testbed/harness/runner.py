@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -171,11 +172,14 @@ class Hunt:
     by: str  # "workspace @ 2" or why not
     seconds: float
     evidence: str = ""
+    scenario: str = ""  # the label of the scenario that killed it
 
 
-def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
+def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float, first: Optional[str] = None) -> Hunt:
     """Run ``scenarios`` against mutant ``name`` until one fails the way the mutant says it
-    must (:attr:`Mutant.expect`); failures of any other kind do not count."""
+    must (:attr:`Mutant.expect`); failures of any other kind do not count. ``first``: the
+    label of a scenario to try before the others (the one that killed this mutant in another
+    run, say; :func:`kill_order`): only the order changes, never what counts as a kill."""
     m = mutants.get(name)
     started = time.monotonic()
     try:
@@ -183,7 +187,7 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
     except mutants.MutantError as e:
         return Hunt(name, False, f"broken: {e}", 0.0)
     other = []
-    for index, sc in kill_order(scenarios if m.needs_scenarios else ()):
+    for index, sc in kill_order(scenarios if m.needs_scenarios else (), first):
         # On a scenario a known finding fails, a failure the release's own code shows too (the
         # finding's, or one that follows from it) is no kill: only what the mutant adds. Run
         # first, on ranks the mutated run has not left behind (a rank it killed is restarted).
@@ -193,7 +197,7 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float) -> Hunt:
             for f in v.failed(invariant) + [g for g in v.known_failures if g.invariant == invariant]:
                 if piece in f.evidence and not (already and _shows(already, invariant, piece)):
                     return Hunt(name, True, f"{invariant} @ {index}", time.monotonic() - started,
-                                f.evidence.splitlines()[0][:300])
+                                f.evidence.splitlines()[0][:300], sc.label)
         other += [f"{f.invariant} @ {index}" for f in v.failures]
     if m.tests:
         failed = _named_tests_failing(m)
@@ -221,8 +225,10 @@ def _shows(v: Verdict, invariant: str, piece: str) -> bool:
     return any(f.invariant == invariant and piece in f.evidence for f in v.failures + v.known_failures)
 
 
-def kill_order(scenarios) -> list[tuple[int, Scenario]]:
-    """``(matrix index from 1, scenario)`` in the order a hunt tries them: first, greedily, the
+def kill_order(scenarios, first: Optional[str] = None) -> list[tuple[int, Scenario]]:
+    """``(matrix index from 1, scenario)`` in the order a hunt tries them: the scenario
+    labelled ``first`` where there is one (a label matches whatever integration and FlashInfer
+    release :func:`~testbed.harness.matrix.on_integration` moved it to); then, greedily, the
     scenario that brings the most features not yet met (:func:`features`: the all-to-all path,
     pipeline, tensor and sequence parallel, shared experts, each layer format, ...), until every
     feature has been met; then the rest in matrix order. A mutant of code only one kind of
@@ -231,7 +237,9 @@ def kill_order(scenarios) -> list[tuple[int, Scenario]]:
     the verdict names the matrix index."""
     left = list(enumerate(scenarios, 1))
     met: set = set()
-    order = []
+    hinted = [n for n, (_, sc) in enumerate(left) if first and same_entry(sc.label, first)]
+    order = [left.pop(hinted[0])] if hinted else []
+    met |= {fact for _, sc in order for fact in features(sc)}
     while left:
         gain, pick = max((len(features(sc) - met), -n) for n, (_, sc) in enumerate(left))
         if gain == 0:
@@ -240,6 +248,15 @@ def kill_order(scenarios) -> list[tuple[int, Scenario]]:
         met |= features(sc)
         order.append((index, sc))
     return order + left
+
+
+def same_entry(label: str, other: str) -> bool:
+    """Whether two scenario labels name the same matrix entry, whichever integration and
+    FlashInfer release each was moved to (the ``[vllm on 0.7.0.post1]`` that ends a label)."""
+    def entry(text: str) -> str:
+        return re.sub(r" \[\S+ on \S+\]$", "", text)
+
+    return entry(label) == entry(other)
 
 
 def features(sc: Scenario) -> frozenset:
