@@ -60,6 +60,10 @@ class Engine:
     # adapter's own): imported in the fork server too, else every new rank process imports
     # them again (py-spy of a release's runs: a third of the ranks' CPU time).
     rank_imports: tuple[str, ...] = ()
+    # The packages outside the engine its import spends most of its time in: imported before
+    # the engine, so that the fork server forks from them instead of importing them again
+    # (:mod:`testbed.cluster.zygote`); each one the engine imports anyway.
+    dependencies: tuple[str, ...] = ()
 
     @property
     def preload_module(self) -> str:
@@ -237,7 +241,9 @@ class Engine:
         """Make this process's rank pools run the engine (a checkout's or an unpacked wheel's
         Python where ``source`` is given; a release number: that release's wheel, fetched and
         unpacked once) and import it in their fork server (so call it before the first pool
-        starts); returns why it cannot (one line, naming the flag), or None."""
+        starts, and before this process imports the engine: the fork server is forked from this
+        process with the engine's :attr:`dependencies` imported, :mod:`testbed.cluster.zygote`);
+        returns why it cannot (one line, naming the flag), or None."""
         from testbed.cluster.pool import PRELOAD_ENV, preloaded_modules
         from testbed.contract.source import RELEASE, SourceError, unpacked
 
@@ -251,6 +257,11 @@ class Engine:
                 return (f"--{self.name}-source: {source} holds no {self.name}/ package (give the checkout's "
                         f"{self.source_hint})")
             os.environ[self.source_env] = os.path.abspath(source)
+        self.prepare_environment()
+        if importlib.util.find_spec(self.name) is not None:
+            from testbed.cluster import zygote
+
+            zygote.start(self.dependencies)  # before anything of the engine is imported here
         why = self.unavailable()
         if why is None:
             os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preloaded_modules() + (self.preload_module,)))

@@ -173,7 +173,12 @@ ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TES
                                       "sglang.srt.distributed.device_communicators.custom_all_reduce",
                                       "sglang.srt.distributed.device_communicators.shm_broadcast",
                                       "sglang.srt.distributed.device_communicators.pynccl",
-                                      "testbed.integrations.sglang.adapter", "testbed.integrations.sglang.blocks"))
+                                      "testbed.integrations.sglang.adapter", "testbed.integrations.sglang.blocks"),
+                        # What `python -X importtime` of the fork server's preload (0.5.23) spent
+                        # outside SGLang: torch 2.2 s, transformers 0.6, sympy, openai,
+                        # compressed_tensors 0.25 each, triton, aiohttp, networkx.
+                        dependencies=("torch", "transformers", "sympy", "openai", "compressed_tensors", "triton",
+                                      "aiohttp", "networkx"))
 
 
 @functools.cache
