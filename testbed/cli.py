@@ -223,6 +223,9 @@ def _parser() -> argparse.ArgumentParser:
     hi.add_argument("--integration", required=True, metavar="NAME", help="an engine (vllm, sglang)")
     hi.add_argument("--release", action="append", metavar="RELEASE", help="just this release (repeatable)")
     hi.add_argument("--no-mutants", action="store_true", help="the matrices alone")
+    hi.add_argument("--reuse-differential", action="store_true",
+                    help="each release's matrix again on fresh process groups (run --reuse-differential); a verdict "
+                         "that differs is a failure of the release's row")
     hi.add_argument("--jobs", type=int, default=3, metavar="N",
                     help="releases run at once, each in a process of its own (default %(default)s: a release's "
                          "ranks mostly wait on each other, so two cores carry three)")
@@ -450,7 +453,8 @@ def _history(args) -> int:
     _positive("--jobs", args.jobs)
     started = time.monotonic()
     rows = history.survey(_integrations().get(args.integration), releases, mutants=not args.no_mutants,
-                          log=lambda line: print(line, flush=True), jobs=args.jobs)
+                          log=lambda line: print(line, flush=True), jobs=args.jobs,
+                          differential=args.reuse_differential)
     print(history.markdown(rows))
     if args.json:
         report.dump_json(args.json, history.as_json(rows, shlex.join(["a2a-testbed", *sys.argv[1:]]),
@@ -720,14 +724,15 @@ def _judge(scenarios, args, refused=()) -> int:
 
     for line in gone_lines(scenarios):
         print(line, flush=True)
-    _reports(args, ordered, refused, seconds)
-    differ = _reuse_differential(scenarios, ordered, args, timeout_s) if getattr(args, "reuse_differential", False) else 0
-    return _summary(ordered, len(refused), seconds, f" on Ray ({args.ray})" if args.ray else "") or differ
+    differ = _reuse_differential(scenarios, ordered, args, timeout_s) if getattr(args, "reuse_differential", False) \
+        else None
+    _reports(args, ordered, refused, seconds, differ)
+    return _summary(ordered, len(refused), seconds, f" on Ray ({args.ray})" if args.ray else "") or int(bool(differ))
 
 
-def _reuse_differential(scenarios, reused, args, timeout_s: float) -> int:
-    """``scenarios`` again, each making its own process groups; 1 where any verdict differs
-    from its verdict with reuse (:mod:`testbed.harness.reuse`)."""
+def _reuse_differential(scenarios, reused, args, timeout_s: float) -> list[str]:
+    """``scenarios`` again, each making its own process groups: the lines of those whose
+    verdict differs from their verdict with reuse (:mod:`testbed.harness.reuse`)."""
     from testbed.harness import reuse, runner
 
     if args.ray:
@@ -739,7 +744,7 @@ def _reuse_differential(scenarios, reused, args, timeout_s: float) -> int:
         print(f"REUSE DIFFERS  {line}", flush=True)
     print(f"reuse differential: {len(scenarios) - len(lines)} of {len(scenarios)} scenarios judged the same "
           "with process groups reused and made fresh", flush=True)
-    return 1 if lines else 0
+    return lines
 
 
 def _not_run(refused, each: bool) -> None:
@@ -771,13 +776,15 @@ def _campaign(args):
         raise UsageError(str(e)) from None
 
 
-def _reports(args, verdicts, refused, seconds: float) -> None:
-    """The files a run writes: ``--json``, ``--html``, ``--junit-xml`` (one case per scenario,
-    those not run skipped with their rule)."""
+def _reports(args, verdicts, refused, seconds: float, differ: list[str] | None = None) -> None:
+    """The files a run writes: ``--json`` (with ``reuse_differs``, the reuse differential's
+    lines, where it ran), ``--html``, ``--junit-xml`` (one case per scenario, those not run
+    skipped with their rule)."""
     from testbed.harness import junit, report
 
     if args.json:
-        report.dump_json(args.json, report.as_json(verdicts, seconds, refused))
+        report.dump_json(args.json, report.as_json(verdicts, seconds, refused)
+                         | ({"reuse_differs": differ} if differ is not None else {}))
     if args.html:
         report.write_html(args.html, verdicts, refused, seconds, shlex.join(["a2a-testbed", *sys.argv[1:]]))
     if args.junit_xml:

@@ -181,3 +181,12 @@ def test_cli_mutants_hints_try_the_named_scenario_first(tmp_path, capsys):
     bad = _here(capsys, "mutants", "--only", "double-reduce-one-sided", "--hints", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and bad.stderr.strip().startswith(
         f"a2a-testbed mutants: error: --hints: {tmp_path / 'bad.json'} is not the --json of a2a-testbed mutants")
+
+
+def test_cli_run_reuse_differential_written_to_the_json(tmp_path, capsys):
+    done = _here(capsys, "run", "--stages", "bf16:16", "--reuse-differential", "--json", str(tmp_path / "r.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reuse differential: 1 of 1 scenarios judged the same" in done.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["reuse_differs"] == []
+    plain = _here(capsys, "run", "--stages", "bf16:16", "--json", str(tmp_path / "p.json"))
+    assert plain.returncode == 0 and "reuse_differs" not in json.loads((tmp_path / "p.json").read_text())

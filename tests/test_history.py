@@ -145,3 +145,16 @@ def test_history_hunts_first_with_what_killed_each_mutant_in_an_ended_release(mo
     assert hints_seen["0.22.0"] == [{"mutant": "m1", "killed": True, "scenario": "near [vllm on 0.6.16]"}]
     assert rows[1].kills == {"m1": "near [vllm on 0.6.16]"}
     assert all("kills" not in row for row in history.as_json(rows, "history", 1.0)["releases"])
+
+
+def test_history_reuse_differential_runs_each_matrix_again_and_a_difference_fails_the_row(monkeypatch):
+    run = {"failed": 0, "testbed_errors": 0, "not_run": 0, "seconds": 1.0, "scenarios": [],
+           "reuse_differs": ["2: vLLM ...: with reuse FAIL ...; without PASS ..."]}
+    seen = []
+    calls = _fake_commands(monkeypatch, {("run", "0.33.0"): run})
+    group = history._group
+    monkeypatch.setattr(history, "_group", lambda commands: (seen.extend(commands), group(commands))[1])
+    (row,) = history.survey(_integration({"0.33.0": "0.7.2.post1"}), ["0.33.0"], mutants=False,
+                            log=lambda line: None, differential=True)
+    assert calls == [("run", "0.33.0")] and "--reuse-differential" in seen[0]
+    assert row.failures == ["REUSE DIFFERS 2: vLLM ...: with reuse FAIL ...; without PASS ..."]

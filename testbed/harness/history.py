@@ -55,12 +55,14 @@ HEADER = ("release", "FlashInfer pin (profile)", "matrix passed / failed / known
           "mutants killed of applicable", "failures")
 
 
-def survey(integration, releases: list[str], mutants: bool = True, log=print, jobs: int = 1) -> list[Row]:
+def survey(integration, releases: list[str], mutants: bool = True, log=print, jobs: int = 1,
+           differential: bool = False) -> list[Row]:
     """Run or refuse each of ``releases`` of ``integration``'s engine, ``jobs`` at once (a
     release's ranks mostly wait on each other: two cores carry several); the rows in the
     order of ``releases``, each logged as it ends. A release whose code is identical to the
     nearest earlier release of the same pin (:func:`identical`), where that one has ended,
-    takes its verdicts instead of running them again, and says so."""
+    takes its verdicts instead of running them again, and says so. With ``differential``, each
+    matrix runs again on fresh process groups (``run --reuse-differential``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     rows: dict = {}
@@ -68,7 +70,7 @@ def survey(integration, releases: list[str], mutants: bool = True, log=print, jo
     def one(release: str) -> Row:
         started = time.monotonic()
         row = (_reused(integration, release, releases, pins, rows)
-               or survey_one(integration, release, mutants, _kill_hints(release, releases, rows)))
+               or survey_one(integration, release, mutants, _kill_hints(release, releases, rows), differential))
         said = (f"same all-to-all code as {row.same_as}; verdicts of {row.same_as.split()[0]}" if row.same_as
                 else f"refused: {row.refused}" if row.refused else " ".join(row.cells()[2:4]))
         log(f"{row.engine} {release}: {said}  ({time.monotonic() - started:.0f} s)")
@@ -150,7 +152,8 @@ def _source(engine, release: str) -> Optional[str]:
     return None if release == engine.release()[0] else release
 
 
-def survey_one(integration, release: str, mutants: bool = True, hints: Optional[dict] = None) -> Row:
+def survey_one(integration, release: str, mutants: bool = True, hints: Optional[dict] = None,
+               differential: bool = False) -> Row:
     """One release: its matrix, then its mutants, in one process of its own (the release
     imported and its rank pool started once; a hunt takes the matrix's verdicts of the
     unmutated code instead of running them again, and tries first the scenario ``hints``
@@ -172,7 +175,7 @@ def survey_one(integration, release: str, mutants: bool = True, hints: Optional[
         if hints:
             (Path(tmp) / "hints.json").write_text(json.dumps(
                 {"mutants": [{"mutant": m, "killed": True, "scenario": label} for m, label in hints.items()]}))
-        commands = [["run", *flags, "--json", str(outs[0])]] + (
+        commands = [["run", *flags, "--json", str(outs[0])] + (["--reuse-differential"] if differential else [])] + (
             [["mutants", *flags, "--json", str(outs[1])] + (["--hints", str(Path(tmp) / "hints.json")] if hints else [])]
             if mutants else [])
         codes, stderr = _group(commands)
@@ -187,6 +190,7 @@ def survey_one(integration, release: str, mutants: bool = True, hints: Optional[
                       "seconds": data["seconds"]}
         row.failures = [("ERROR " if s.get("testbed_error") else "FAIL ") + s["label"]
                         for s in data["scenarios"] if not s["passed"]]
+        row.failures += [f"REUSE DIFFERS {line}" for line in data.get("reuse_differs", [])]
         row.modules = data.get("engine_modules", [])
         if mutants:
             if outs[1].is_file():
