@@ -1,7 +1,9 @@
 """pytest plugin: ``pytest --fake-flashinfer=0.7.2`` runs the session with ``import flashinfer``
 (and every ``flashinfer.<module>`` that release ships) resolving to the CPU fake, for an
 inference engine's own CPU CI. Loaded through the ``pytest11`` entry point; inert without the
-option. The fake is installed before test collection and removed when the session ends."""
+option. The fake is installed before test collection and removed when the session ends; the
+Python processes the tests start (``spawn``, ``subprocess``) install it too when they start
+(:mod:`fakes.spawned`)."""
 
 from __future__ import annotations
 
@@ -28,15 +30,24 @@ def pytest_configure(config):
     except ValueError as e:  # a release no profile serves
         pytest.exit(str(e), returncode=2)
     if version:
+        from fakes import spawned
+
         block = install(version)
         try:
             block.__enter__()
         except ValueError as e:
             pytest.exit(f"--fake-flashinfer: {e}", returncode=2)
         config._fake_flashinfer_block = block
+        config._fake_flashinfer_environ = {k: os.environ.get(k) for k in (spawned.INSTALL_ENV, "PYTHONPATH")}
+        spawned.enable(version)
 
 
 def pytest_unconfigure(config):
     block = getattr(config, "_fake_flashinfer_block", None)
     if block is not None:
         block.__exit__(None, None, None)
+        for key, value in config._fake_flashinfer_environ.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -103,17 +103,14 @@ def test_zygote_never_used_ends_with_its_parent(tmp_path):
     assert ended, f"the unused zygote {got['zygote']} outlived its parent by 30 s"
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
+@pytest.mark.parametrize("name", [pytest.param("vllm", marks=pytest.mark.needs("vllm")),
+                                  pytest.param("sglang", marks=pytest.mark.needs("sglang"))])
 def test_zygote_engine_dependencies_are_what_its_import_loads_anyway(name):
     """Importing an engine's :attr:`~testbed.integrations.engine.Engine.dependencies` before
     it changes the order of its import, never what it loads."""
-    import importlib.util
-
     from testbed import integrations
 
     engine = integrations.get(name).engine
-    if importlib.util.find_spec(name) is None:
-        pytest.skip(f"{engine.label} is not installed (./dev setup --{name})")
     assert engine.dependencies
     script = (f"import sys; import {engine.preload_module}; "
               f"print(sorted(set({list(engine.dependencies)!r}) - set(sys.modules)))")

@@ -1,0 +1,69 @@
+"""The fake in every Python process started below this one: an engine's API server, engine
+cores and workers, a test's own spawned ranks, whoever starts them and however (``spawn``,
+``forkserver``, ``subprocess``).
+
+An engine binds its FlashInfer when it is first imported (SGLang's dispatcher sets
+``use_flashinfer = False`` where ``import flashinfer`` fails), and its processes start with
+``spawn``: the fake must be there before the first import of each, not patched in later.
+:func:`enable` puts :data:`STARTUP_DIR` first on ``PYTHONPATH`` and names the release in
+:data:`INSTALL_ENV`; its ``sitecustomize`` then installs the fake of that release
+(:func:`fakes.flashinfer.install`) when each interpreter starts, before its main module.
+Without :data:`INSTALL_ENV` the hook does nothing. A ``sitecustomize`` the directory shadows
+(a distribution's own) runs after it, as if it were not there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import MutableMapping
+
+INSTALL_ENV = "A2A_FAKE_FLASHINFER_EVERYWHERE"  # the release whose fake every started process installs
+STARTUP_DIR = Path(__file__).resolve().parent / "startup"
+_installed = None  # this process's install() block, kept open for its life
+
+
+def enable(release: str, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Make every Python process started with ``environ`` (this process's own by default)
+    install the fake of ``release`` before anything else.
+
+    Raises
+    ------
+    UnservedRelease
+        ``release`` is one no profile serves (a ``ValueError`` naming those served).
+    """
+    from fakes.flashinfer.profiles import resolve
+
+    resolve(release)
+    environ[INSTALL_ENV] = release
+    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
+    environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR)] + paths)
+
+
+def disable(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Undo :func:`enable` in ``environ``: processes started from now on are left alone."""
+    environ.pop(INSTALL_ENV, None)
+    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
+    if paths:
+        environ["PYTHONPATH"] = os.pathsep.join(paths)
+    else:
+        environ.pop("PYTHONPATH", None)
+
+
+def install_here() -> None:
+    """What the start-up hook does where :data:`INSTALL_ENV` names a release: install its fake
+    in this process for good. A release no profile serves ends the process (exit 2) with one
+    line naming the variable: a process must never go on without the fake it was started for."""
+    global _installed
+    release = os.environ[INSTALL_ENV]
+    from fakes.flashinfer import install
+
+    block = install(release)
+    try:
+        block.__enter__()
+    except ValueError as e:
+        sys.stderr.write(f"{INSTALL_ENV}={release}: {e} (process {os.getpid()}: {' '.join(sys.argv)})\n")
+        sys.stderr.flush()
+        os._exit(2)  # at start-up, before the main module: SystemExit here is a fatal error with a traceback
+    _installed = block

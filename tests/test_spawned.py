@@ -1,0 +1,134 @@
+"""The fake in every process started below a run (:mod:`fakes.spawned`): whoever starts a
+Python process, with ``spawn`` or ``subprocess``, it has the fake of the run's release before
+its first import; without the run's variable, nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fakes import spawned
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A child started with `spawn` and a grandchild started with `subprocess` each say what their
+# `import flashinfer` is; the script itself as well.
+REPORT = textwrap.dedent("""
+    import json, multiprocessing, subprocess, sys
+
+    def what():
+        try:
+            import flashinfer
+        except ImportError as e:
+            return {"error": type(e).__name__, "fakes": "fakes" in sys.modules}
+        return {"module": flashinfer.__name__, "version": flashinfer.__version__}
+
+    def child(queue):
+        queue.put(what())
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        p = ctx.Process(target=child, args=(queue,))
+        p.start()
+        spawned = queue.get(timeout=120)
+        p.join(60)
+        grandchild = subprocess.run([sys.executable, "-c", "import json; from report import what; "
+                                     "print(json.dumps(what()))"], capture_output=True, text=True, timeout=120)
+        print(json.dumps({"self": what(), "spawned": spawned,
+                          "subprocess": json.loads(grandchild.stdout) if grandchild.returncode == 0
+                          else grandchild.stderr}))
+""")
+
+
+def _run(tmp_path, env: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "report.py").write_text(REPORT)
+    return subprocess.run([sys.executable, str(tmp_path / "report.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (spawned.INSTALL_ENV, "PYTHONPATH")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra.pop("PYTHONPATH", ""), ROOT]))
+    return env | extra
+
+
+def test_spawned_every_started_process_imports_the_fake_of_the_release(tmp_path):
+    env = _env()
+    spawned.enable("0.6.16", env)
+    done = _run(tmp_path, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for who in ("self", "spawned", "subprocess"):
+        assert got[who] == {"module": "fakes.flashinfer", "version": "0.6.16"}, (who, got[who])
+
+
+def test_spawned_inert_without_the_run_variable(tmp_path):
+    env = _env(PYTHONPATH=str(spawned.STARTUP_DIR))
+    done = _run(tmp_path, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for who in ("self", "spawned", "subprocess"):
+        assert got[who].get("module") != "fakes.flashinfer" and not got[who].get("fakes"), (who, got[who])
+
+
+def test_spawned_unserved_release_ends_the_process_in_one_line(tmp_path):
+    env = _env(PYTHONPATH=str(spawned.STARTUP_DIR), **{spawned.INSTALL_ENV: "0.1.0"})
+    done = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "ran" not in done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"{spawned.INSTALL_ENV}=0.1.0: FlashInfer release '0.1.0' is not served by the fake")
+    with pytest.raises(ValueError, match="not served by the fake"):
+        spawned.enable("0.1.0", {})
+
+
+def test_spawned_shadowed_sitecustomize_still_runs(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins; builtins.SHADOWED_RAN = True\n")
+    env = _env(PYTHONPATH=str(other))
+    spawned.enable("0.7.2", env)
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(spawned.STARTUP_DIR), str(other)]
+    done = subprocess.run([sys.executable, "-c", "import builtins, flashinfer; "
+                           "print(flashinfer.__version__, getattr(builtins, 'SHADOWED_RAN', False))"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0.7.2", "True"]
+    spawned.disable(env)
+    assert spawned.INSTALL_ENV not in env and str(spawned.STARTUP_DIR) not in env["PYTHONPATH"]
+
+
+def test_spawned_pytest_fake_flashinfer_reaches_the_tests_own_spawned_processes(tmp_path):
+    (tmp_path / "test_engine_own.py").write_text(textwrap.dedent("""
+        import multiprocessing
+
+        def version(queue):
+            try:
+                import flashinfer
+            except ImportError as e:
+                queue.put(str(e))
+            else:
+                queue.put(flashinfer.__version__)
+
+        def test_a_spawned_worker_imports_flashinfer():
+            ctx = multiprocessing.get_context("spawn")
+            queue = ctx.Queue()
+            p = ctx.Process(target=version, args=(queue,))
+            p.start()
+            assert queue.get(timeout=120) == "0.7.2.post1"
+            p.join(60)
+            assert p.exitcode == 0
+    """))
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", os.devnull,
+            str(tmp_path)]
+    done = subprocess.run(base + ["--fake-flashinfer=0.7.2.post1"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    without = subprocess.run(base, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert without.returncode == 1 and "No module named 'flashinfer'" in without.stdout, without.stdout[-3000:]
