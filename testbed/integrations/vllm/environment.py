@@ -130,14 +130,12 @@ def cpu_platform_by_target() -> None:
         platforms._current_platform = None
 
 
-# The generations of vLLM's FlashInfer path the sweeps sample, one release each: 0.31.0 (its
-# one-sided manager drives MoeAlltoAll itself, sequence parallel; 0.29 .. 0.32 alike), 0.33.0
-# (installed: one-sided on moe_ep, two-sided on MnnvlMoe), 0.34.0 (both on moe_ep, the experts
-# writing into FlashInfer's combine-input buffer, PP only under the mp executor, the standalone
-# CPU runner). 0.24 .. 0.28 (MoeAlltoAll, one-sided not sequence parallel, no fp8 dispatch; 0.24
-# and 0.25's finalize combining without output=, 0.24's oracle without Triton mxfp8) are a
-# generation CI leaves to `sweep --all-releases` and `a2a-testbed history`: with it, .ci/run
-# would pass its 15 minutes (891 s without it).
+# The generations of vLLM's FlashInfer path the sweeps sample, one release each: 0.24.0 (0.22 ..
+# 0.25: the prepare/finalize calls MoeAlltoAll's combine itself, without output=; 0.24's oracle
+# without Triton mxfp8), 0.31.0 (its one-sided manager drives MoeAlltoAll itself through
+# combine_into, sequence parallel; 0.26 .. 0.32 alike), 0.33.0 (installed: one-sided on moe_ep,
+# two-sided on MnnvlMoe), 0.34.0 (both on moe_ep, the experts writing into FlashInfer's
+# combine-input buffer, PP only under the mp executor, the standalone CPU runner).
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     LAYER_MODULE, "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
@@ -145,10 +143,10 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
      "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0"), CONSUMER,
     # CI's sample beside the installed 0.33.0 (moe_ep one-sided): 0.18.0 (the MoE layer a module
     # class, the model reducing, the path written for nvfp4: VLLM-009 .. 015), 0.21.0 (the runner
-    # reducing: VLLM-009, 012 .. 014), 0.31.0 (the manager's combine_into, 0.26 .. 0.32) and 0.34.0
-    # (moe_ep both sides). 0.22/0.23 and 0.24/0.25's generation (the prepare/finalize calls combine
-    # itself) do not fit CI's budget; `sweep --all-releases` and `history` run them.
-    sampled=("0.18.0", "0.21.0", "0.31.0", "0.34.0"),
+    # reducing: VLLM-009, 012 .. 014), 0.24.0 (the prepare/finalize calling combine itself, 0.22 ..
+    # 0.25), 0.31.0 (the manager's combine_into, 0.26 .. 0.32) and 0.34.0 (moe_ep both sides);
+    # `sweep --all-releases` and `history` run every release.
+    sampled=("0.18.0", "0.21.0", "0.24.0", "0.31.0", "0.34.0"),
     # The FlashInfer NVLink backends came with 0.18.0 (fused_moe/flashinfer_nvlink_*_prepare_finalize.py).
     # Patch releases are releases of their own: each may pin, or carry, something else.
     history=("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
