@@ -9,7 +9,11 @@ An engine binds its FlashInfer when it is first imported (SGLang's dispatcher se
 :data:`INSTALL_ENV`; its ``sitecustomize`` then installs the fake of that release
 (:func:`fakes.flashinfer.install`) when each interpreter starts, before its main module.
 Without :data:`INSTALL_ENV` the hook does nothing. A ``sitecustomize`` the directory shadows
-(a distribution's own) runs after it, as if it were not there.
+(a distribution's own) runs after it, as if it were not there. With an arena prefix
+(:data:`ARENA_ENV`, from :func:`fakes.arena.scenario_prefix` of the run's owner), every such
+process joins the run's shared-memory arena, so the fake's NVLink memory is mapped by whoever
+started the process; the owner's end (:func:`fakes.arena.unlink_prefix`, or
+:func:`fakes.arena.sweep_orphans` once the owner is gone) removes its segments.
 """
 
 from __future__ import annotations
@@ -20,22 +24,35 @@ from pathlib import Path
 from typing import MutableMapping
 
 INSTALL_ENV = "A2A_FAKE_FLASHINFER_EVERYWHERE"  # the release whose fake every started process installs
+ARENA_ENV = "A2A_FAKE_ARENA_PREFIX"  # the run's segment-name prefix, which every started process joins
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 _installed = None  # this process's install() block, kept open for its life
 
 
-def enable(release: str, environ: MutableMapping[str, str] = os.environ) -> None:
+def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: str | None = None) -> None:
     """Make every Python process started with ``environ`` (this process's own by default)
-    install the fake of ``release`` before anything else.
+    install the fake of ``release`` before anything else, and join the arena of segment-name
+    prefix ``arena`` where one is given.
 
     Raises
     ------
     UnservedRelease
         ``release`` is one no profile serves (a ``ValueError`` naming those served).
+    ValueError
+        ``arena`` is not a prefix :func:`fakes.arena.scenario_prefix` makes.
     """
+    from fakes.arena import PREFIX_ROOT
     from fakes.flashinfer.profiles import resolve
 
     resolve(release)
+    if arena is not None:
+        parts = arena.split("-")
+        if len(parts) < 4 or parts[0] != PREFIX_ROOT or not parts[1].isdigit() or parts[-1] != "":
+            raise ValueError(f"arena: {arena!r} is not a prefix fakes.arena.scenario_prefix(owner_pid, token) "
+                             f"makes ('{PREFIX_ROOT}-<owner pid>-<token>-')")
+        environ[ARENA_ENV] = arena
+    else:
+        environ.pop(ARENA_ENV, None)
     environ[INSTALL_ENV] = release
     paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
     environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR)] + paths)
@@ -44,6 +61,7 @@ def enable(release: str, environ: MutableMapping[str, str] = os.environ) -> None
 def disable(environ: MutableMapping[str, str] = os.environ) -> None:
     """Undo :func:`enable` in ``environ``: processes started from now on are left alone."""
     environ.pop(INSTALL_ENV, None)
+    environ.pop(ARENA_ENV, None)
     paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
     if paths:
         environ["PYTHONPATH"] = os.pathsep.join(paths)
@@ -53,7 +71,7 @@ def disable(environ: MutableMapping[str, str] = os.environ) -> None:
 
 def install_here() -> None:
     """What the start-up hook does where :data:`INSTALL_ENV` names a release: install its fake
-    in this process for good. A release no profile serves ends the process (exit 2) with one
+    in this process for good, and join the run's arena where :data:`ARENA_ENV` names one. A release no profile serves ends the process (exit 2) with one
     line naming the variable: a process must never go on without the fake it was started for."""
     global _installed
     release = os.environ[INSTALL_ENV]
@@ -67,3 +85,7 @@ def install_here() -> None:
         sys.stderr.flush()
         os._exit(2)  # at start-up, before the main module: SystemExit here is a fatal error with a traceback
     _installed = block
+    if os.environ.get(ARENA_ENV):
+        from fakes.arena import ShmArena
+
+        ShmArena(os.environ[ARENA_ENV]).activate()

@@ -17,7 +17,8 @@ from fakes import spawned
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A child started with `spawn` and a grandchild started with `subprocess` each say what their
-# `import flashinfer` is; the script itself as well.
+# `import flashinfer` is, and what they read in the run's arena, where they joined one, from the
+# segment the script itself wrote there first; the script as well.
 REPORT = textwrap.dedent("""
     import json, multiprocessing, subprocess, sys
 
@@ -26,12 +27,19 @@ REPORT = textwrap.dedent("""
             import flashinfer
         except ImportError as e:
             return {"error": type(e).__name__, "fakes": "fakes" in sys.modules}
-        return {"module": flashinfer.__name__, "version": flashinfer.__version__}
+        from fakes.arena import ShmArena
+
+        found = {"module": flashinfer.__name__, "version": flashinfer.__version__}
+        if ShmArena._current is not None:
+            found["arena"] = int(ShmArena.current().attach("written-first").sum())
+        return found
 
     def child(queue):
         queue.put(what())
 
     if __name__ == "__main__":
+        if "fakes.arena" in sys.modules and sys.modules["fakes.arena"].ShmArena._current is not None:
+            sys.modules["fakes.arena"].ShmArena.current().create("written-first", 4).fill_(1)
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
         p = ctx.Process(target=child, args=(queue,))
@@ -58,14 +66,23 @@ def _env(**extra) -> dict:
     return env | extra
 
 
-def test_spawned_every_started_process_imports_the_fake_of_the_release(tmp_path):
+def test_spawned_every_started_process_imports_the_fake_and_joins_the_arena(tmp_path):
+    from fakes.arena import SHM_DIR, scenario_prefix, unlink_prefix
+
     env = _env()
-    spawned.enable("0.6.16", env)
-    done = _run(tmp_path, env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    for who in ("self", "spawned", "subprocess"):
-        assert got[who] == {"module": "fakes.flashinfer", "version": "0.6.16"}, (who, got[who])
+    prefix = scenario_prefix(os.getpid(), f"spawned{os.urandom(4).hex()}")
+    spawned.enable("0.6.16", env, arena=prefix)
+    try:
+        done = _run(tmp_path, env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        for who in ("self", "spawned", "subprocess"):
+            assert got[who] == {"module": "fakes.flashinfer", "version": "0.6.16", "arena": 4}, (who, got[who])
+    finally:
+        left = unlink_prefix(prefix)  # the owner's end of the run
+    assert left == [prefix + "written-first"] and not list(SHM_DIR.glob(prefix + "*"))
+    with pytest.raises(ValueError, match="is not a prefix"):
+        spawned.enable("0.6.16", {}, arena="not-a-prefix")
 
 
 def test_spawned_inert_without_the_run_variable(tmp_path):
