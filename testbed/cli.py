@@ -553,7 +553,7 @@ def _run(args) -> int:
             raise UsageError(f"--{other.name}-source goes with --integration {other.name}")
     engine = _integrations().get(args.integration).engine
     if engine is not None:
-        _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
+        _need_engine(args.integration, getattr(args, f"{args.integration}_source"), args.profile)
     if args.rotate and args.models is None:
         raise UsageError("--rotate goes with --models: it samples the model matrix's other releases")
     if args.models is not None:
@@ -590,11 +590,24 @@ def _run(args) -> int:
     return _judge(_scenarios(args), args)
 
 
-def _need_engine(name: str, source: str | None = None) -> None:
-    """Make the rank pools run engine ``name``, or a usage error saying why they cannot."""
-    why = _integrations().get(name).engine.use(source)
+def _need_engine(name: str, source: str | None = None, profile: str | None = None) -> None:
+    """Make the rank pools run engine ``name``, or a usage error saying why they cannot;
+    ``profile``: the FlashInfer a checkout that pins none runs on."""
+    if profile is not None:
+        from testbed.integrations.engine import CHECKOUT_PIN_ENV
+
+        os.environ[CHECKOUT_PIN_ENV] = profile
+    engine = _integrations().get(name).engine
+    why = engine.use(source)
     if why:
         raise UsageError(why)
+    version, pin = engine.release()
+    if version.startswith("checkout"):  # named by what it says of itself, and the pin it was read to have
+        from testbed.contract.consumer import pinned_flashinfer
+
+        package = engine.package()
+        whose = "its requirement files pin" if pinned_flashinfer(package) else "--profile names"
+        print(f"{engine.label} {version} ({package.origin}): FlashInfer {pin}, the release {whose}", flush=True)
 
 
 def _judge_on(backend: str, args) -> int:

@@ -179,8 +179,12 @@ class PackageSource:
         return (self._root / rel).read_text()
 
     def requires(self) -> list[str]:
-        """The ``Requires-Dist`` lines of its metadata."""
-        return [line.split(":", 1)[1].strip() for line in self._metadata().splitlines()
+        """The ``Requires-Dist`` lines of its metadata; for a checkout, which has none, the
+        requirements its own files list (:func:`checkout_requirements`)."""
+        metadata = self._metadata()
+        if not metadata and self._root is not None:
+            return checkout_requirements(self._root)
+        return [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]
 
     def _metadata(self) -> str:
@@ -207,11 +211,11 @@ def open_package(dist: str, spec: Optional[str]) -> PackageSource:
         return PackageSource(dist, found.version, "installed", _root=Path(found.locate_file("")))
     path = Path(spec)
     if path.is_dir():
-        root = path.parent if path.name == stem else path
-        if not (root / stem).is_dir():
-            raise SourceError(f"{dist}={spec}: no {stem}/ package under this directory")
+        root = package_root(stem, path)
+        if root is None:
+            raise SourceError(f"{dist}={spec}: no {stem}/ package under this directory (nor under its python/)")
         hits = sorted(root.glob(f"{stem}-*.dist-info"))
-        version = hits[0].name[len(stem) + 1:-len(".dist-info")] if hits else "unknown"
+        version = hits[0].name[len(stem) + 1:-len(".dist-info")] if hits else f"checkout {checkout_version(root, stem)}"
         return PackageSource(dist, version, str(root), _root=root)
     if spec.endswith(".whl"):
         if not path.is_file():
@@ -224,6 +228,56 @@ def open_package(dist: str, spec: Optional[str]) -> PackageSource:
     if match is None:
         raise SourceError(f"{path}: not a {dist} wheel")
     return PackageSource(dist, match.group(1), str(path), _zip=zipfile.ZipFile(path))
+
+
+def package_root(stem: str, path: Path) -> Optional[Path]:
+    """The directory that holds package ``stem`` (what goes on ``sys.path``) in ``path``: the
+    package directory's parent, an unpacked wheel or a checkout's root (vLLM's, with ``vllm/``
+    at its top), or a checkout's ``python/`` (SGLang's); None where there is none."""
+    if path.name == stem and (path / "__init__.py").is_file():
+        return path.parent
+    for root in (path, path / "python"):
+        if (root / stem).is_dir():
+            return root
+    return None
+
+
+def checkout_version(root: Path, stem: str) -> str:
+    """What a checkout says of its version: ``git describe`` where it is a git work tree (a
+    tag ``v0.34.0`` as ``0.34.0``, a commit after it as ``0.34.0+g1234abc``), else the version
+    file a build would have left (``<stem>/_version.py``, setuptools-scm's), else ``(version
+    unknown``."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--long", "--always"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        done = None
+    if done is not None and done.returncode == 0 and done.stdout.strip():
+        m = re.fullmatch(r"v?(.+)-(\d+)-g([0-9a-f]+)", done.stdout.strip())
+        if m:
+            return m.group(1) if m.group(2) == "0" else f"{m.group(1)}+g{m.group(3)}"
+        return f"0+g{done.stdout.strip()}"  # no tag: the commit alone
+    f = root / stem / "_version.py"
+    if f.is_file():
+        m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?[\"']([^\"']+)", f.read_text())
+        if m:
+            return m.group(1)
+    return "(version unknown)"
+
+
+def checkout_requirements(root: Path) -> list[str]:
+    """The requirements a checkout's own files list, as ``Requires-Dist`` would give them:
+    ``requirements/*.txt`` (vLLM keeps its FlashInfer pin in ``requirements/cuda.txt``) and the
+    ``pyproject.toml`` at the top or the one above (SGLang's ``python/pyproject.toml``)."""
+    files = sorted(root.glob("requirements/*.txt")) + sorted(root.glob("requirements*.txt"))
+    files += [p for p in (root / "pyproject.toml", root.parent / "pyproject.toml") if p.is_file()]
+    found = []
+    for f in files:
+        for line in f.read_text(errors="replace").splitlines():
+            line = line.split("#", 1)[0].strip().strip(",").strip().strip("\"'")
+            if re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?\s*(==|>=|<=|~=|!=|<|>|;|$)", line) and line:
+                found.append(line)
+    return found
 
 
 def _dir_version(root: Path) -> str:

@@ -42,7 +42,7 @@ class Engine:
     capabilities: tuple[tuple[str, str], ...]
     prepare_environment: Callable[[], None]  # what must hold before the engine is imported
     preload_extra: tuple[str, ...] = ()  # modules beyond the capabilities' that ranks should fork with
-    default_pin: str = "0.7.2"  # the FlashInfer release to imitate where no metadata says (a git checkout)
+    default_pin: str = "0.7.2"  # what the sweeps name a pin of a release that has none
     # Other releases the adapter drives, each from its wheel (``--<name>-source RELEASE``).
     other_releases: tuple[str, ...] = ()
     consumer: "Consumer | None" = None  # its FlashInfer all-to-all path's files (the consumer contract's)
@@ -85,8 +85,10 @@ class Engine:
         return open_package(self.name, source or os.environ.get(self.source_env) or None)
 
     def release(self, source: str | None = None) -> tuple[str, str | None]:
-        """``(version, FlashInfer pin)`` of :meth:`package`, read from its metadata
-        (``unknown``, None without any)."""
+        """``(version, FlashInfer pin)`` of :meth:`package`, read from its metadata, or for a
+        checkout from its own files (``checkout 0.34.0+g1234abc``; a checkout whose files pin
+        none: the release ``A2A_CHECKOUT_PIN`` names, the run's ``--profile``); ``unknown``,
+        None without any."""
         from testbed.contract.consumer import pinned_flashinfer
         from testbed.contract.source import SourceError
 
@@ -94,7 +96,10 @@ class Engine:
             package = self.package(source)
         except SourceError:
             return "unknown", None
-        return package.version, pinned_flashinfer(package)
+        pin = pinned_flashinfer(package)
+        if pin is None and package.version.startswith("checkout"):
+            pin = os.environ.get(CHECKOUT_PIN_ENV) or None
+        return package.version, pin
 
     def version_in_use(self) -> str:
         """The release in use (:meth:`release`), or where there is none the one the adapter is
@@ -104,8 +109,8 @@ class Engine:
 
     def pinned(self, source: str | None = None) -> str:
         """The FlashInfer release this engine (or its release or checkout ``source``) runs on:
-        the one its metadata pins, as pip prints it (``default_pin`` for a checkout without
-        metadata).
+        the one its metadata pins, as pip prints it (a checkout's: the one its requirement
+        files pin, else ``--profile``'s).
 
         A pin PyPI has no wheel of is served by evidence
         (:func:`testbed.contract.serving.evidence`): the profile under which every use this
@@ -121,6 +126,10 @@ class Engine:
         from fakes.flashinfer.profiles import WHEELLESS, UnservedRelease, resolve, serve_by_evidence, unserved_pin
 
         version, pin = self.release(source)
+        if pin is None and version.startswith("checkout"):  # imitating a default would judge other code
+            raise UnservedRelease(
+                f"{self.label} {version} ({self.package(source).origin}) pins no FlashInfer in its requirements/*.txt "
+                f"or pyproject.toml: name the release it runs on with --profile RELEASE")
         try:
             resolve(pin or self.default_pin)
         except UnservedRelease:
@@ -253,10 +262,15 @@ class Engine:
             except SourceError as e:
                 return f"--{self.name}-source {source}: {e}"
         if source:
-            if not os.path.isdir(os.path.join(source, self.name)):
-                return (f"--{self.name}-source: {source} holds no {self.name}/ package (give the checkout's "
-                        f"{self.source_hint})")
-            os.environ[self.source_env] = os.path.abspath(source)
+            from pathlib import Path
+
+            from testbed.contract.source import package_root
+
+            root = package_root(self.name, Path(source).resolve())
+            if root is None:
+                return (f"--{self.name}-source: {source} holds no {self.name}/ package (give a checkout, whose "
+                        f"{self.source_hint} holds {self.name}/, an unpacked wheel or the package directory)")
+            os.environ[self.source_env] = str(root)
         self.prepare_environment()
         if importlib.util.find_spec(self.name) is not None:
             from testbed.cluster import zygote
@@ -299,6 +313,9 @@ class Engine:
                     importlib.import_module(module)
                 except ImportError:
                     continue
+
+
+CHECKOUT_PIN_ENV = "A2A_CHECKOUT_PIN"  # the FlashInfer a checkout that pins none runs on (--profile)
 
 
 def source_first(variable: str) -> str | None:
