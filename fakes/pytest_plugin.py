@@ -38,7 +38,7 @@ def pytest_configure(config):
         except ValueError as e:
             pytest.exit(f"--fake-flashinfer: {e}", returncode=2)
         config._fake_flashinfer_block = block
-        config._fake_flashinfer_environ = {k: os.environ.get(k) for k in (spawned.INSTALL_ENV, "PYTHONPATH")}
+        config._fake_flashinfer_environ = {k: os.environ.get(k) for k in spawned.ENVIRONMENT}
         spawned.enable(version)
 
 

@@ -25,6 +25,7 @@ from typing import MutableMapping
 
 INSTALL_ENV = "A2A_FAKE_FLASHINFER_EVERYWHERE"  # the release whose fake every started process installs
 ARENA_ENV = "A2A_FAKE_ARENA_PREFIX"  # the run's segment-name prefix, which every started process joins
+ENVIRONMENT = (INSTALL_ENV, ARENA_ENV, "PYTHONPATH")  # what enable() and disable() change
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 _installed = None  # this process's install() block, kept open for its life
 
@@ -54,25 +55,30 @@ def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: 
     else:
         environ.pop(ARENA_ENV, None)
     environ[INSTALL_ENV] = release
-    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
-    environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR)] + paths)
+    environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR)] + _other_paths(environ))
 
 
 def disable(environ: MutableMapping[str, str] = os.environ) -> None:
     """Undo :func:`enable` in ``environ``: processes started from now on are left alone."""
     environ.pop(INSTALL_ENV, None)
     environ.pop(ARENA_ENV, None)
-    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
+    paths = _other_paths(environ)
     if paths:
         environ["PYTHONPATH"] = os.pathsep.join(paths)
     else:
         environ.pop("PYTHONPATH", None)
 
 
+def _other_paths(environ: MutableMapping[str, str]) -> list[str]:
+    """``environ``'s ``PYTHONPATH`` entries but :data:`STARTUP_DIR`."""
+    return [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
+
+
 def install_here() -> None:
     """What the start-up hook does where :data:`INSTALL_ENV` names a release: install its fake
-    in this process for good, and join the run's arena where :data:`ARENA_ENV` names one. A release no profile serves ends the process (exit 2) with one
-    line naming the variable: a process must never go on without the fake it was started for."""
+    in this process for good, and join the run's arena where :data:`ARENA_ENV` names one. A
+    release no profile serves ends the process (exit 2) with one line naming the variable: a
+    process must never go on without the fake it was started for."""
     global _installed
     release = os.environ[INSTALL_ENV]
     from fakes.flashinfer import install

@@ -601,13 +601,13 @@ def _need_engine(name: str, source: str | None = None, profile: str | None = Non
     why = engine.use(source)
     if why:
         raise UsageError(why)
-    version, pin = engine.release()
-    if version.startswith("checkout"):  # named by what it says of itself, and the pin it was read to have
+    package = engine.package()
+    if package.checkout:  # named by what it says of itself, and the pin it runs on
         from testbed.contract.consumer import pinned_flashinfer
 
-        package = engine.package()
-        whose = "its requirement files pin" if pinned_flashinfer(package) else "--profile names"
-        print(f"{engine.label} {version} ({package.origin}): FlashInfer {pin}, the release {whose}", flush=True)
+        own = pinned_flashinfer(package)
+        print(f"{engine.label} {package.version} ({package.origin}): FlashInfer {own or profile}, the release "
+              f"{'its requirement files pin' if own else '--profile names'}", flush=True)
 
 
 def _judge_on(backend: str, args) -> int:

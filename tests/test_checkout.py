@@ -52,15 +52,18 @@ def test_checkout_pin_read_where_the_checkout_keeps_it(tmp_path):
 def test_checkout_version_from_git_describe_then_the_version_file(tmp_path):
     root = _tree(tmp_path / "v", VLLM)
     assert checkout_version(root, "vllm") == "(version unknown)"
+    checkout_version.cache_clear()  # asked once per checkout and process; the tree changes here
     (root / "vllm" / "_version.py").write_text("__version__ = version = '0.34.0.dev3'\n")
     assert checkout_version(root, "vllm") == "0.34.0.dev3"
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "one")
     _git(root, "tag", "v0.34.0")
+    checkout_version.cache_clear()
     assert checkout_version(root, "vllm") == "0.34.0"
     (root / "vllm" / "config.py").write_text("x = 2\n")
     _git(root, "commit", "-qam", "two")
+    checkout_version.cache_clear()
     assert checkout_version(root, "vllm") == f"0.34.0+g{_git(root, 'rev-parse', '--short', 'HEAD')}"
     assert open_package("vllm", str(root)).version.startswith("checkout 0.34.0+g")
 

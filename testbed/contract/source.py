@@ -8,6 +8,7 @@ into ``$A2A_TESTBED_CACHE`` (default ``~/.cache/a2a-testbed``) and read from the
 from __future__ import annotations
 
 import compileall
+import functools
 import os
 import re
 import shutil
@@ -181,11 +182,16 @@ class PackageSource:
     def requires(self) -> list[str]:
         """The ``Requires-Dist`` lines of its metadata; for a checkout, which has none, the
         requirements its own files list (:func:`checkout_requirements`)."""
-        metadata = self._metadata()
-        if not metadata and self._root is not None:
+        if self.checkout:
             return checkout_requirements(self._root)
-        return [line.split(":", 1)[1].strip() for line in metadata.splitlines()
+        return [line.split(":", 1)[1].strip() for line in self._metadata().splitlines()
                 if line.startswith("Requires-Dist:")]
+
+    @property
+    def checkout(self) -> bool:
+        """Whether this is a checkout (a directory without the ``.dist-info`` an install or a
+        wheel has): its version and requirements come from its own files."""
+        return self.version.startswith(CHECKOUT)
 
     def _metadata(self) -> str:
         stem = self.name.replace("-", "_")
@@ -215,7 +221,7 @@ def open_package(dist: str, spec: Optional[str]) -> PackageSource:
         if root is None:
             raise SourceError(f"{dist}={spec}: no {stem}/ package under this directory (nor under its python/)")
         hits = sorted(root.glob(f"{stem}-*.dist-info"))
-        version = hits[0].name[len(stem) + 1:-len(".dist-info")] if hits else f"checkout {checkout_version(root, stem)}"
+        version = hits[0].name[len(stem) + 1:-len(".dist-info")] if hits else CHECKOUT + checkout_version(root, stem)
         return PackageSource(dist, version, str(root), _root=root)
     if spec.endswith(".whl"):
         if not path.is_file():
@@ -230,6 +236,9 @@ def open_package(dist: str, spec: Optional[str]) -> PackageSource:
     return PackageSource(dist, match.group(1), str(path), _zip=zipfile.ZipFile(path))
 
 
+CHECKOUT = "checkout "  # what a checkout's version starts with: ``checkout 0.34.0+g1234abc``
+
+
 def package_root(stem: str, path: Path) -> Optional[Path]:
     """The directory that holds package ``stem`` (what goes on ``sys.path``) in ``path``: the
     package directory's parent, an unpacked wheel or a checkout's root (vLLM's, with ``vllm/``
@@ -242,11 +251,12 @@ def package_root(stem: str, path: Path) -> Optional[Path]:
     return None
 
 
+@functools.lru_cache(maxsize=None)  # an engine's release is read many times a run; git is asked once
 def checkout_version(root: Path, stem: str) -> str:
     """What a checkout says of its version: ``git describe`` where it is a git work tree (a
     tag ``v0.34.0`` as ``0.34.0``, a commit after it as ``0.34.0+g1234abc``), else the version
     file a build would have left (``<stem>/_version.py``, setuptools-scm's), else ``(version
-    unknown``."""
+    unknown)``."""
     try:
         done = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--long", "--always"],
                               capture_output=True, text=True, timeout=30)
@@ -257,12 +267,7 @@ def checkout_version(root: Path, stem: str) -> str:
         if m:
             return m.group(1) if m.group(2) == "0" else f"{m.group(1)}+g{m.group(3)}"
         return f"0+g{done.stdout.strip()}"  # no tag: the commit alone
-    f = root / stem / "_version.py"
-    if f.is_file():
-        m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?[\"']([^\"']+)", f.read_text())
-        if m:
-            return m.group(1)
-    return "(version unknown)"
+    return _declared_version(root / stem / "_version.py") or "(version unknown)"
 
 
 def checkout_requirements(root: Path) -> list[str]:
@@ -275,7 +280,7 @@ def checkout_requirements(root: Path) -> list[str]:
     for f in files:
         for line in f.read_text(errors="replace").splitlines():
             line = line.split("#", 1)[0].strip().strip(",").strip().strip("\"'")
-            if re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?\s*(==|>=|<=|~=|!=|<|>|;|$)", line) and line:
+            if re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?\s*(==|>=|<=|~=|!=|<|>|;|$)", line):
                 found.append(line)
     return found
 
@@ -285,9 +290,16 @@ def _dir_version(root: Path) -> str:
     if dist:
         return dist[0].name[len("flashinfer_python-"):-len(".dist-info")]
     for rel in ("_build_meta.py", "version.py", "__init__.py"):
-        f = root / rel
-        if f.is_file():
-            m = re.search(r"__version__\s*=\s*[\"']([^\"']+)", f.read_text())
-            if m:
-                return m.group(1)
+        found = _declared_version(root / rel)
+        if found:
+            return found
     return "unknown"
+
+
+def _declared_version(f: Path) -> Optional[str]:
+    """The string a file assigns to ``__version__`` (setuptools-scm writes ``__version__ =
+    version = '...'``), or None."""
+    if not f.is_file():
+        return None
+    m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?[\"']([^\"']+)", f.read_text())
+    return m.group(1) if m else None

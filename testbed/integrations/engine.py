@@ -97,7 +97,7 @@ class Engine:
         except SourceError:
             return "unknown", None
         pin = pinned_flashinfer(package)
-        if pin is None and package.version.startswith("checkout"):
+        if pin is None and package.checkout:
             pin = os.environ.get(CHECKOUT_PIN_ENV) or None
         return package.version, pin
 
@@ -126,7 +126,7 @@ class Engine:
         from fakes.flashinfer.profiles import WHEELLESS, UnservedRelease, resolve, serve_by_evidence, unserved_pin
 
         version, pin = self.release(source)
-        if pin is None and version.startswith("checkout"):  # imitating a default would judge other code
+        if pin is None and self.package(source).checkout:  # imitating a default would judge other code
             raise UnservedRelease(
                 f"{self.label} {version} ({self.package(source).origin}) pins no FlashInfer in its requirements/*.txt "
                 f"or pyproject.toml: name the release it runs on with --profile RELEASE")
