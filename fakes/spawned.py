@@ -25,27 +25,36 @@ from typing import MutableMapping
 
 INSTALL_ENV = "A2A_FAKE_FLASHINFER_EVERYWHERE"  # the release whose fake every started process installs
 ARENA_ENV = "A2A_FAKE_ARENA_PREFIX"  # the run's segment-name prefix, which every started process joins
-ENVIRONMENT = (INSTALL_ENV, ARENA_ENV, "PYTHONPATH")  # what enable() and disable() change
+DEVICES_ENV = "A2A_FAKE_DEVICES"  # how many stand-in accelerators (fakes.accelerator) every started process has
+ENVIRONMENT = (INSTALL_ENV, ARENA_ENV, DEVICES_ENV, "PYTHONPATH")  # what enable() and disable() change
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 _installed = None  # this process's install() block, kept open for its life
 
 
-def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: str | None = None) -> None:
+def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: str | None = None,
+           devices: int | None = None) -> None:
     """Make every Python process started with ``environ`` (this process's own by default)
-    install the fake of ``release`` before anything else, and join the arena of segment-name
-    prefix ``arena`` where one is given.
+    install the fake of ``release`` before anything else, join the arena of segment-name
+    prefix ``arena`` where one is given, and answer for ``devices`` accelerators where that is
+    given (:func:`fakes.accelerator.install`).
 
     Raises
     ------
     UnservedRelease
         ``release`` is one no profile serves (a ``ValueError`` naming those served).
     ValueError
-        ``arena`` is not a prefix :func:`fakes.arena.scenario_prefix` makes.
+        ``arena`` is not a prefix :func:`fakes.arena.scenario_prefix` makes, or ``devices`` is
+        not a whole number >= 1.
     """
+    from fakes.accelerator import parse_count
     from fakes.arena import PREFIX_ROOT
     from fakes.flashinfer.profiles import resolve
 
     resolve(release)
+    if devices is not None:
+        environ[DEVICES_ENV] = str(parse_count(devices, "devices"))
+    else:
+        environ.pop(DEVICES_ENV, None)
     if arena is not None:
         parts = arena.split("-")
         if len(parts) < 4 or parts[0] != PREFIX_ROOT or not parts[1].isdigit() or parts[-1] != "":
@@ -60,8 +69,8 @@ def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: 
 
 def disable(environ: MutableMapping[str, str] = os.environ) -> None:
     """Undo :func:`enable` in ``environ``: processes started from now on are left alone."""
-    environ.pop(INSTALL_ENV, None)
-    environ.pop(ARENA_ENV, None)
+    for key in (INSTALL_ENV, ARENA_ENV, DEVICES_ENV):
+        environ.pop(key, None)
     paths = _other_paths(environ)
     if paths:
         environ["PYTHONPATH"] = os.pathsep.join(paths)
@@ -76,9 +85,10 @@ def _other_paths(environ: MutableMapping[str, str]) -> list[str]:
 
 def install_here() -> None:
     """What the start-up hook does where :data:`INSTALL_ENV` names a release: install its fake
-    in this process for good, and join the run's arena where :data:`ARENA_ENV` names one. A
-    release no profile serves ends the process (exit 2) with one line naming the variable: a
-    process must never go on without the fake it was started for."""
+    in this process for good, join the run's arena where :data:`ARENA_ENV` names one, and
+    stand in for :data:`DEVICES_ENV` accelerators where it names a count. A release no profile
+    serves, or a count that is none, ends the process (exit 2) with one line naming the
+    variable: a process must never go on without the fake it was started for."""
     global _installed
     release = os.environ[INSTALL_ENV]
     from fakes.flashinfer import install
@@ -86,6 +96,10 @@ def install_here() -> None:
     block = install(release)
     try:
         block.__enter__()
+        if os.environ.get(DEVICES_ENV):
+            from fakes import accelerator
+
+            accelerator.install(accelerator.parse_count(os.environ[DEVICES_ENV]))
     except ValueError as e:
         sys.stderr.write(f"{INSTALL_ENV}={release}: {e} (process {os.getpid()}: {' '.join(sys.argv)})\n")
         sys.stderr.flush()

@@ -166,6 +166,26 @@ def _parser() -> argparse.ArgumentParser:
                                                   "(default: a new file in the temporary folder, printed first)")
     en.add_argument("-v", "--verbose", action="store_true", help="show the engine's and the ranks' output live")
     _source_arguments(en)
+    et = sub.add_parser(
+        "engine-tests", help="the engine's own multi-GPU tests of its FlashInfer all-to-all, run on the CPU",
+        description=(
+            "Runs the engine repository's own tests of its FlashInfer all-to-all (a checkout's, or a release's from "
+            "its source distribution) with pytest --fake-flashinfer=PIN --fake-devices N: the fake in every process "
+            "the tests spawn, N stand-in accelerators. The engine's output goes to a log; one line per test that "
+            "did not pass, the verdict last. Arguments after -- go to pytest."))
+    et.add_argument("--integration", choices=_integrations().names(), default="vllm",
+                    help="whose tests (default: %(default)s)")
+    et.add_argument("--profile", metavar="RELEASE",
+                    help="the fake's FlashInfer release (default: the one the engine's metadata or checkout pins)")
+    et.add_argument("--devices", type=int, default=2, metavar="N", help="stand-in accelerators (default 2)")
+    et.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                    help="for the whole pytest session, after which it and its workers are killed (default 1800)")
+    et.add_argument("--log", metavar="PATH", help="where pytest's and the engine's output goes "
+                                                  "(default: a new file in the temporary folder)")
+    et.add_argument("--junit", metavar="PATH", help="keep pytest's JUnit XML report here")
+    et.add_argument("-v", "--verbose", action="store_true", help="show pytest's output live (no log file)")
+    et.add_argument("pytest_args", nargs="*", metavar="-- PYTEST-ARGS", help="passed to pytest as they are")
+    _source_arguments(et)
     ct = sub.add_parser(
         "contract", help="compare the fake with a real FlashInfer release (CPU only, no CUDA import)",
         description=(
@@ -273,15 +293,38 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
-    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "findings", "sweep", "history"):
+    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "engine-tests", "findings", "sweep", "history"):
         try:
-            return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract,
-                    "engine": _engine, "findings": _findings, "sweep": _sweep, "history": _history}[args.command](args)
+            return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract, "engine": _engine,
+                    "engine-tests": _engine_tests, "findings": _findings, "sweep": _sweep,
+                    "history": _history}[args.command](args)
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
             return 2
     parser.print_help()
     return 2
+
+
+def _engine_tests(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from testbed.harness import engine_tests
+
+    if args.devices < 1:
+        raise UsageError(f"--devices: the number of stand-in accelerators must be >= 1, got {args.devices}")
+    engine = _integrations().get(args.integration).engine
+    try:
+        plan = engine_tests.plan_for(engine, getattr(args, f"{args.integration}_source"), args.profile, args.devices)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    log = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="a2a-engine-tests-", suffix=".log")[1])
+    junit = Path(args.junit) if args.junit else log.with_suffix(".xml")
+    print(f"{plan.engine}: pytest's and the engine's output in {log}" if not args.verbose else plan.engine, flush=True)
+    outcomes, trouble = engine_tests.run(plan, log, junit, args.timeout, tuple(args.pytest_args), live=args.verbose)
+    lines = engine_tests.summary_lines(plan, outcomes, trouble)
+    print("\n".join(lines), flush=True)
+    return 0 if lines[-1].startswith("PASS") else 1
 
 
 class UsageError(ValueError):

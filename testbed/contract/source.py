@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import compileall
 import functools
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +159,75 @@ def _download(version: str, dist: str = PACKAGE) -> Path:
     if proc.returncode != 0 or not hits:
         raise SourceError(f"pip download {dist}=={version} failed: {proc.stderr.strip()[-800:]}")
     return hits[0]
+
+
+SDIST_MEMBERS = ("tests/", "pyproject.toml")  # an engine's own tests, and the pytest settings beside them
+
+
+def release_tests(dist: str, version: str) -> Path:
+    """The ``tests/`` of release ``version`` of ``dist`` with its ``pyproject.toml`` (pytest's
+    settings), from the release's source distribution on the package index (downloaded once,
+    checked against the index's sha256, unpacked once; both cached). Its wheel has no tests:
+    an engine's own tests of a release come from here, never from a copy in the testbed.
+
+    Raises
+    ------
+    SourceError
+        The index has no source distribution of that release, or it could not be fetched.
+    """
+    stem = dist.replace("-", "_")
+    root = _cache() / "tests" / f"{stem}-{version}"
+    if (root / ".complete").is_file():
+        return root
+    sdist = _download_sdist(dist, version)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{stem}-{version}-"))
+    with tarfile.open(sdist) as tf:
+        members = [m for m in tf.getmembers() if m.isfile() and "/" in m.name
+                   and m.name.split("/", 1)[1].startswith(SDIST_MEMBERS)]
+        for member in members:
+            member.name = member.name.split("/", 1)[1]
+            tf.extract(member, partial, filter="data")
+    if not (partial / "tests").is_dir():
+        shutil.rmtree(partial)
+        raise SourceError(f"{sdist.name} holds no tests/: {dist} {version}'s own tests are not in its source distribution")
+    (partial / ".complete").touch()
+    try:
+        partial.rename(root)  # atomic: a process that unpacked it first keeps its copy
+    except OSError:
+        shutil.rmtree(partial)
+    return root
+
+
+def _download_sdist(dist: str, version: str) -> Path:
+    """The source distribution ``dist-version.tar.gz``, from the cache or the package index
+    (``PIP_INDEX_URL``, else PyPI), its sha256 checked. ``pip download`` cannot fetch it
+    without building the package's metadata, which an engine's build cannot do on a CPU."""
+    cache = _cache() / "sdists"
+    name = f"{dist.replace('-', '_')}-{version}.tar.gz"
+    names = {name, f"{dist}-{version}.tar.gz"}
+    for hit in names:
+        if (cache / hit).is_file():
+            return cache / hit
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{index}/{dist}/", timeout=120) as page:
+            html = page.read().decode()
+        link = next((m for m in re.finditer(r'href="([^"#]+/([^/"#]+))#sha256=([0-9a-f]{64})"', html)
+                     if m.group(2) in names), None)
+        if link is None:
+            raise SourceError(f"{index}/{dist}/ lists no source distribution of {dist} {version}")
+        with urllib.request.urlopen(urllib.parse.urljoin(f"{index}/{dist}/", link.group(1)), timeout=900) as got:
+            data = got.read()
+    except OSError as e:
+        raise SourceError(f"fetching {dist} {version}'s source distribution from {index}: {e}") from None
+    if hashlib.sha256(data).hexdigest() != link.group(3):
+        raise SourceError(f"{link.group(2)}: sha256 differs from the index's")
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = cache / f".{link.group(2)}.{os.getpid()}"
+    partial.write_bytes(data)
+    partial.rename(cache / link.group(2))
+    return cache / link.group(2)
 
 
 @dataclass(frozen=True)

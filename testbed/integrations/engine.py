@@ -64,6 +64,9 @@ class Engine:
     # the engine, so that the fork server forks from them instead of importing them again
     # (:mod:`testbed.cluster.zygote`); each one the engine imports anyway.
     dependencies: tuple[str, ...] = ()
+    # The engine repository's own tests of its FlashInfer all-to-all, by path from the repository's
+    # root (``a2a-testbed engine-tests`` runs them on the fake, with stand-in accelerators).
+    own_tests: tuple[str, ...] = ()
 
     @property
     def preload_module(self) -> str:

@@ -161,7 +161,11 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
                   "vllm.distributed.device_communicators.shm_broadcast", "testbed.integrations.vllm.adapter"),
     # What `python -X importtime` of the fork server's preload (0.33.0) spent outside vLLM:
     # torch 3.5 s, transformers 1.2, networkx, openai, sympy 0.3 each, triton, aiohttp, fastapi.
-    dependencies=("torch", "transformers", "networkx", "openai", "sympy", "triton", "aiohttp", "fastapi"))
+    dependencies=("torch", "transformers", "networkx", "openai", "sympy", "triton", "aiohttp", "fastapi"),
+    # The managers' lifecycles, the workspace that grows, both round trips (the seed PRs' tests).
+    # Not tests/kernels/moe/test_flashinfer_moe_ep.py (0.34 on): FlashInfer's MoE-EP megakernel
+    # layer and its configs, which the fake does not stand in for.
+    own_tests=("tests/distributed/test_mnnvl_alltoall.py",))
 
 
 @functools.cache
@@ -268,7 +272,23 @@ class NotACpu:
 
 
 def config_without_triton(ctx) -> None:
-    """vLLM's configs built on this CPU as on a host with Triton.
+    """vLLM's configs built on this CPU as on a host with Triton (:func:`checked_with_triton`),
+    for the scenario of ``ctx``."""
+    from vllm.platforms import cpu
+
+    if "HAS_TRITON" not in vars(importlib.import_module("vllm.triton_utils")):
+        return
+    platform = cpu.CpuPlatform
+    check = platform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        return checked_with_triton(check, cls, vllm_config)
+
+    ctx.add_cleanup(patch.attribute(platform, "check_and_update_config", classmethod(check_and_update_config)))
+
+
+def checked_with_triton(check, cls, vllm_config):
+    """``check(cls, vllm_config)``, vLLM's CPU platform's check of a config, as on a host with Triton.
 
     From 0.34 vLLM's CPU platform refuses an x86 CPU whose Triton has no CPU backend when a
     config is built (``CpuPlatform.check_and_update_config``: "vLLM on x86 CPUs requires
@@ -276,22 +296,14 @@ def config_without_triton(ctx) -> None:
     runs and the engine level replaces (``llm._standalone_cpu_runner``). Where the release reads
     ``vllm.triton_utils.HAS_TRITON`` (a probe, not a version), it answers true inside that check,
     and only there."""
-    from vllm.platforms import cpu
-
     triton_utils = importlib.import_module("vllm.triton_utils")
     if "HAS_TRITON" not in vars(triton_utils):
-        return
-    platform = cpu.CpuPlatform
-    check = platform.check_and_update_config.__func__
-
-    def check_and_update_config(cls, vllm_config):
-        undo = patch.attribute(triton_utils, "HAS_TRITON", True)
-        try:
-            return check(cls, vllm_config)
-        finally:
-            undo()
-
-    ctx.add_cleanup(patch.attribute(platform, "check_and_update_config", classmethod(check_and_update_config)))
+        return check(cls, vllm_config)
+    undo = patch.attribute(triton_utils, "HAS_TRITON", True)
+    try:
+        return check(cls, vllm_config)
+    finally:
+        undo()
 
 
 def destroy_parallel_state() -> None:
