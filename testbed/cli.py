@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="whose code the mutants change: impl (default) or the installed vLLM's or SGLang's, hunted "
                          "by its matrix")
     mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
+    mu.add_argument("--touching", action="append", metavar="FILE",
+                    help="just the mutants of this file of the integration's code, as a checkout or a pull request's "
+                         "diff names it (repeatable; e.g. vllm/distributed/device_communicators/all2all.py)")
     mu.add_argument("--list", action="store_true", help="list the mutants and exit")
     mu.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, metavar="S", help="per-scenario timeout")
     _ray_arguments(mu)
@@ -1033,6 +1036,11 @@ def _mutants(args) -> int:
         if name not in {m.name for m in catalogue}:
             raise UsageError(f"--only: unknown {args.integration} mutant {name!r} (a2a-testbed mutants "
                              f"--integration {args.integration} --list)")
+    if args.touching:
+        names = [m.name for m in catalogue if m.name in names and mutants.touches(m, args.touching)]
+        if not names:
+            print(f"no {args.integration} mutant changes {', '.join(args.touching)}: nothing to hunt", flush=True)
+            return 0
     _positive("--timeout", args.timeout)
     from testbed.harness import report, runner
     from testbed.harness.matrix import on_integration

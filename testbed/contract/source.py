@@ -161,12 +161,13 @@ def _download(version: str, dist: str = PACKAGE) -> Path:
     return hits[0]
 
 
-SDIST_MEMBERS = ("tests/", "pyproject.toml")  # an engine's own tests, and the pytest settings beside them
+# An engine's own tests, the pytest settings beside them, and the requirement files a checkout has.
+SDIST_MEMBERS = ("tests/", "pyproject.toml", "requirements/")
 
 
 def release_tests(dist: str, version: str) -> Path:
     """The ``tests/`` of release ``version`` of ``dist`` with its ``pyproject.toml`` (pytest's
-    settings), from the release's source distribution on the package index (downloaded once,
+    settings) and ``requirements/``, from the release's source distribution on the package index (downloaded once,
     checked against the index's sha256, unpacked once; both cached). Its wheel has no tests:
     an engine's own tests of a release come from here, never from a copy in the testbed.
 

@@ -64,6 +64,18 @@ def not_applicable(m: Mutant) -> tuple[str, str] | None:
     return ("absent", f"{lacks[0]} (its code came later)") if all(lacks) else None
 
 
+def touches(m: Mutant, files: list[str]) -> bool:
+    """Whether mutant ``m`` changes one of ``files`` (paths in a checkout or a pull request's
+    diff: ``vllm/distributed/device_communicators/all2all.py``, ``python/sglang/srt/...``): a
+    module its target may live in is that file, or the package whose ``__init__.py`` it is."""
+    wanted = [f.replace("\\", "/").lstrip("./") for f in files]
+    for module in _target(m)[0]:
+        stem = module.replace(".", "/")
+        if any(f == path or f.endswith("/" + path) for f in wanted for path in (f"{stem}.py", f"{stem}/__init__.py")):
+            return True
+    return False
+
+
 def _target(m: Mutant) -> tuple[list[str], list[str]]:
     """The modules mutant ``m``'s target may live in and the function's paths in them
     (``a|b:F|G``: where a release moved or renamed it; the first the release has)."""
