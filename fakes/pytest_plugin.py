@@ -69,6 +69,7 @@ def pytest_configure(config):
     arena.activate()
     config._fake_flashinfer_arena = arena
     spawned.enable(version, arena=arena.prefix, devices=devices)
+    spawned.stacks_on_signal()
     if devices is not None:
         accelerator.install(devices)
 

@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from fakes.accelerator import parse_count
+from fakes.arena import pid_alive
 from testbed.harness import engine_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,3 +150,38 @@ def test_engine_tests_summary_names_each_failure_groups_skips_and_ends_with_the_
                          "  FAILED tests/a.py::test_torn: RuntimeError: teardown",
                          "  skipped 2 in tests/b.py: [needs a GPU] graphs",
                          "FAIL 1 passed, 2 failed, 2 skipped"]
+
+
+HANGING = textwrap.dedent('''
+    import threading
+
+    import torch.multiprocessing as mp
+
+
+    def _stuck_rank(rank):
+        threading.Event().wait()  # a rank that never returns, as one waiting on a peer that is gone
+
+
+    def test_hangs():
+        ctx = mp.get_context("spawn")
+        workers = [ctx.Process(target=_stuck_rank, args=(rank,)) for rank in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+''')
+
+
+def test_engine_tests_timeout_names_every_stuck_process_and_leaves_none(tmp_path):
+    (tmp_path / "test_hang.py").write_text(HANGING)
+    plan = engine_tests.Plan("an engine", tmp_path, ("test_hang.py",), None, "0.7.2.post1", 2, "here")
+    log = tmp_path / "log.txt"
+    outcomes, trouble = engine_tests.run(plan, log, tmp_path / "r.xml", timeout=25)
+    assert outcomes == [] and trouble.startswith("timed out after 25 s"), trouble
+    stuck = trouble.splitlines()[1:]
+    # pytest's own process (its test joining) and both workers (each in the wait), by their stacks
+    assert sum("test_hang.py" in line and "in test_hangs" in line for line in stuck) == 1, trouble
+    assert sum("test_hang.py" in line and "in _stuck_rank" in line for line in stuck) == 2, trouble
+    assert "Thread 0x" in log.read_text() or "Current thread" in log.read_text()
+    pids = [int(line.split()[1]) for line in stuck]
+    assert not [pid for pid in pids if pid_alive(pid)], "a process of the session outlived it"

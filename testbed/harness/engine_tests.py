@@ -16,6 +16,8 @@ import re
 import signal
 import subprocess
 import sys
+import sysconfig
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass
@@ -72,28 +74,29 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
     """Run ``plan``; the outcomes read from pytest's JUnit report, and why the run itself went
     wrong (a timeout, pytest's own refusal), or None.
 
-    The pytest process leads a session of its own: on a timeout the whole session (its spawned
-    workers too) is killed, and the shared-memory segments of its arena unlinked.
+    The pytest process leads a session of its own. On a timeout every process of the session
+    writes its stacks (:func:`fakes.spawned.stacks_on_signal`) and the report names each with
+    where it waits; then the whole session is killed, and the shared-memory segments of its
+    arena unlinked, also when this command is interrupted.
     """
+    import tempfile
+
     from fakes.arena import scenario_prefix, unlink_prefix
+    from fakes.spawned import STACKS_ENV
 
     junit.unlink(missing_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(command(plan, junit, extra), cwd=plan.root, env=environment(plan),
+    with open(log, "ab") as out, tempfile.TemporaryDirectory(prefix="a2a-stacks-") as stacks:
+        proc = subprocess.Popen(command(plan, junit, extra), cwd=plan.root, env=environment(plan) | {STACKS_ENV: stacks},
                                 stdout=None if live else out, stderr=None if live else subprocess.STDOUT,
                                 start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
             trouble = None
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code, trouble = None, f"timed out after {timeout:.0f} s (the pytest session and its workers killed)"
+            code, trouble = None, f"timed out after {timeout:.0f} s; the session's processes, killed, were at:\n" \
+                + "\n".join(_stuck(proc, Path(stacks), out))
         finally:
-            if proc.poll() is None:  # interrupted: nothing of the session outlives the command
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            _kill_session(proc.pid)
+            _kill_session(proc)
             unlink_prefix(scenario_prefix(proc.pid, "pytest"))
     outcomes = read_junit(junit) if junit.is_file() else []
     if trouble is None and not outcomes:
@@ -103,12 +106,69 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
     return outcomes, trouble
 
 
-def _kill_session(sid: int) -> None:
-    """Kill what is left of session ``sid`` (a worker its test did not join)."""
+# How long the session's processes have to write their stacks once asked: faulthandler writes
+# from its signal handler, at once, whatever the process waits on.
+STACKS_GRACE_S = 3.0
+STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _stuck(proc: subprocess.Popen, stacks: Path, log) -> list[str]:
+    """Ask every process of ``proc``'s session for its stacks, and append them to ``log`` (a
+    binary file); one line per process: who it is and the innermost frame of the thread that
+    was running."""
     try:
-        os.killpg(sid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return ["  (the session ended as it timed out)"]
+    try:
+        proc.wait(timeout=STACKS_GRACE_S)  # a process with no handler ends on SIGUSR1; others are killed next
+    except subprocess.TimeoutExpired:
         pass
+    lines = []
+    for dump in sorted(stacks.glob("stacks-*.txt")):
+        text = dump.read_text(errors="replace")
+        log.write(f"\n--- stacks, on the timeout: {text}".encode())
+        head, _, body = text.partition("\n")
+        # the running thread's frames, innermost first; the first outside Python's own library
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body.split("\n\n")[0])
+        own = [f for f in frames if not f[0].startswith(STDLIB)] or frames
+        where = f"{Path(own[0][0]).name}:{own[0][1]} in {own[0][2]}" if own else "no stack written"
+        lines.append(f"  {head[:160]}: {where}")
+    return lines or ["  (no process of the session wrote its stacks)"]
+
+
+def _kill_session(proc: subprocess.Popen, within: float = 30.0) -> None:
+    """Kill what is left of ``proc``'s session (a worker its test did not join, all of it on a
+    timeout or an interrupt), reap ``proc``, and return once no process of the session runs
+    (or raise after ``within`` seconds naming those that still do)."""
+    from fakes.arena import pid_alive
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        left = [pid for pid in _session(proc.pid) if pid_alive(pid)]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {left} of the pytest session {proc.pid} survive SIGKILL")
+        time.sleep(0.05)  # SIGKILL is delivered; the kernel has yet to end them
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session ``sid``, by ``/proc``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 3 and fields[3] == str(sid):  # the session id, after state, ppid and pgrp
+            found.append(int(stat.parent.name))
+    return found
 
 
 def read_junit(path: Path) -> list[Outcome]:
