@@ -55,6 +55,12 @@ def _source_arguments(parser, repeatable: bool = False) -> None:
                                     else ""))
 
 
+def _output_arguments(parser) -> None:
+    parser.add_argument("--log", metavar="PATH", help="with an engine's integration: where the engine's and the "
+                        "ranks' own output goes (default: a new file in the temporary folder, printed first)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the engine's and the ranks' output live")
+
+
 def _parser() -> argparse.ArgumentParser:
     from testbed.scenario.model import add_arguments
 
@@ -72,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
             "scenario checked against every invariant. With scenario flags: that scenario. "
             "--job selfcheck: the cluster's collectives and groups over each --layout."),
     )
+    _output_arguments(run)
     run.add_argument("--job", choices=("integration", "selfcheck"), default="integration",
                      help="what to check (default: %(default)s)")
     run.add_argument("--layout", action="append", metavar="W,TP,DP,PP",
@@ -97,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="per-scenario watchdog timeout in seconds (default: 30, selfcheck 60, --backend flashinfer 600)")
     _source_arguments(run)
     _ray_arguments(run)
+    run.add_argument("--show-gone", action="store_true",
+                     help="a line per finding whose code the release no longer has (default: one line naming them)")
     run.add_argument("--show-not-run", action="store_true",
                      help="list each scenario not run with its rule (default: one line, a count per rule)")
     run.add_argument("--dry-run", action="store_true",
@@ -122,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="whose code the mutants change: impl (default) or the installed vLLM's or SGLang's, hunted "
                          "by its matrix")
     mu.add_argument("--only", action="append", metavar="NAME", help="just this mutant (repeatable)")
+    _output_arguments(mu)
     mu.add_argument("--touching", action="append", metavar="FILE",
                     help="just the mutants of this file of the integration's code, as a checkout or a pull request's "
                          "diff names it (repeatable; e.g. vllm/distributed/device_communicators/all2all.py)")
@@ -165,9 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     en.add_argument("--mutant", metavar="NAME", help="run against this mutant of the integration's code")
     en.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run watchdog timeout (default 150)")
     en.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
-    en.add_argument("--log", metavar="PATH", help="where the engine's and the ranks' own output goes "
-                                                  "(default: a new file in the temporary folder, printed first)")
-    en.add_argument("-v", "--verbose", action="store_true", help="show the engine's and the ranks' output live")
+    _output_arguments(en)
     _source_arguments(en)
     et = sub.add_parser(
         "engine-tests", help="the engine's own multi-GPU tests of its FlashInfer all-to-all, run on the CPU",
@@ -598,8 +606,18 @@ def _run(args) -> int:
         if getattr(args, f"{other.name}_source") and args.integration != other.name:
             raise UsageError(f"--{other.name}-source goes with --integration {other.name}")
     engine = _integrations().get(args.integration).engine
-    if engine is not None:
-        _need_engine(args.integration, getattr(args, f"{args.integration}_source"), args.profile)
+    if engine is None:
+        return _run_integration(args, engine)
+    with _engine_output(args, engine) as terminal:
+        _need_engine(args.integration, getattr(args, f"{args.integration}_source"), args.profile, out=terminal)
+        with contextlib.redirect_stdout(terminal):
+            return _run_integration(args, engine)
+
+
+def _run_integration(args, engine) -> int:
+    """``run`` on ``args.integration``, its engine (None for impl) in use."""
+    from testbed.scenario.model import scenario_given
+
     if args.rotate and args.models is None:
         raise UsageError("--rotate goes with --models: it samples the model matrix's other releases")
     if args.models is not None:
@@ -636,9 +654,30 @@ def _run(args) -> int:
     return _judge(_scenarios(args), args)
 
 
-def _need_engine(name: str, source: str | None = None, profile: str | None = None) -> None:
+@contextlib.contextmanager
+def _engine_output(args, engine):
+    """For a command driving ``engine``: from here on the engine's output (its imports' warnings,
+    its loggers, its ranks', what its extensions print at exit) goes to a log file whose path is
+    printed first (``--log``; ``-v``: live instead); yields the stream to the terminal for the
+    testbed's own lines. Import the engine inside (``_need_engine``) before sending ``sys.stdout``
+    to the terminal: its loggers then keep the stream that writes to the log."""
+    if args.verbose:
+        yield sys.stdout
+        return
+    import tempfile
+
+    from testbed import console
+
+    log = args.log or tempfile.mkstemp(prefix=f"a2atb-{engine.name}-", suffix=".log")[1]
+    print(f"{engine.label}'s and the ranks' own output: {log} (-v shows it live)", flush=True)
+    with console.engine_output_to(log) as terminal:
+        yield terminal
+
+
+def _need_engine(name: str, source: str | None = None, profile: str | None = None, out=None) -> None:
     """Make the rank pools run engine ``name``, or a usage error saying why they cannot;
-    ``profile``: the FlashInfer a checkout that pins none runs on."""
+    ``profile``: the FlashInfer a checkout that pins none runs on; ``out``: where the line
+    naming a checkout goes (the terminal, where the engine's output goes to a log)."""
     if profile is not None:
         from testbed.integrations.engine import CHECKOUT_PIN_ENV
 
@@ -653,7 +692,7 @@ def _need_engine(name: str, source: str | None = None, profile: str | None = Non
 
         own = pinned_flashinfer(package)
         print(f"{engine.label} {package.version} ({package.origin}): FlashInfer {own or profile}, the release "
-              f"{'its requirement files pin' if own else '--profile names'}", flush=True)
+              f"{'its requirement files pin' if own else '--profile names'}", file=out or sys.stdout, flush=True)
 
 
 def _judge_on(backend: str, args) -> int:
@@ -781,8 +820,13 @@ def _judge(scenarios, args, refused=()) -> int:
     _not_run(refused, getattr(args, "show_not_run", False))
     from testbed.harness.findings import gone_lines
 
-    for line in gone_lines(scenarios):
-        print(line, flush=True)
+    gone = gone_lines(scenarios)
+    if getattr(args, "show_gone", False) or len(gone) < 2:
+        for line in gone:
+            print(line, flush=True)
+    else:
+        print(f"GONE     {len(gone)} findings whose code this release no longer has (--show-gone lists each): "
+              f"{', '.join(line.split()[1].rstrip(':') for line in gone)}", flush=True)
     differ = _reuse_differential(scenarios, ordered, args, timeout_s) if getattr(args, "reuse_differential", False) \
         else None
     _reports(args, ordered, refused, seconds, differ)
@@ -939,9 +983,6 @@ def _fuzz_junit(args, verdicts, started: float) -> None:
 
 
 def _engine(args) -> int:
-    import tempfile
-
-    from testbed import console
     from testbed.harness import engine, report, runner
     from testbed.harness.mutants import catalogue
     from testbed.scenario.engine import EngineScenario, parse_prompts
@@ -991,12 +1032,8 @@ def _engine(args) -> int:
     with contextlib.ExitStack() as stack:
         # From the engine's first import on (its probes here, then the ranks), its output goes
         # to the log; a refusal still reaches the terminal (sys.stderr stays there).
-        terminal = sys.stdout
-        if not args.verbose:
-            log = args.log or tempfile.mkstemp(prefix=f"a2atb-{args.integration}-", suffix=".log")[1]
-            print(f"{integration.engine.label}'s and the ranks' own output: {log} (-v shows it live)", flush=True)
-            terminal = stack.enter_context(console.engine_output_to(log))
-        _need_engine(args.integration, getattr(args, f"{args.integration}_source", None))
+        terminal = stack.enter_context(_engine_output(args, integration.engine))
+        _need_engine(args.integration, getattr(args, f"{args.integration}_source", None), out=terminal)
         try:  # the engine's own pin unless the flag says
             scenarios = [dataclasses.replace(es, profile=args.profile or integration.engine.pinned())
                          for es in scenarios]
@@ -1042,15 +1079,23 @@ def _mutants(args) -> int:
             print(f"no {args.integration} mutant changes {', '.join(args.touching)}: nothing to hunt", flush=True)
             return 0
     _positive("--timeout", args.timeout)
-    from testbed.harness import report, runner
-    from testbed.harness.matrix import on_integration
-
-    engine = _integrations().get(args.integration).engine
-    if engine is not None:
-        _need_engine(args.integration, getattr(args, f"{args.integration}_source"))
     for other in _integrations().engines():
         if getattr(args, f"{other.name}_source") and args.integration != other.name:
             raise UsageError(f"--{other.name}-source goes with --integration {other.name}")
+    engine = _integrations().get(args.integration).engine
+    if engine is None:
+        return _hunt(args, catalogue, names, engine)
+    with _engine_output(args, engine) as terminal:
+        _need_engine(args.integration, getattr(args, f"{args.integration}_source"), out=terminal)
+        with contextlib.redirect_stdout(terminal):
+            return _hunt(args, catalogue, names, engine)
+
+
+def _hunt(args, catalogue, names, engine) -> int:
+    """``mutants`` on ``args.integration``, its engine (None for impl) in use."""
+    from testbed.harness import mutants, report, runner
+    from testbed.harness.matrix import on_integration
+
     # An engine's matrix on the FlashInfer it pins; impl's, each scenario on its own.
     scenarios = on_integration(args.integration, engine.pinned() if engine else None)[0]
     started = time.monotonic()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PROGRAM = textwrap.dedent("""
     import atexit, os, subprocess, sys
     from testbed import console
@@ -34,3 +36,32 @@ def test_console_engine_output_goes_to_the_log_and_the_testbeds_to_the_terminal(
     assert done.stderr.splitlines() == ["a2a-testbed engine: error: refused"]
     assert log.read_text().splitlines() == ["INFO engine log line", "WARNING engine warning", "rank output",
                                             "leak report at exit"]
+
+
+def _one_scenario(*flags: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "testbed", "run", *flags, "--layout", "2,1,2,1", "--stages",
+                           "bf16:16", "--tokens", "5,7"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def _testbeds_lines_only(lines: list[str], label: str) -> None:
+    assert len(lines) <= 8, lines
+    assert lines[0].startswith(f"{label}'s and the ranks' own output: ") and lines[0].endswith("(-v shows it live)")
+    assert all(line.startswith(("PASS ", "GONE ")) for line in lines[1:-1]), lines
+    assert lines[-1].startswith("1 passed, 0 failed in "), lines
+
+
+@pytest.mark.needs("vllm")
+def test_console_one_vllm_scenario_prints_the_testbeds_lines_only():
+    lines = _one_scenario("--integration", "vllm", "--vllm-source", "0.34.0")
+    _testbeds_lines_only(lines, "vLLM")
+    log = lines[0].split(": ", 1)[1].split(" (-v")[0]
+    # vLLM's CPU communicator says it falls back from the FlashInfer manager the testbed put back
+    assert "not supported on CPU" not in open(log).read()
+
+
+@pytest.mark.needs("sglang")
+def test_console_one_sglang_scenario_prints_the_testbeds_lines_only():
+    _testbeds_lines_only(_one_scenario("--integration", "sglang"), "SGLang")

@@ -44,6 +44,7 @@ from testbed.integrations.vllm import kernels
 from testbed.integrations.vllm.environment import (
     BACKENDS,
     config_without_triton,
+    fallback_warning_undone,
     destroy_parallel_state,
     gpu_buffers,
     moe_factory,
@@ -96,6 +97,7 @@ class VllmSession:
         entered = set_current_vllm_config(self.config)
         entered.__enter__()
         ctx.add_cleanup(lambda: entered.__exit__(None, None, None))
+        fallback_warning_undone()  # the FlashInfer manager is put back below
         ps.init_distributed_environment(world_size=launch.world_size, rank=launch.rank, local_rank=launch.rank,
                                         backend="gloo", timeout=ctx.pg_timeout)
         ctx.add_cleanup(destroy_parallel_state)

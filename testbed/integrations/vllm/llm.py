@@ -32,6 +32,7 @@ from testbed.integrations.vllm.adapter import MANAGERS
 from testbed.integrations.vllm.environment import (
     BACKENDS,
     config_without_triton,
+    fallback_warning_undone,
     destroy_parallel_state,
     prepare_environment,
     stub_accelerator,
@@ -130,6 +131,7 @@ def _use_flashinfer_manager(ctx, path: str) -> None:
     backend = BACKENDS[path]
     manager = MANAGERS[backend]
     original = cpu_communicator.CpuCommunicator.__init__
+    fallback_warning_undone()  # the FlashInfer manager is put back in init
 
     def init(self, *a, **k):
         original(self, *a, **k)
