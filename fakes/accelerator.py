@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from fakes.spawned import DEVICES_ENV
+DEVICES_ENV = "A2A_FAKE_DEVICES"  # how many stand-in accelerators every process a run starts has (fakes.spawned)
 
 _CUDA = re.compile(r"cuda(:\d+)?")
 _state = {"count": 0, "index": 0}

@@ -23,9 +23,10 @@ import sys
 from pathlib import Path
 from typing import MutableMapping
 
+from fakes.accelerator import DEVICES_ENV, parse_count
+
 INSTALL_ENV = "A2A_FAKE_FLASHINFER_EVERYWHERE"  # the release whose fake every started process installs
 ARENA_ENV = "A2A_FAKE_ARENA_PREFIX"  # the run's segment-name prefix, which every started process joins
-DEVICES_ENV = "A2A_FAKE_DEVICES"  # how many stand-in accelerators (fakes.accelerator) every started process has
 # Where every started process writes its stacks when it is sent SIGUSR1 (a watchdog's dump).
 STACKS_ENV = "A2A_FAKE_STACKS_DIR"
 ENVIRONMENT = (INSTALL_ENV, ARENA_ENV, DEVICES_ENV, "PYTHONPATH")  # what enable() and disable() change
@@ -49,7 +50,6 @@ def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: 
         ``arena`` is not a prefix :func:`fakes.arena.scenario_prefix` makes, or ``devices`` is
         not a whole number >= 1.
     """
-    from fakes.accelerator import parse_count
     from fakes.arena import PREFIX_ROOT
     from fakes.flashinfer.profiles import resolve
 
@@ -102,7 +102,7 @@ def install_here() -> None:
         if os.environ.get(DEVICES_ENV):
             from fakes import accelerator
 
-            accelerator.install(accelerator.parse_count(os.environ[DEVICES_ENV]))
+            accelerator.install(parse_count(os.environ[DEVICES_ENV]))
     except ValueError as e:
         sys.stderr.write(f"{INSTALL_ENV}={release}: {e} (process {os.getpid()}: {' '.join(sys.argv)})\n")
         sys.stderr.flush()

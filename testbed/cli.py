@@ -608,10 +608,8 @@ def _run(args) -> int:
     engine = _integrations().get(args.integration).engine
     if engine is None:
         return _run_integration(args, engine)
-    with _engine_output(args, engine) as terminal:
-        _need_engine(args.integration, getattr(args, f"{args.integration}_source"), args.profile, out=terminal)
-        with contextlib.redirect_stdout(terminal):
-            return _run_integration(args, engine)
+    with _engine_in_use(args, args.integration, getattr(args, f"{args.integration}_source"), args.profile):
+        return _run_integration(args, engine)
 
 
 def _run_integration(args, engine) -> int:
@@ -655,29 +653,38 @@ def _run_integration(args, engine) -> int:
 
 
 @contextlib.contextmanager
-def _engine_output(args, engine):
-    """For a command driving ``engine``: from here on the engine's output (its imports' warnings,
-    its loggers, its ranks', what its extensions print at exit) goes to a log file whose path is
-    printed first (``--log``; ``-v``: live instead); yields the stream to the terminal for the
-    testbed's own lines. Import the engine inside (``_need_engine``) before sending ``sys.stdout``
-    to the terminal: its loggers then keep the stream that writes to the log."""
+def _engine_in_use(args, name: str, source: str | None, profile: str | None = None):
+    """For a command driving engine ``name`` (its release or checkout ``source``): make the rank
+    pools run it (:func:`_need_engine`), its output (its imports' warnings, its loggers, its
+    ranks', what its extensions print at exit) going from the start to a log file (``--log``;
+    ``-v``: live instead), whose path is printed once the engine is taken; a refusal is the
+    only line. Inside, ``sys.stdout`` is the terminal, for the testbed's own lines (the
+    engine's loggers, made on its import, keep the stream that writes to the log); yields it."""
     if args.verbose:
+        checkout = _need_engine(name, source, profile)
+        if checkout:
+            print(checkout, flush=True)
         yield sys.stdout
         return
     import tempfile
 
     from testbed import console
 
-    log = args.log or tempfile.mkstemp(prefix=f"a2atb-{engine.name}-", suffix=".log")[1]
-    print(f"{engine.label}'s and the ranks' own output: {log} (-v shows it live)", flush=True)
+    label = _integrations().get(name).engine.label
+    log = args.log or tempfile.mkstemp(prefix=f"a2atb-{name}-", suffix=".log")[1]
     with console.engine_output_to(log) as terminal:
-        yield terminal
+        checkout = _need_engine(name, source, profile)
+        print(f"{label}'s and the ranks' own output: {log} (-v shows it live)", file=terminal, flush=True)
+        if checkout:
+            print(checkout, file=terminal, flush=True)
+        with contextlib.redirect_stdout(terminal):
+            yield terminal
 
 
-def _need_engine(name: str, source: str | None = None, profile: str | None = None, out=None) -> None:
+def _need_engine(name: str, source: str | None = None, profile: str | None = None) -> str | None:
     """Make the rank pools run engine ``name``, or a usage error saying why they cannot;
-    ``profile``: the FlashInfer a checkout that pins none runs on; ``out``: where the line
-    naming a checkout goes (the terminal, where the engine's output goes to a log)."""
+    ``profile``: the FlashInfer a checkout that pins none runs on. Returns, for a checkout,
+    the line naming it and the pin it runs on (for the caller to print), else None."""
     if profile is not None:
         from testbed.integrations.engine import CHECKOUT_PIN_ENV
 
@@ -687,12 +694,13 @@ def _need_engine(name: str, source: str | None = None, profile: str | None = Non
     if why:
         raise UsageError(why)
     package = engine.package()
-    if package.checkout:  # named by what it says of itself, and the pin it runs on
-        from testbed.contract.consumer import pinned_flashinfer
+    if not package.checkout:
+        return None
+    from testbed.contract.consumer import pinned_flashinfer
 
-        own = pinned_flashinfer(package)
-        print(f"{engine.label} {package.version} ({package.origin}): FlashInfer {own or profile}, the release "
-              f"{'its requirement files pin' if own else '--profile names'}", file=out or sys.stdout, flush=True)
+    own = pinned_flashinfer(package)  # named by what it says of itself, and the pin it runs on
+    return (f"{engine.label} {package.version} ({package.origin}): FlashInfer {own or profile}, the release "
+            f"{'its requirement files pin' if own else '--profile names'}")
 
 
 def _judge_on(backend: str, args) -> int:
@@ -1032,8 +1040,8 @@ def _engine(args) -> int:
     with contextlib.ExitStack() as stack:
         # From the engine's first import on (its probes here, then the ranks), its output goes
         # to the log; a refusal still reaches the terminal (sys.stderr stays there).
-        terminal = stack.enter_context(_engine_output(args, integration.engine))
-        _need_engine(args.integration, getattr(args, f"{args.integration}_source", None), out=terminal)
+        terminal = stack.enter_context(_engine_in_use(args, args.integration,
+                                                      getattr(args, f"{args.integration}_source", None)))
         try:  # the engine's own pin unless the flag says
             scenarios = [dataclasses.replace(es, profile=args.profile or integration.engine.pinned())
                          for es in scenarios]
@@ -1085,10 +1093,8 @@ def _mutants(args) -> int:
     engine = _integrations().get(args.integration).engine
     if engine is None:
         return _hunt(args, catalogue, names, engine)
-    with _engine_output(args, engine) as terminal:
-        _need_engine(args.integration, getattr(args, f"{args.integration}_source"), out=terminal)
-        with contextlib.redirect_stdout(terminal):
-            return _hunt(args, catalogue, names, engine)
+    with _engine_in_use(args, args.integration, getattr(args, f"{args.integration}_source")):
+        return _hunt(args, catalogue, names, engine)
 
 
 def _hunt(args, catalogue, names, engine) -> int:

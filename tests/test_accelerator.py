@@ -144,12 +144,19 @@ def test_engine_tests_summary_names_each_failure_groups_skips_and_ends_with_the_
         '<testcase file="tests/b.py" name="test_g[2]"><skipped message="[needs a GPU] graphs"/></testcase>'
         '</testsuite></testsuites>')
     outcomes = engine_tests.read_junit(junit)
-    plan = engine_tests.Plan("vLLM 9.9.9", tmp_path, ("tests/a.py", "tests/b.py"), None, "0.7.2.post1", 2, "here")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "a.py").write_text("def test_gpu_only(world_size):\n    pass\n")
+    off_cpu = (("tests/a.py::test_gpu_only", "a device index"), ("tests/a.py::test_not_in_this_release", "x"))
+    plan = engine_tests.Plan("vLLM 9.9.9", tmp_path, ("tests/a.py", "tests/b.py"), None, "0.7.2.post1", 2, "here",
+                             off_cpu)
     lines = engine_tests.summary_lines(plan, outcomes, None)
     assert lines[1:] == ["  FAILED tests/a.py::test_bad: AssertionError: rows differ",
                          "  FAILED tests/a.py::test_torn: RuntimeError: teardown",
+                         "  not run on the CPU: tests/a.py::test_gpu_only: needs a device index",
                          "  skipped 2 in tests/b.py: [needs a GPU] graphs",
                          "FAIL 1 passed, 2 failed, 2 skipped"]
+    command = engine_tests.command(plan, tmp_path / "r.xml")
+    assert command[command.index("--deselect") + 1] == "tests/a.py::test_gpu_only"
 
 
 HANGING = textwrap.dedent('''

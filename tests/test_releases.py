@@ -108,9 +108,13 @@ def test_releases_served_release_is_named_in_reports():
         assert fi.__version__ == "0.6.16.post3" and profiles.active().name == "0.6.16"
 
 
-def test_releases_profile_option_takes_pip_version_strings(capsys):
-    proc = _here(capsys, "run", "--profile", "0.6.16.post3", "--layout", "2,1,2,1", "--stages", "bf16:8",
-                 "--tokens", "3,2")
+def test_releases_profile_option_takes_pip_version_strings():
+    # In a process of its own: a run here would start this test process's fork server (one per
+    # process, its preload fixed at its start) without the engines the session's pool preloads,
+    # and engine tests later in this process would import their engine in ranks shared across
+    # profiles.
+    proc = _run(sys.executable, "-m", "testbed", "run", "--profile", "0.6.16.post3", "--layout", "2,1,2,1",
+                "--stages", "bf16:8", "--tokens", "3,2")
     assert proc.returncode == 0 and "0.6.16.post3 (served by 0.6.16)" in proc.stdout, proc.stdout + proc.stderr
 
 

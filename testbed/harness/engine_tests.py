@@ -51,13 +51,14 @@ class Plan:
     pin: str
     devices: int
     origin: str  # where the tests come from, in words
+    off_cpu: tuple[tuple[str, str], ...] = ()  # (node id, what it needs): deselected, listed as not run
 
 
 def command(plan: Plan, junit: Path, extra: tuple[str, ...] = ()) -> list[str]:
     """The pytest command line of ``plan``, run from ``plan.root``."""
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--fake-flashinfer={plan.pin}",
             f"--fake-devices={plan.devices}", f"--junitxml={junit}", "-o", "junit_family=xunit1", "-rA",
-            *plan.tests, *extra]
+            *[a for test, _ in plan.off_cpu for a in ("--deselect", test)], *plan.tests, *extra]
 
 
 def environment(plan: Plan) -> dict:
@@ -201,11 +202,18 @@ def _why(element) -> str:
     return text.splitlines()[0] if text else element.tag
 
 
+def _has(root: Path, test: str) -> bool:
+    """Whether the file of node id ``test`` under ``root`` defines its test function."""
+    path, _, name = test.partition("::")
+    return (root / path).is_file() and f"def {name}(" in (root / path).read_text(errors="replace")
+
+
 def summary_lines(plan: Plan, outcomes: list[Outcome], trouble: str | None) -> list[str]:
     """What a person reads: the run, each failure, the skips grouped by reason, the verdict last."""
     lines = [f"{plan.engine}: its own tests of the FlashInfer all-to-all ({', '.join(plan.tests)}; {plan.origin}), "
              f"on the fake of FlashInfer {plan.pin} with {plan.devices} stand-in accelerators"]
     lines += [f"  FAILED {o.test}: {o.why}" for o in outcomes if o.outcome == "failed"]
+    lines += [f"  not run on the CPU: {test}: needs {need}" for test, need in plan.off_cpu if _has(plan.root, test)]
     skips = Counter((o.test.split("::")[0], o.why) for o in outcomes if o.outcome == "skipped")
     lines += [f"  skipped {n} in {where}: {why}" for (where, why), n in skips.items()]
     counts = Counter(o.outcome for o in outcomes)
@@ -257,4 +265,5 @@ def plan_for(engine, source: str | None, profile: str | None, devices: int) -> P
         raise ValueError(f"{flag} {source or installed}: {root} has no {', '.join(missing)}")
     pin = profile or engine.pinned(None if source in (None, installed) else source)
     resolve(pin, "--profile" if profile else f"{engine.label} {version}'s FlashInfer pin")
-    return Plan(f"{engine.label} {version}", root, engine.own_tests, code, pin, devices, origin)
+    return Plan(f"{engine.label} {version}", root, engine.own_tests, code, pin, devices, origin,
+                engine.own_tests_off_cpu)

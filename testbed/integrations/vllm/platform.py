@@ -2,7 +2,7 @@
 
 Registered as a vLLM platform plugin (entry point group ``vllm.platform_plugins``, which vLLM
 consults in every process it or a test starts): it answers only where the process has the
-accelerator stand-in (:data:`fakes.spawned.DEVICES_ENV`, set by ``pytest --fake-devices`` and
+accelerator stand-in (:data:`fakes.accelerator.DEVICES_ENV`, set by ``pytest --fake-devices`` and
 ``a2a-testbed engine-tests``), and elsewhere leaves vLLM to pick its platform as ever. vLLM
 uses a plugin's platform where none of its own applies; ``VLLM_TARGET_DEVICE=cpu`` makes the
 CPU's its own choice (0.34 on), so the stand-in is used without that variable.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 
-from fakes.spawned import DEVICES_ENV
+from fakes.accelerator import DEVICES_ENV
 
 
 def plugin() -> str | None:
