@@ -50,7 +50,7 @@ def pytest_configure(config):
         pytest.exit(str(e), returncode=2)
     if not version:
         return
-    from fakes import accelerator, spawned
+    from fakes import accelerator, spawned, stacks
     from fakes.arena import ShmArena, scenario_prefix
 
     if devices is not None:
@@ -69,7 +69,7 @@ def pytest_configure(config):
     arena.activate()
     config._fake_flashinfer_arena = arena
     spawned.enable(version, arena=arena.prefix, devices=devices)
-    spawned.stacks_on_signal()
+    stacks.on_signal()
     if devices is not None:
         accelerator.install(devices)
 

@@ -27,12 +27,9 @@ from fakes.accelerator import DEVICES_ENV, parse_count
 
 INSTALL_ENV = "A2A_FAKE_FLASHINFER_EVERYWHERE"  # the release whose fake every started process installs
 ARENA_ENV = "A2A_FAKE_ARENA_PREFIX"  # the run's segment-name prefix, which every started process joins
-# Where every started process writes its stacks when it is sent SIGUSR1 (a watchdog's dump).
-STACKS_ENV = "A2A_FAKE_STACKS_DIR"
 ENVIRONMENT = (INSTALL_ENV, ARENA_ENV, DEVICES_ENV, "PYTHONPATH")  # what enable() and disable() change
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 _installed = None  # this process's install() block, kept open for its life
-_stacks = None  # the file this process's stacks go to on SIGUSR1, kept open for its life
 
 
 def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: str | None = None,
@@ -108,26 +105,8 @@ def install_here() -> None:
         sys.stderr.flush()
         os._exit(2)  # at start-up, before the main module: SystemExit here is a fatal error with a traceback
     _installed = block
-    stacks_on_signal()
     if os.environ.get(ARENA_ENV):
         from fakes.arena import ShmArena
 
         ShmArena(os.environ[ARENA_ENV]).activate()
 
-
-def stacks_on_signal() -> None:
-    """Where :data:`STACKS_ENV` names a directory: on SIGUSR1 this process writes every
-    thread's stack to ``stacks-<pid>.txt`` there, under a first line naming the process
-    (``faulthandler``'s, which runs even while the process waits inside C code: a gloo wait, a
-    futex). A watchdog over processes it did not start sends it before killing them."""
-    global _stacks
-    where = os.environ.get(STACKS_ENV)
-    if not where or _stacks is not None:
-        return
-    import faulthandler
-    import signal
-
-    _stacks = open(os.path.join(where, f"stacks-{os.getpid()}.txt"), "w")
-    _stacks.write(f"process {os.getpid()} (parent {os.getppid()}): {' '.join(sys.argv) or sys.executable}\n")
-    _stacks.flush()
-    faulthandler.register(signal.SIGUSR1, file=_stacks, all_threads=True, chain=False)

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from fakes.accelerator import parse_count
-from fakes.arena import pid_alive
+from fakes.arena import pid_alive, scenario_prefix
 from testbed.harness import engine_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,21 +93,23 @@ def _pytest(tmp_path, *options):
     env = {k: v for k, v in os.environ.items() if not k.startswith("A2A_FAKE")}
     env["PYTHONPATH"] = ROOT
     junit = tmp_path / "report.xml"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           f"--junitxml={junit}", *options, "test_engine_alltoall.py"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             f"--junitxml={junit}", *options, "test_engine_alltoall.py"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=300)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done.pid = proc.pid  # the session's arena is named by it
     return done, {o.test.split("::")[1]: o for o in engine_tests.read_junit(junit)}
 
 
 def test_accelerator_engine_test_runs_on_stand_in_devices(tmp_path):
-    before = set(os.listdir("/dev/shm"))
     done, outcomes = _pytest(tmp_path, "--fake-flashinfer=0.7.2.post1", "--fake-devices", "2")
     assert outcomes["test_nvlink_memory_between_spawned_ranks"].outcome == "passed", done.stdout[-4000:]
     graph = outcomes["test_graph_capture"]
     assert (graph.outcome, graph.why.split(":")[0]) == ("skipped", "[needs a GPU] CUDA graph capture and replay "
                                                                    "(torch.cuda.CUDAGraph)"), graph
     assert "2 CPU stand-ins" in done.stdout
-    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("a2atb-")}
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(scenario_prefix(done.pid, "pytest"))]
 
 
 def test_accelerator_without_stand_in_the_engine_skips_as_on_a_cpu(tmp_path):

@@ -1,6 +1,7 @@
 """The start-up hook of the processes a testbed run starts (:mod:`fakes.spawned`): where
 ``A2A_FAKE_FLASHINFER_EVERYWHERE`` names a FlashInfer release, its fake is installed before
-the process imports anything else; without it, nothing. Then the ``sitecustomize`` this
+the process imports anything else (first, where ``A2A_FAKE_STACKS_DIR`` names a directory, its
+stacks on SIGUSR1: :mod:`fakes.stacks`); without it, nothing. Then the ``sitecustomize`` this
 directory shadows, if any, runs as it would have."""
 
 import importlib.machinery
@@ -21,6 +22,9 @@ def _shadowed() -> None:
 
 if os.environ.get("A2A_FAKE_FLASHINFER_EVERYWHERE"):
     try:
+        from fakes.stacks import on_signal  # first: a watchdog may ask for stacks while the rest imports
+
+        on_signal()
         from fakes.spawned import install_here
     except ImportError as e:  # the testbed is not importable from this interpreter
         sys.stderr.write(f"A2A_FAKE_FLASHINFER_EVERYWHERE is set, but this Python ({sys.executable}) cannot "

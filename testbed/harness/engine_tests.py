@@ -76,14 +76,14 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
     wrong (a timeout, pytest's own refusal), or None.
 
     The pytest process leads a session of its own. On a timeout every process of the session
-    writes its stacks (:func:`fakes.spawned.stacks_on_signal`) and the report names each with
+    writes its stacks (:func:`fakes.stacks.on_signal`) and the report names each with
     where it waits; then the whole session is killed, and the shared-memory segments of its
     arena unlinked, also when this command is interrupted.
     """
     import tempfile
 
     from fakes.arena import scenario_prefix, unlink_prefix
-    from fakes.spawned import STACKS_ENV
+    from fakes.stacks import STACKS_ENV
 
     junit.unlink(missing_ok=True)
     with open(log, "ab") as out, tempfile.TemporaryDirectory(prefix="a2a-stacks-") as stacks:
