@@ -69,7 +69,10 @@ def test_serving_never_for_a_release_with_a_wheel(tmp_path):
 
 
 def test_serving_is_named_everywhere_and_inherited(monkeypatch):
-    monkeypatch.delenv(profiles.EVIDENCE_ENV, raising=False)
+    # set, then emptied: the teardown then removes what serve_by_evidence writes below (a delenv of
+    # an absent variable records nothing to undo, and the evidence would serve 0.7.3 to every
+    # later test of this process)
+    monkeypatch.setenv(profiles.EVIDENCE_ENV, "")
     with pytest.raises(UnservedRelease):
         profiles.resolve("0.7.3")
     profiles.serve_by_evidence(Evidence("0.7.3", "0.7.4", 78, "vLLM 0.34.0"))
