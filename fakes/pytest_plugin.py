@@ -96,7 +96,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _asks_ptrace(mark) -> bool:
-    reason = mark.kwargs.get("reason", mark.args[1] if len(mark.args) > 1 else "")
+    # skipif(condition, reason=...); skip(reason) or skip(reason=...)
+    reason = mark.kwargs.get("reason", mark.args[0] if mark.name == "skip" and mark.args else "")
     return mark.name in ("skipif", "skip") and PTRACE in str(reason)
 
 

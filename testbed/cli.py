@@ -57,7 +57,8 @@ def _source_arguments(parser, repeatable: bool = False) -> None:
 
 def _output_arguments(parser) -> None:
     parser.add_argument("--log", metavar="PATH", help="with an engine's integration: where the engine's and the "
-                        "ranks' own output goes (default: a new file in the temporary folder, printed first)")
+                        "ranks' (or its tests') own output goes (default: a new file in the temporary folder, "
+                        "printed first)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the engine's and the ranks' output live")
 
 
@@ -191,10 +192,8 @@ def _parser() -> argparse.ArgumentParser:
     et.add_argument("--devices", type=int, default=2, metavar="N", help="stand-in accelerators (default 2)")
     et.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                     help="for the whole pytest session, after which it and its workers are killed (default 1800)")
-    et.add_argument("--log", metavar="PATH", help="where pytest's and the engine's output goes "
-                                                  "(default: a new file in the temporary folder)")
-    et.add_argument("--junit", metavar="PATH", help="keep pytest's JUnit XML report here")
-    et.add_argument("-v", "--verbose", action="store_true", help="show pytest's output live (no log file)")
+    et.add_argument("--junit-xml", metavar="PATH", help="keep pytest's JUnit XML report here")
+    _output_arguments(et)
     et.add_argument("pytest_args", nargs="*", metavar="-- PYTEST-ARGS", help="passed to pytest as they are")
     _source_arguments(et)
     ct = sub.add_parser(
@@ -330,8 +329,9 @@ def _engine_tests(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     log = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="a2a-engine-tests-", suffix=".log")[1])
-    junit = Path(args.junit) if args.junit else log.with_suffix(".xml")
-    print(f"{plan.engine}: pytest's and the engine's output in {log}" if not args.verbose else plan.engine, flush=True)
+    junit = Path(args.junit_xml) if args.junit_xml else log.with_suffix(".xml")
+    print(f"{plan.engine}: pytest's and the engine's output: {log} (-v shows it live)" if not args.verbose
+          else plan.engine, flush=True)
     outcomes, trouble = engine_tests.run(plan, log, junit, args.timeout, tuple(args.pytest_args), live=args.verbose)
     lines = engine_tests.summary_lines(plan, outcomes, trouble)
     print("\n".join(lines), flush=True)

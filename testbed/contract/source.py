@@ -120,23 +120,36 @@ def unpacked(dist: str, version: str) -> Path:
     once, both cached): its Python, data and ``.dist-info``, without compiled extensions (the
     testbed imports an engine's Python on CPU, never its kernels). What an engine's
     ``--<engine>-source`` takes for a release number."""
+    def fill(partial: Path, root: Path) -> None:
+        with zipfile.ZipFile(_download(version, dist)) as zf:
+            for name in zf.namelist():
+                if not re.search(r"\.so(\.[\d.]+)?$|\.pyd$", name):
+                    zf.extract(name, partial)
+        # Its bytecode now, in parallel: where PYTHONDONTWRITEBYTECODE is set, every process that
+        # imports the release would otherwise compile it from source again.
+        compileall.compile_dir(str(partial), ddir=str(root), quiet=2, workers=0)
+
+    return _made_once("unpacked", dist, version, fill)
+
+
+def _made_once(kind: str, dist: str, version: str, fill) -> Path:
+    """``<cache>/<kind>/<dist>-<version>``, made once: ``fill(partial, root)`` writes it into a
+    fresh directory ``partial`` beside ``root`` (raising leaves nothing behind), which is then renamed into place, so
+    processes making it at once never see half of it and the first one's copy stays."""
     stem = dist.replace("-", "_")
-    root = _cache() / "unpacked" / f"{stem}-{version}"
+    root = _cache() / kind / f"{stem}-{version}"
     if (root / ".complete").is_file():
         return root
-    wheel = _download(version, dist)
     root.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{stem}-{version}-"))
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            if not re.search(r"\.so(\.[\d.]+)?$|\.pyd$", name):
-                zf.extract(name, partial)
-    # Its bytecode now, in parallel: where PYTHONDONTWRITEBYTECODE is set, every process that
-    # imports the release would otherwise compile it from source again.
-    compileall.compile_dir(str(partial), ddir=str(root), quiet=2, workers=0)
+    try:
+        fill(partial, root)
+    except BaseException:
+        shutil.rmtree(partial)
+        raise
     (partial / ".complete").touch()
     try:
-        partial.rename(root)  # atomic: a process that unpacked it first keeps its copy
+        partial.rename(root)  # atomic: a process that made it first keeps its copy
     except OSError:
         shutil.rmtree(partial)
     return root
@@ -176,28 +189,18 @@ def release_tests(dist: str, version: str) -> Path:
     SourceError
         The index has no source distribution of that release, or it could not be fetched.
     """
-    stem = dist.replace("-", "_")
-    root = _cache() / "tests" / f"{stem}-{version}"
-    if (root / ".complete").is_file():
-        return root
-    sdist = _download_sdist(dist, version)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{stem}-{version}-"))
-    with tarfile.open(sdist) as tf:
-        members = [m for m in tf.getmembers() if m.isfile() and "/" in m.name
-                   and m.name.split("/", 1)[1].startswith(SDIST_MEMBERS)]
-        for member in members:
-            member.name = member.name.split("/", 1)[1]
-            tf.extract(member, partial, filter="data")
-    if not (partial / "tests").is_dir():
-        shutil.rmtree(partial)
-        raise SourceError(f"{sdist.name} holds no tests/: {dist} {version}'s own tests are not in its source distribution")
-    (partial / ".complete").touch()
-    try:
-        partial.rename(root)  # atomic: a process that unpacked it first keeps its copy
-    except OSError:
-        shutil.rmtree(partial)
-    return root
+    def fill(partial: Path, root: Path) -> None:
+        sdist = _download_sdist(dist, version)
+        with tarfile.open(sdist) as tf:
+            for member in tf.getmembers():
+                if member.isfile() and "/" in member.name and member.name.split("/", 1)[1].startswith(SDIST_MEMBERS):
+                    member.name = member.name.split("/", 1)[1]
+                    tf.extract(member, partial, filter="data")
+        if not (partial / "tests").is_dir():
+            raise SourceError(f"{sdist.name} holds no tests/: {dist} {version}'s own tests are not in its source "
+                              "distribution")
+
+    return _made_once("tests", dist, version, fill)
 
 
 def _download_sdist(dist: str, version: str) -> Path:
