@@ -196,6 +196,8 @@ def _parser() -> argparse.ArgumentParser:
     _output_arguments(et)
     et.add_argument("pytest_args", nargs="*", metavar="-- PYTEST-ARGS", help="passed to pytest as they are")
     _source_arguments(et)
+    for name in _commands():
+        _command(name).add_parser(sub, lambda p: (_output_arguments(p), _source_arguments(p)))
     ct = sub.add_parser(
         "contract", help="compare the fake with a real FlashInfer release (CPU only, no CUDA import)",
         description=(
@@ -303,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"a2a-testbed {__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})")
         return 0
+    if args.command in _commands():
+        try:
+            return _command(args.command).main(args, UsageError)
+        except UsageError as e:
+            print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
+            return 2
     if args.command in ("run", "fuzz", "mutants", "contract", "engine", "engine-tests", "findings", "sweep", "history"):
         try:
             return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract, "engine": _engine,
@@ -313,6 +321,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     parser.print_help()
     return 2
+
+
+def _commands() -> tuple[str, ...]:
+    from testbed.commands import COMMANDS
+
+    return COMMANDS
+
+
+def _command(name: str):
+    import importlib
+
+    return importlib.import_module(f"testbed.commands.{name}")
 
 
 def _engine_tests(args) -> int:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import xml.etree.ElementTree as ET
 
 import pytest
 

@@ -72,7 +72,7 @@ def test_engine_steps_the_model_would_change_fail():
     results = [{"prepares": [(0, 5, (5, 1)), (0, 3, (3, 0))], "generate_from": 0},
                {"prepares": [(0, 1, (5, 1)), (0, 0, (3, 0))], "generate_from": 0}]
     v = engine.EngineVerdict(es)
-    sc = engine._rounds_scenario(es, {0: [], 1: []}, results, v)
+    sc = engine.rounds_scenario(es, {0: [], 1: []}, results, v)
     assert sc.passes == ((5, 1), (3, 0)) and sc.raw_passes
     assert [f.invariant for f in v.failures] == ["engine-steps"]
     assert "step rule" in v.failures[0].evidence and "[1]" in v.failures[0].evidence
@@ -83,7 +83,7 @@ def test_engine_ranks_disagreeing_on_a_forward_fail():
     results = [{"prepares": [(0, 5, (5, 1))], "generate_from": 0},
                {"prepares": [(0, 1, (5, 2))], "generate_from": 0}]
     v = engine.EngineVerdict(es)
-    assert engine._rounds_scenario(es, {0: [], 1: []}, results, v) is None
+    assert engine.rounds_scenario(es, {0: [], 1: []}, results, v) is None
     assert v.failures[0].invariant == "engine-steps" and "rank 1" in v.failures[0].evidence
 
 

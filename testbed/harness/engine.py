@@ -93,7 +93,7 @@ def run(pool: RankPool, es: EngineScenario, *, mutant: Optional[str] = None,
     if ref_error is not None:
         v.failures.append(Failure("completes", f"the reference run (DP 1, expert parallel off): {ref_error}"))
     v.events = dict(sorted(Counter(e.kind for events in logs.values() for e in events).items()))
-    sc = _rounds_scenario(es, logs, results, v)
+    sc = rounds_scenario(es, logs, results, v)
     if sc is not None:
         v.scenario = sc
         v.failures += invariants.check_rounds(sc, logs, error).failures
@@ -105,13 +105,15 @@ def run(pool: RankPool, es: EngineScenario, *, mutant: Optional[str] = None,
     if leaks:
         v.failures.append(Failure("no-leaks", leaks))
     if v.scenario is not None:
-        _judge_known(v)
+        judge_known(v)
     return v
 
 
-def _judge_known(v: EngineVerdict) -> None:
+def judge_known(v) -> None:
     """The layer scenario's known findings (:mod:`testbed.harness.findings`) judge the engine
-    run as they judge a layer run: ``KNOWN`` where it fails exactly as they say."""
+    run ``v`` (its ``scenario``, ``failures``, ``known`` and ``known_failures``, as an
+    :class:`EngineVerdict` has them) as they judge a layer run: ``KNOWN`` where it fails
+    exactly as they say."""
     layer = Verdict(v.scenario, failures=v.failures)
     findings.judge(layer)
     v.known, v.known_failures, v.failures = layer.known, layer.known_failures, layer.failures
@@ -135,7 +137,7 @@ def _run(pool, layout, model: Scenario, es, model_dir, module, timeout_s, mutant
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
-def _rounds_scenario(es: EngineScenario, logs, results, v: EngineVerdict) -> Optional[Scenario]:
+def rounds_scenario(es: EngineScenario, logs, results, v: EngineVerdict) -> Optional[Scenario]:
     """The run's rounds as a layer scenario: its passes what the ranks' forward contexts said,
     sequence parallel where vLLM's runner said so; None (and why, as a failure) where the
     ranks disagree or returned nothing."""
@@ -157,7 +159,7 @@ def _rounds_scenario(es: EngineScenario, logs, results, v: EngineVerdict) -> Opt
         return None
     passes = tuple(counts[p] for p in range(len(counts)))
     sp = any(e.sp for events in logs.values() for e in events if isinstance(e, ForwardStart))
-    sc = es.scenario(passes, sp)
+    sc = replace(es.scenario(passes, sp), forwards_ordered=False)
     if sc.passes != passes:
         changed = [p for p, (a, b) in enumerate(zip(passes, sc.passes)) if a != b] if len(sc.passes) == len(passes) \
             else "the number of forwards"

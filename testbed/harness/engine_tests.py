@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import sysconfig
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from testbed.harness import session
 
 # Variables of the caller's that would decide for the tests what the stand-in decides: vLLM
 # takes an explicit CPU target as its platform (0.34 on) before any plugin's.
@@ -75,8 +74,8 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
     """Run ``plan``; the outcomes read from pytest's JUnit report, and why the run itself went
     wrong (a timeout, pytest's own refusal), or None.
 
-    The pytest process leads a session of its own. On a timeout every process of the session
-    writes its stacks (:func:`fakes.stacks.on_signal`) and the report names each with
+    The pytest process leads a session of its own (:mod:`testbed.harness.session`). On a
+    timeout every process of the session writes its stacks and the report names each with
     where it waits; then the whole session is killed, and the shared-memory segments of its
     arena unlinked, also when this command is interrupted.
     """
@@ -87,17 +86,16 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
 
     junit.unlink(missing_ok=True)
     with open(log, "ab") as out, tempfile.TemporaryDirectory(prefix="a2a-stacks-") as stacks:
-        proc = subprocess.Popen(command(plan, junit, extra), cwd=plan.root, env=environment(plan) | {STACKS_ENV: stacks},
-                                stdout=None if live else out, stderr=None if live else subprocess.STDOUT,
-                                start_new_session=True)
+        proc = session.start(command(plan, junit, extra), cwd=plan.root, env=environment(plan) | {STACKS_ENV: stacks},
+                             out=out, live=live)
         try:
             code = proc.wait(timeout=timeout)
             trouble = None
         except subprocess.TimeoutExpired:
             code, trouble = None, f"timed out after {timeout:.0f} s; the session's processes, killed, were at:\n" \
-                + "\n".join(_stuck(proc, Path(stacks), out))
+                + "\n".join(session.stuck(proc, Path(stacks), out))
         finally:
-            _kill_session(proc)
+            session.kill(proc)
             unlink_prefix(scenario_prefix(proc.pid, "pytest"))
     outcomes = read_junit(junit) if junit.is_file() else []
     if trouble is None and not outcomes:
@@ -105,71 +103,6 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
     elif trouble is None and code not in (0, 1):  # 1: tests failed, reported
         trouble = f"pytest exited {code} (see the log)"
     return outcomes, trouble
-
-
-# How long the session's processes have to write their stacks once asked: faulthandler writes
-# from its signal handler, at once, whatever the process waits on.
-STACKS_GRACE_S = 3.0
-STDLIB = sysconfig.get_paths()["stdlib"]
-
-
-def _stuck(proc: subprocess.Popen, stacks: Path, log) -> list[str]:
-    """Ask every process of ``proc``'s session for its stacks, and append them to ``log`` (a
-    binary file); one line per process: who it is and the innermost frame of the thread that
-    was running."""
-    try:
-        os.killpg(proc.pid, signal.SIGUSR1)
-    except ProcessLookupError:
-        return ["  (the session ended as it timed out)"]
-    try:
-        proc.wait(timeout=STACKS_GRACE_S)  # a process with no handler ends on SIGUSR1; others are killed next
-    except subprocess.TimeoutExpired:
-        pass
-    lines = []
-    for dump in sorted(stacks.glob("stacks-*.txt")):
-        text = dump.read_text(errors="replace")
-        log.write(f"\n--- stacks, on the timeout: {text}".encode())
-        head, _, body = text.partition("\n")
-        # the running thread's frames, innermost first; the first outside Python's own library
-        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body.split("\n\n")[0])
-        own = [f for f in frames if not f[0].startswith(STDLIB)] or frames
-        where = f"{Path(own[0][0]).name}:{own[0][1]} in {own[0][2]}" if own else "no stack written"
-        lines.append(f"  {head[:160]}: {where}")
-    return lines or ["  (no process of the session wrote its stacks)"]
-
-
-def _kill_session(proc: subprocess.Popen, within: float = 30.0) -> None:
-    """Kill what is left of ``proc``'s session (a worker its test did not join, all of it on a
-    timeout or an interrupt), reap ``proc``, and return once no process of the session runs
-    (or raise after ``within`` seconds naming those that still do)."""
-    from fakes.arena import pid_alive
-
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-        left = [pid for pid in _session(proc.pid) if pid_alive(pid)]
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {left} of the pytest session {proc.pid} survive SIGKILL")
-        time.sleep(0.05)  # SIGKILL is delivered; the kernel has yet to end them
-
-
-def _session(sid: int) -> list[int]:
-    """The processes of session ``sid``, by ``/proc``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # gone meanwhile
-            continue
-        if len(fields) > 3 and fields[3] == str(sid):  # the session id, after state, ppid and pgrp
-            found.append(int(stat.parent.name))
-    return found
 
 
 def read_junit(path: Path) -> list[Outcome]:
@@ -223,6 +156,47 @@ def summary_lines(plan: Plan, outcomes: list[Outcome], trouble: str | None) -> l
     return lines
 
 
+def engine_source(engine, source: str | None) -> tuple[str, Path | None, Path | None]:
+    """Where ``engine``'s code comes from for ``source`` (None: the installed release, a release
+    number, or a checkout's root): ``(its version, the directory to put first on the path or
+    None for the installed release, the checkout's root or None)``.
+
+    Raises
+    ------
+    ValueError
+        One line naming the flag and the rule: no such release or checkout, none installed.
+    """
+    from testbed.contract.source import RELEASE, SourceError, package_root, unpacked
+
+    flag = f"--{engine.name}-source"
+    installed = engine.release()[0]
+    try:
+        if source is None or source == installed:
+            if installed == "unknown":
+                raise ValueError(f"{engine.label} is not installed here: give {flag} RELEASE or a checkout")
+            return installed, None, None
+        if RELEASE.fullmatch(source):
+            return source, unpacked(engine.name, source), None
+        root = Path(source).resolve()
+        code = package_root(engine.name, root)
+        if code is None:
+            raise ValueError(f"{flag}: {source} holds no {engine.name}/ package (give a checkout's root)")
+        return engine.release(str(root))[0], code.parent, root
+    except SourceError as e:
+        raise ValueError(f"{flag} {source or installed}: {e}") from None
+
+
+def engine_pin(engine, source: str | None, version: str, profile: str | None) -> str:
+    """The FlashInfer release ``engine``'s code of ``source`` (release ``version``) runs on:
+    ``profile`` where given, else its pin; one no profile serves raises ``ValueError`` naming
+    the flag."""
+    from fakes.flashinfer.profiles import resolve
+
+    pin = profile or engine.pinned(None if source in (None, engine.release()[0]) else source)
+    resolve(pin, "--profile" if profile else f"{engine.label} {version}'s FlashInfer pin")
+    return pin
+
+
 def plan_for(engine, source: str | None, profile: str | None, devices: int) -> Plan:
     """The run of ``engine``'s (:class:`testbed.integrations.engine.Engine`) own tests for
     ``source``: None (the installed release), a release number, or a checkout's root.
@@ -233,37 +207,22 @@ def plan_for(engine, source: str | None, profile: str | None, devices: int) -> P
         One line naming the flag and the rule: no tests known for the engine, no such release
         or checkout, a checkout without the tests, a pin the fake does not serve.
     """
-    from fakes.flashinfer.profiles import resolve
-    from testbed.contract.source import RELEASE, SourceError, package_root, release_tests, unpacked
+    from testbed.contract.source import SourceError, release_tests
 
     flag = f"--{engine.name}-source"
     if not engine.own_tests:
         raise ValueError(f"--integration {engine.name}: the testbed knows no tests of {engine.label}'s own for its "
                          "FlashInfer all-to-all")
-    installed = engine.release()[0]
-    code = root = None
-    try:
-        if source is None or source == installed:
-            if installed == "unknown":
-                raise ValueError(f"{engine.label} is not installed here: give {flag} RELEASE or a checkout")
-            version, origin = installed, "from its source distribution"
+    version, code, root = engine_source(engine, source)
+    origin = f"from the checkout {root}" if root else "from its source distribution"
+    if root is None:
+        try:
             root = release_tests(engine.name, version)
-        elif RELEASE.fullmatch(source):
-            version, origin = source, "from its source distribution"
-            code, root = unpacked(engine.name, source), release_tests(engine.name, source)
-        else:
-            root = Path(source).resolve()
-            code = package_root(engine.name, root)
-            if code is None:
-                raise ValueError(f"{flag}: {source} holds no {engine.name}/ package (give a checkout's root)")
-            code = code.parent
-            version, origin = engine.release(str(root))[0], f"from the checkout {root}"
-    except SourceError as e:
-        raise ValueError(f"{flag} {source or installed}: {e}") from None
+        except SourceError as e:
+            raise ValueError(f"{flag} {source or version}: {e}") from None
     missing = [t for t in engine.own_tests if not (root / t).is_file()]
     if missing:
-        raise ValueError(f"{flag} {source or installed}: {root} has no {', '.join(missing)}")
-    pin = profile or engine.pinned(None if source in (None, installed) else source)
-    resolve(pin, "--profile" if profile else f"{engine.label} {version}'s FlashInfer pin")
+        raise ValueError(f"{flag} {source or version}: {root} has no {', '.join(missing)}")
+    pin = engine_pin(engine, source, version, profile)
     return Plan(f"{engine.label} {version}", root, engine.own_tests, code, pin, devices, origin,
                 engine.own_tests_off_cpu)

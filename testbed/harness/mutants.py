@@ -64,6 +64,21 @@ def not_applicable(m: Mutant) -> tuple[str, str] | None:
     return ("absent", f"{lacks[0]} (its code came later)") if all(lacks) else None
 
 
+def _undecorated(function, name: str):
+    """The function a decorator wrapped, whose source (decorator lines included) is the one
+    to change: the changed source is then decorated again, as an edit of the file would be. A
+    decorator keeps it as ``__wrapped__`` (``functools.wraps``) or in its wrapper's closure."""
+    function = inspect.unwrap(function)
+    for cell in function.__closure__ or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if inspect.isfunction(inner) and inner.__name__ == name and inner is not function:
+            return _undecorated(inner, name)
+    return function
+
+
 def touches(m: Mutant, files: list[str]) -> bool:
     """Whether mutant ``m`` changes one of ``files`` (paths in a checkout or a pull request's
     diff: ``vllm/distributed/device_communicators/all2all.py``, ``python/sglang/srt/...``): a
@@ -102,7 +117,11 @@ def apply(name: str) -> Callable[[], None]:
     that undoes it."""
     m = get(name)
     modules, paths = _target(m)
-    owner_of(name).prepare_environment()  # what its code needs before it is imported here
+    integration = owner_of(name)
+    if integration.engine is None or integration.engine.name not in sys.modules:
+        # What its code needs before it is imported here; once it is (an engine's own process
+        # where it is served), the process has made its choices (vLLM's platform among them).
+        integration.prepare_environment()
     homes = _importable(modules)
     for module, path in ((module, path) for module in homes for path in paths):
         *owner_path, attr = path.split(".")
@@ -117,9 +136,9 @@ def apply(name: str) -> Callable[[], None]:
     else:  # the release has moved or removed the target: broken here, never killed
         raise MutantError(f"mutant {name}: {m.target} is not in this release's "
                           f"{', '.join(module.__name__ for module in homes)}")
-    module_name = module.__name__
     # Its source has @property (or @classmethod): the function is what it wraps.
     function = original.fget if isinstance(original, property) else getattr(original, "__func__", original)
+    function = _undecorated(function, attr)
     lines, first = inspect.getsourcelines(function)
     source = "".join(lines)
     counts = [(old, new, source.count(old)) for old, new in ((m.old, m.new),) + m.forms]

@@ -214,12 +214,21 @@ def engine_modules(ctx, integration) -> tuple[str, ...]:
     return tuple(sorted(new))
 
 
+def record_engine_rank(ctx, sc: Scenario, log_dir: str, integration_module: str,
+                       mutant: Optional[str] = None) -> EventLog:
+    """What an engine rank records, whoever runs the engine (a rank program here, or the
+    engine's own process where the testbed serves it): its event log, its FlashInfer as the
+    layer scenario ``sc``'s, and the collectives of the integration's engine code."""
+    log, integration, _ = _start_rank(ctx, sc, log_dir, integration_module, mutant)
+    ctx.add_cleanup(audit.install(log, ctx.world_size, integration.engine_code()))
+    return log
+
+
 def run_engine(ctx, sc: Scenario, es, model_dir: str, log_dir: str, integration_module: str,
                reference: bool = False, mutant: Optional[str] = None) -> dict:
     """Rank program of an engine scenario ``es`` (:mod:`testbed.scenario.engine`): the
     integration's engine generating from the checkpoint in ``model_dir``, its FlashInfer
     recorded as a layer scenario's is (``sc``: the run as a layer scenario) and the MoE
     layer's collectives audited; ``reference``: one rank, expert parallel off."""
-    log, integration, _ = _start_rank(ctx, sc, log_dir, integration_module, mutant)
-    ctx.add_cleanup(audit.install(log, ctx.world_size, integration.engine_code()))
-    return integration.run_engine(ctx, sc, es, model_dir, log, reference)
+    log = record_engine_rank(ctx, sc, log_dir, integration_module, mutant)
+    return integrations.get(sc.integration).run_engine(ctx, sc, es, model_dir, log, reference)

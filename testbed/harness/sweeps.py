@@ -118,6 +118,17 @@ def catalogue(every: bool = False) -> list[Sweep]:
                 sweeps.append(Sweep(f"{engine.name} {newest} engine matrix",
                                     ("engine", "--integration", engine.name, f"--{engine.name}-source", newest),
                                     judge_engine(integration), engine.name))
+        if engine.serve_command is not None:
+            # Served as users serve it: the installed release (with ``every``, the newest too), and
+            # the mutants only a served engine reaches.
+            served = [(driven[0][0], None)] + ([max(driven[1:], key=lambda d: release_key(d[0]))]
+                                               if every and len(driven) > 1 else [])
+            for release, source in served:
+                flag = (f"--{engine.name}-source", source) if source else ()
+                sweeps.append(Sweep(f"{engine.name} {release} serve matrix", ("serve", "--integration", engine.name, *flag),
+                                    judge_serve, engine.name))
+            sweeps.append(Sweep(f"{engine.name} serve mutants", ("serve", "--integration", engine.name, "--mutants"),
+                                judge_mutants(engine, None), engine.name))
     return sweeps
 
 
@@ -132,7 +143,10 @@ def groups(sweeps: list[Sweep]) -> list[list[Sweep]]:
 
 def weight(sweep: Sweep) -> int:
     """A sweep's rough cost, in units of a release's matrix: the model matrix and an engine
-    matrix about three, a matrix run again by the reuse differential two."""
+    matrix about three, a matrix run again by the reuse differential two, a served matrix
+    (its engine's processes started anew per entry) eight, a served hunt two."""
+    if sweep.argv[0] == "serve":
+        return 2 if "--mutants" in sweep.argv else 8
     if sweep.argv[0] == "engine" or "--models" in sweep.argv:
         return 3
     return 2 if "--reuse-differential" in sweep.argv else 1
@@ -216,7 +230,7 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
         for absent in data["not_applicable"]:
             m = mutants.get(absent["mutant"])
             # Its code is there: the probe names the guard or finding (unbuilt: the package its module lacks).
-            if absent["kind"] in ("equivalent", "masked", "unbuilt"):
+            if absent["kind"] in ("equivalent", "masked", "unbuilt", "served"):
                 if not absent["why"]:
                     problems.append(f"{m.name} was left out as {absent['kind']} without a reason")
                 continue
@@ -281,6 +295,34 @@ def judge_engine(integration) -> Judge:
             problems.append(f"the engine's own output reached the terminal: {strays[0][:120]!r}")
         return problems
     return judge
+
+
+def judge_serve(data: list, stdout: str) -> list[str]:
+    """The serve matrix: every entry passes or reproduces its findings, every engine process
+    of every rank recorded rounds, every DP rank stepped every forward (an idle one its dummy
+    batch), and a person reads at most 15 lines per entry, the verdict last, none of the
+    engine's own."""
+    problems = []
+    for v in data:
+        if not v["passed"]:
+            problems.append(f"FAIL {v['scenario']}: {_first_line(v['failures']) or v.get('testbed_error', '')}  "
+                            f"reproduce: {v['reproduce']}")
+            continue
+        if not v["dispatches_per_rank"] or min(v["dispatches_per_rank"].values()) < 1:
+            problems.append(f"{v['scenario']}: an engine process recorded no round: {v['dispatches_per_rank']}")
+        if any(min(step["dp_tokens"]) < 1 for steps in v["steps"].values() for step in steps):
+            problems.append(f"{v['scenario']}: a forward where a DP rank did not step (no dummy batch)")
+    lines = stdout.splitlines()
+    verdicts = [i for i, line in enumerate(lines) if re.match(r"(PASS|KNOWN|FAIL|ERROR) +\d+/", line)]
+    if len(verdicts) != len(data):
+        problems.append(f"{len(verdicts)} verdict lines for {len(data)} entries")
+    for a, b in zip([1] + [i + 1 for i in verdicts], verdicts):
+        if b - a + 1 > 15:
+            problems.append(f"{b - a + 1} lines for the entry ending {lines[b][:80]!r} (at most 15)")
+    strays = [line for line in lines if re.match(r"\(\w+ pid=|INFO |WARNING |Traceback", line)]
+    if strays:
+        problems.append(f"the engine's own output reached the terminal: {strays[0][:120]!r}")
+    return problems
 
 
 def documented_first() -> dict[str, str]:

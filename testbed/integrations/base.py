@@ -135,20 +135,33 @@ class Mutant:
     # invariants that catch the mutant, by a finding of the release's own (one line naming it),
     # or None. The mutant is then masked there: not hunted, and reported as such.
     masked: Optional[Callable[[], Optional[str]]] = None
+    # Where only the engine served as users serve it runs the changed code (its own serving
+    # loop, its engine cores' coordination): what runs it there, in words. The layer and engine
+    # levels report it as not applicable, naming ``a2a-testbed serve --mutant``, which hunts it.
+    served: str = ""
 
     @classmethod
     def of(cls, name, description, target, old, new, *expect, tests=(), forms=(), requires=None,
-           equivalent=None, masked=None) -> "Mutant":
+           equivalent=None, masked=None, served="") -> "Mutant":
         """A catalogue entry as written: the ``expect`` pairs after the change, tests, other
         releases' forms, the capability it needs and its equivalence probe by keyword."""
         return cls(name, description, target, old, new, tuple(expect), tuple(tests), tuple(forms), requires,
-                   equivalent, masked)
+                   equivalent, masked, served)
 
     def not_applicable(self) -> Optional[tuple[str, str]]:
         """``(kind, why)`` this mutant is not hunted on the release: ``absent`` (the release has
         none of the code it changes), ``equivalent`` (its change is undone on every path) or
         ``masked`` (a finding of the release's fails every deployment it reaches the same way),
-        or None."""
+        or None; ``served`` where only a served engine runs its code (:attr:`served`), after
+        those (a served hunt asks :meth:`not_applicable_served`)."""
+        found = self.not_applicable_served()
+        if found is None and self.served:
+            return "served", (f"only a served engine runs it ({self.served}): `a2a-testbed serve --mutant "
+                              f"{self.name}` hunts it")
+        return found
+
+    def not_applicable_served(self) -> Optional[tuple[str, str]]:
+        """As :meth:`not_applicable`, for a hunt on the served engine, which runs every level's code."""
         for kind, probe in (("absent", self.requires), ("equivalent", self.equivalent), ("masked", self.masked)):
             why = probe() if probe is not None else None
             if why:

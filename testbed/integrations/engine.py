@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from testbed.contract.consumer import Consumer
 
 
+# Where the testbed serves an engine (``a2a-testbed serve``), the run's directory, in the
+# environment of every process the server starts: its plan, and each rank's logs. The engine's
+# serving plugin acts only where it is set.
+SERVE_RUN_ENV = "A2A_SERVE_RUN"
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str  # the package and the --integration value
@@ -70,6 +76,11 @@ class Engine:
     # Those of its tests the CPU stand-in cannot run, each ``(pytest node id, what it needs)``:
     # deselected by ``engine-tests`` and listed as not run, never reported as the engine's failure.
     own_tests_off_cpu: tuple[tuple[str, str], ...] = ()
+    # How a user serves the engine (``a2a-testbed serve``): ``(EngineScenario, checkpoint
+    # directory, port, reference) -> argv`` of its own server on the loopback address, with the
+    # deployment's data and expert parallel (``reference``: DP 1, expert parallel off); None
+    # where the testbed does not serve it.
+    serve_command: "Callable | None" = None
 
     @property
     def preload_module(self) -> str:

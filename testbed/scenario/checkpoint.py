@@ -1,5 +1,6 @@
 """Tiny MoE checkpoints the testbed writes itself (a ``config.json`` and random weights as
-``model.safetensors``; no hub, no download, no tokenizer) for vLLM's engine to load.
+``model.safetensors``; no hub, no download) for vLLM's engine to load, and where it is served,
+a tokenizer of the vocabulary's ids as words (:func:`write_tokenizer`).
 
 Two architectures, the MoE blocks NVLink all-to-all deployments run:
 
@@ -145,3 +146,22 @@ def write(ck: Checkpoint, directory: str) -> str:
         json.dump(config(ck), f, indent=1)
     save_file(weights(ck), os.path.join(directory, "model.safetensors"))
     return directory
+
+
+def token_word(i: int) -> str:
+    """Token ``i``'s text in :func:`write_tokenizer`'s vocabulary."""
+    return f"t{i}"
+
+
+def write_tokenizer(ck: Checkpoint, directory: str) -> None:
+    """A tokenizer for ``ck`` in ``directory``, which a server loads as Hugging Face's fast
+    tokenizer: one word per id (``t0`` .. ``t{vocab-1}``, :func:`token_word`), split on
+    whitespace, so a client reads each generated id back from the text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(vocab={token_word(i): i for i in range(ck.vocab)}, unk_token=token_word(0)))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": token_word(0), "bos_token": token_word(1),
+                   "eos_token": token_word(2), "model_max_length": 4096}, f, indent=1)

@@ -183,6 +183,12 @@ class Scenario:
     raw_passes: bool = False  # the passes as given, not as the integration's engine would make them
     # The last rank of each EP group zeroes its workspace row late (testbed.harness.late_zeroing).
     late_zeroing: bool = False
+    # Whether the testbed's stand-in for the model between two forwards (a barrier of the EP
+    # group, testbed.integrations.engine.model_between_forwards) orders each forward's rounds
+    # after the previous forward's: true where the testbed drives the passes; false for the
+    # rounds an engine ran itself (its engine and served levels), which have only the
+    # collectives the engine made.
+    forwards_ordered: bool = True
     label: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -137,6 +138,26 @@ def cpu_platform_by_target() -> None:
 # combine_into, sequence parallel; 0.26 .. 0.32 alike), 0.33.0 (installed: one-sided on moe_ep,
 # two-sided on MnnvlMoe), 0.34.0 (both on moe_ep, the experts writing into FlashInfer's
 # combine-input buffer, PP only under the mp executor, the standalone CPU runner).
+# A tiny checkpoint's engine, as the engine level builds LLM and a served run starts vllm serve.
+MAX_NUM_SEQS = 8
+KV_CACHE_BYTES = 16 << 20  # a tiny checkpoint's few sequences need a few hundred kB of it
+
+
+def served_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
+    """``vllm serve`` of ``es`` (:class:`testbed.scenario.engine.EngineScenario`) on the
+    loopback address, as the engine level builds ``LLM``: eager, vLLM's torch versions of its
+    custom ops, the scheduler's budget every MoE layer's max tokens, a few MB of KV cache."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir, "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", "tiny", "--dtype", es.dtype, "--enforce-eager",
+            "--max-model-len", str(es.max_model_len), "--max-num-batched-tokens", str(es.budget),
+            "--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+            "--compilation-config", '{"custom_ops": ["none"]}', "--seed", str(es.seed)]
+    if reference:
+        return argv
+    return argv + ["--tensor-parallel-size", str(es.tp), "--data-parallel-size", str(es.dp),
+                   "--enable-expert-parallel", "--all2all-backend", BACKENDS[es.path]]
+
+
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
     LAYER_MODULE, "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_one_sided",
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
@@ -171,7 +192,8 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
         # 0.34: checks that the experts' output buffer is the combine workspace by comparing its
         # device with torch.device("cpu:<rank>"); a CPU tensor's device carries no index.
         ("tests/distributed/test_mnnvl_alltoall.py::test_one_sided_expert_output_in_workspace",
-         "a tensor's device naming the rank's device index (CPU tensors read `cpu`, never `cpu:N`)"),))
+         "a tensor's device naming the rank's device index (CPU tensors read `cpu`, never `cpu:N`)"),),
+    serve_command=served_command)
 
 
 @functools.cache

@@ -42,6 +42,18 @@ def _payload_grows_within_a_forward(sc: Scenario) -> bool:
     return any(grows(a, b) for st in sc.stages for a, b in zip(st, st[1:]))
 
 
+def _runtime_max_grows_between_unordered_forwards(sc: Scenario) -> bool:
+    """Rounds an engine ran itself (nothing of the testbed's orders its forwards) where a
+    forward's runtime max (its most tokens on a DP rank) is larger than the previous forward's:
+    its first dispatch then writes at least one token's payload per EP rank past where the
+    previous round's dispatch region ended, into that round's combine region."""
+    if sc.forwards_ordered:
+        return False
+    most = [max(sc.tokens(p, st[0], d) for d in range(sc.layout.dp)) for p in range(len(sc.passes))
+            for st in sc.stages[:1]]
+    return any(b > a for a, b in zip(most, most[1:]))
+
+
 def _dispatch_bytes(sc: Scenario, fmt: str) -> int:
     return sum(row_bytes(fmt, sc.hidden, sc.mx_alignment).values())
 
@@ -113,12 +125,16 @@ FINDINGS: tuple[Finding, ...] = (
             "a2a-testbed run --integration vllm --layout 4,1,4,1 --stages bf16:8 --tokens 0,0,0,0 --raw-passes"),
     Finding("FI-RACE", "FlashInfer's one-sided protocol does not order a round after the previous round's combine "
                        "reads: vLLM runs an MoE layer whose dispatch payload is larger right after another in one "
-                       "forward, with nothing between them",
-            lambda sc: _vllm(sc, "one_sided") and not _orders_rounds(sc) and _payload_grows_within_a_forward(sc),
+                       "forward, or (served, DP attention) a forward whose runtime max is larger right after "
+                       "another, with nothing on the device between them",
+            lambda sc: _vllm(sc, "one_sided") and not _orders_rounds(sc) and (
+                _payload_grows_within_a_forward(sc) or _runtime_max_grows_between_unordered_forwards(sc)),
             (("round-ordering", "the cross-round race"), ("output", "x the tolerance"),
-             ("expert-load", "lanes")),
-            "not checked", "needs a model whose MoE layers dispatch different payloads in one forward (a mixed-"
-            "precision checkpoint); vLLM's MTP layer runs in the drafter's own forward, not checked here"),
+             ("expert-load", "lanes"), ("answers", "the reference"), ("logprobs", "the reference")),
+            "yes", "served at DP 2 and DP 4 (TP 1) on its pin, a step with more tokens on some DP rank than the step "
+            "before (a new request's prefill after decodes) dispatches past the previous step's combine region; "
+            "between steps vLLM synchronises DP on the CPU group only, under async scheduling (its log: 'Disabling "
+            "NCCL for DP synchronization when using async scheduling'); `a2a-testbed serve --integration vllm`"),
     Finding("VLLM-005", "vLLM 0.33.0's two-sided manager hands FlashInfer's Mapping the function "
                         "torch.accelerator.device_count as gpus_per_node; Mapping's node_rank, local_rank and "
                         "has_multi_node then compute with a function",

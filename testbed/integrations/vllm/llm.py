@@ -31,6 +31,8 @@ from testbed.integrations import engine as support
 from testbed.integrations.vllm.adapter import MANAGERS
 from testbed.integrations.vllm.environment import (
     BACKENDS,
+    KV_CACHE_BYTES,
+    MAX_NUM_SEQS,
     config_without_triton,
     fallback_warning_undone,
     destroy_parallel_state,
@@ -41,8 +43,6 @@ from testbed.scenario.events import ForwardEnd, ForwardStart, LayerBuilt
 
 PREPARES = {"one_sided": ("flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize"),
             "two_sided": ("flashinfer_nvlink_two_sided", "FlashInferNVLinkTwoSidedPrepareAndFinalize")}
-MAX_NUM_SEQS = 8
-KV_CACHE_BYTES = 16 << 20  # a tiny checkpoint's few sequences need a few hundred kB of it
 def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dict:
     """This rank's ``LLM`` on ``model_dir``, deployed as ``es`` (``reference``: one rank, expert
     parallel off, every DP rank's prompts), generating greedily with prompt logprobs.
@@ -66,9 +66,9 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
     prepares: list = []
     if not reference:
         _use_flashinfer_manager(ctx, es.path)
-        _record_prepares(ctx, es.path, prepares)
-    _use_weight_experts(ctx)
-    _log_layers(ctx, log)
+        record_prepares(ctx, es.path, prepares)
+    use_weight_experts(ctx)
+    log_layers(ctx, log)
     from vllm import LLM, SamplingParams
 
     # Before the engine: a build that raises half-way has left vLLM's groups up.
@@ -141,7 +141,7 @@ def _use_flashinfer_manager(ctx, path: str) -> None:
     ctx.add_cleanup(patch.attribute(cpu_communicator.CpuCommunicator, "__init__", init))
 
 
-def _record_prepares(ctx, path: str, prepares: list) -> None:
+def record_prepares(ctx, path: str, prepares: list) -> None:
     module_name, cls_name = PREPARES[path]
     module = importlib.import_module(f"vllm.model_executor.layers.fused_moe.prepare_finalize.{module_name}")
     cls = getattr(module, cls_name)
@@ -159,7 +159,7 @@ def _record_prepares(ctx, path: str, prepares: list) -> None:
     ctx.add_cleanup(patch.attribute(cls, "prepare", prepare))
 
 
-def _use_weight_experts(ctx) -> None:
+def use_weight_experts(ctx) -> None:
     import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
 
     from testbed.integrations.vllm.experts import weight_experts_class
@@ -169,7 +169,7 @@ def _use_weight_experts(ctx) -> None:
                                     lambda b: [cls] if b == oracle.UnquantizedMoeBackend.CPU else resolve(b)))
 
 
-def _log_layers(ctx, log) -> None:
+def log_layers(ctx, log) -> None:
     """A layer is built when its quant method has processed the loaded weights (that builds
     its modular kernel and all-to-all); each MoE layer call is logged with what the runner
     says of its output, numbered by the engine forward it belongs to."""

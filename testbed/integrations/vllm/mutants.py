@@ -49,8 +49,6 @@ def _two_sided_on_moe_ep():
 
 
 def _no_one_sided_buffer():
-    from testbed.integrations.vllm.environment import ENGINE
-
     module = _first_module(V_OS)
     # Its own: the modular kernel's base has one that hands nothing (0.33).
     if module is not None and "allocate_fused_expert_output" in vars(module.FlashInferNVLinkOneSidedPrepareAndFinalize):
@@ -207,7 +205,16 @@ V_QUANT = "vllm.model_executor.layers.fused_moe.utils:_fp8_quantize"
 _BARRIER_0_32 = "would deadlock.\n        dist.barrier(group=self.cpu_group)"
 
 
+V_DP_LOOP = "vllm.v1.engine.core:DPEngineCoreProc.run_busy_loop"
+
 VLLM_CATALOGUE: tuple[Mutant, ...] = (
+    # -- the served engine's data-parallel loop: every engine core steps while any has work -----
+    _m("v-dp-wave-decided-locally", "an engine core decides alone whether the DP wave goes on (its own unfinished "
+       "requests, not every core's): an idle core stops stepping dummy batches while a peer still runs forwards, "
+       "whose all-to-all and DP synchronisation then wait for it", V_DP_LOOP,
+       "self.engines_running = self._has_global_unfinished_reqs(",
+       "self.engines_running = (lambda local_unfinished: local_unfinished)(", ("completes", "timed out"),
+       served="vLLM's DPEngineCoreProc busy loop, one per DP rank of `vllm serve`"),
     # -- the shared communication's replacement rule (seed 001 in vLLM's manager) ----------------
     _m("v-first-layer-communication", "historical bug 2: the first layer's communication is kept whatever later "
        "layers need", f"{V_MGR}.initialize", "max_num_tokens <= previous_max", "True or max_num_tokens <= previous_max",

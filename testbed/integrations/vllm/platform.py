@@ -13,8 +13,19 @@ The platform is vLLM's CPU platform with what a GPU host has and a CPU lacks:
   x86 kernels it wants are the model runner's, which these processes do not run;
 - the device communicator has the variable-size all-gather and reduce-scatter that vLLM's GPU
   communicator has (through NCCL) and its CPU communicator lacks, here over gloo;
+- the device communicator builds the FlashInfer all-to-all manager its backend names, as
+  vLLM's CUDA communicator does (its CPU communicator builds ``AgRsAll2AllManager`` for every
+  backend but naive, whose dispatch raises on a CPU);
+- where the release runs x86 CPUs only on its Triton-based model runner (0.34; triton-cpu has
+  no wheel), the runner it runs on CPUs without Triton (``uses_standalone_cpu_model_runner``);
 - ``VLLM_HAS_FLASHINFER_CUBIN=1``: FlashInfer's kernels are the fake's, with nothing to
-  compile (without it ``has_flashinfer()`` looks for ``nvcc``).
+  compile (without it ``has_flashinfer()`` looks for ``nvcc``);
+- ``CPU_VISIBLE_MEMORY_NODES`` names one memory node per stand-in device, all node 0: vLLM's
+  CPU platform takes a DP rank's "devices" to be NUMA nodes, and a data-parallel server
+  gives DP rank ``d`` the ``d``-th (a one-node host has no node 1);
+- ``VLLM_CPU_OMP_THREADS_BIND=nobind``: the stand-in devices share this host's cores, so no
+  worker's threads are bound to cores of its own (bound, spinning OpenMP threads of several
+  workers on two cores take turns by the scheduler's time slices).
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from __future__ import annotations
 import functools
 import os
 
-from fakes.accelerator import DEVICES_ENV
+from fakes.accelerator import DEVICES_ENV, parse_count
 
 
 def plugin() -> str | None:
@@ -31,6 +42,10 @@ def plugin() -> str | None:
     if not os.environ.get(DEVICES_ENV):
         return None
     os.environ.setdefault("VLLM_HAS_FLASHINFER_CUBIN", "1")
+    from vllm.utils.cpu_resource_utils import DEVICE_CONTROL_ENV_VAR
+
+    os.environ.setdefault(DEVICE_CONTROL_ENV_VAR, ",".join("0" * parse_count(os.environ[DEVICES_ENV])))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return f"{__name__}.StandInPlatform"
 
 
@@ -52,6 +67,14 @@ def _platform():
     check = CpuPlatform.check_and_update_config.__func__
 
     class StandInPlatform(CpuPlatform):
+        if "uses_standalone_cpu_model_runner" in vars(CpuPlatform):
+            @classmethod
+            def uses_standalone_cpu_model_runner(cls) -> bool:
+                from testbed.integrations.vllm import runner_kernels
+
+                runner_kernels.register()
+                return True
+
         @classmethod
         def check_and_update_config(cls, vllm_config) -> None:
             return checked_with_triton(check, cls, vllm_config)
@@ -67,11 +90,24 @@ def _platform():
 def _communicator():
     import torch
     import torch.distributed as dist
+    from vllm.distributed.device_communicators import all2all
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
+    from testbed.integrations.vllm.adapter import MANAGERS
+    from testbed.integrations.vllm.environment import fallback_warning_undone
+
+    fallback_warning_undone()  # the FlashInfer manager is put back in __init__
+
     class StandInCommunicator(CpuCommunicator):
-        """vLLM's CPU communicator with the GPU communicator's ``all_gatherv`` and
-        ``reduce_scatterv`` (dim 0 and any dim, as ``CudaCommunicator`` takes them), over gloo."""
+        """vLLM's CPU communicator with the GPU communicator's all-to-all manager for a
+        FlashInfer backend, and its ``all_gatherv`` and ``reduce_scatterv`` (dim 0 and any dim,
+        as ``CudaCommunicator`` takes them), over gloo."""
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            backend = getattr(self, "all2all_backend", None)
+            if self.use_all2all and backend in MANAGERS:
+                self.all2all_manager = getattr(all2all, MANAGERS[backend])(self.cpu_group)
 
         def all_gatherv(self, input_, dim: int = 0, sizes=None):
             if dim != 0:

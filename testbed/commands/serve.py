@@ -1,0 +1,189 @@
+"""``a2a-testbed serve``: the engine's own server, DP + EP on the fake, answering a real client
+(:mod:`testbed.harness.serve`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NAME = "serve"
+
+
+def add_parser(sub, common) -> None:
+    """The command's flags; ``common`` adds the ones every engine command takes (the engine's
+    source, its output)."""
+    from testbed import integrations
+
+    p = sub.add_parser(
+        NAME, help="the engine's own server (vllm serve) with DP + EP on the fake, answering a real client, checked",
+        description=(
+            "Writes a tiny MoE checkpoint and tokenizer, starts the engine's own server on the loopback address with "
+            "data and expert parallel on the fake FlashInfer (every process it starts has the fake, the run's "
+            "shared memory and its recorders), sends concurrent requests of different lengths (streamed and not, "
+            "with prompt logprobs) through an OpenAI client, and checks every round every engine process recorded, "
+            "the step rule, and the answers against the same requests served at DP 1 without expert parallel. "
+            "With no --dp: the serve matrix."))
+    p.add_argument("--integration", choices=[i.name for i in integrations.engines() if i.engine.serve_command],
+                   default="vllm", help="whose server (default: %(default)s)")
+    p.add_argument("--dp", type=int, metavar="N", help="data-parallel ranks (each its own engine core)")
+    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel ranks per DP rank (default 1)")
+    p.add_argument("--path", default="one_sided", help="the all-to-all: one_sided (default) or two_sided")
+    p.add_argument("--requests", type=int, default=3, metavar="N",
+                   help="concurrent requests (default 3; fewer than --dp leaves a DP rank idle)")
+    p.add_argument("--dtype", default="bfloat16", help="the model's dtype: bfloat16 (default) or float32")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="the checkpoint's and the requests' seed")
+    p.add_argument("--profile", metavar="RELEASE",
+                   help="the fake's FlashInfer release (default: the one the engine's metadata pins)")
+    p.add_argument("--mutant", metavar="NAME", help="serve against this mutant of the engine's code")
+    p.add_argument("--mutants", action="store_true",
+                   help="hunt every mutant only a served engine reaches (its own serving loop): each on the serve "
+                        "matrix's entries, those with an idle DP rank first, until one kills it (default --timeout 90)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="per server run, from its start to its last answer (default 240)")
+    p.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
+    common(p)
+
+
+def main(args, usage_error) -> int:
+    from testbed import integrations
+    from testbed.harness import engine_tests, serve
+
+    engine = integrations.get(args.integration).engine
+    source = getattr(args, f"{args.integration}_source")
+    try:
+        version, code, _ = engine_tests.engine_source(engine, source)
+        pin = engine_tests.engine_pin(engine, source, version, args.profile)
+    except ValueError as e:
+        raise usage_error(str(e)) from None
+    if args.mutants and (args.mutant or args.dp is not None):
+        raise usage_error("--mutants hunts on the serve matrix: give no --mutant or --dp with it")
+    log = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="a2a-serve-", suffix=".log")[1])
+    with contextlib.ExitStack() as stack:
+        if args.verbose:
+            terminal = sys.stdout
+        else:
+            from testbed import console
+
+            # The servers write to the log themselves; this process's own imports of the engine
+            # (taking its release, its findings' and mutants' probes) print there too.
+            terminal = stack.enter_context(console.engine_output_to(str(log)))
+        scenarios = _scenarios(args, engine, source, version, pin, usage_error)
+        print(f"{engine.label} {version} served on FlashInfer {pin} (the fake)"
+              + ("" if args.verbose else f"; the engine's output: {log} (-v shows it live)"), file=terminal, flush=True)
+        if args.mutants:
+            return _hunt(args.integration, scenarios, code, args, log, terminal)
+        verdicts = _serve_all(scenarios, code, args, log, terminal)
+    if args.json:
+        Path(args.json).write_text(json.dumps([serve.as_json(v) for v in verdicts], indent=1))
+    errors = sum(bool(v.testbed_error) for v in verdicts)
+    failed = sum(not v.passed for v in verdicts) - errors
+    known = sum(bool(v.known) for v in verdicts)
+    print(f"{len(verdicts) - failed - errors} passed ({known} known), {failed} failed"
+          + (f", {errors} the testbed's errors" if errors else "") + f"; the engine's output: {log}", flush=True)
+    return 1 if failed or errors else 0
+
+
+def _scenarios(args, engine, source, version: str, pin: str, usage_error) -> list:
+    """The engine's release taken (this process judges it: its findings' and mutants' probes
+    read its code), the mutant checked, and the scenarios the flags name (the matrix without
+    --dp)."""
+    from testbed.harness import mutants, serve
+    from testbed.scenario.model import ScenarioInputError
+
+    why = engine.use(source)
+    if why:
+        raise usage_error(why)
+    if args.timeout is not None and not args.timeout > 0:
+        raise usage_error(f"--timeout: must be > 0, got {args.timeout}")
+    if args.mutant:
+        try:
+            owner = mutants.owner_of(args.mutant)
+        except ValueError as e:
+            raise usage_error(f"--mutant: {e}") from None
+        if owner.name != args.integration:
+            raise usage_error(f"--mutant: {args.mutant} changes --integration {owner.name}'s code, not "
+                              f"{args.integration}'s")
+        na = mutants.get(args.mutant).not_applicable_served()
+        if na:
+            raise usage_error(f"--mutant: {args.mutant} is {na[0]} on {engine.label} {version}: {na[1]}")
+    try:
+        if args.dp is None:
+            return serve.matrix(args.integration, pin, args.dtype, args.seed)
+        return [serve.ServeScenario(dp=args.dp, tp=args.tp, path=args.path, requests=args.requests,
+                                    integration=args.integration, dtype=args.dtype, profile=pin, seed=args.seed)]
+    except ScenarioInputError as e:
+        raise usage_error(str(e)) from None
+
+
+def _serve_all(scenarios, code, args, log: Path, terminal) -> list:
+    """Each scenario served and judged against one reference server (DP 1) of the most
+    requests any of them sends; each report printed as it ends."""
+    from testbed.harness import serve
+    from testbed.harness.invariants import Failure
+
+    timeout = args.timeout or serve.DEFAULT_TIMEOUT_S
+    live = args.verbose
+    most = max(scenarios, key=lambda s: s.requests)
+    started = time.monotonic()
+    reference, trouble = serve.serve_reference(most, most.requests, code=code, timeout_s=timeout,
+                                               log=None if live else log, live=live)
+    print(f"  reference: {most.requests} requests served at DP 1 without expert parallel in "
+          f"{time.monotonic() - started:.1f} s" + (f": {trouble}" if trouble else ""), file=terminal, flush=True)
+    verdicts = []
+    for i, ss in enumerate(scenarios, 1):
+        v = serve.run(ss, code=code, reference=reference, mutant=args.mutant, timeout_s=timeout,
+                      log=None if live else log, live=live)
+        if trouble:
+            v.failures.insert(0, Failure("completes", f"the reference server (DP 1, expert parallel off): {trouble}"))
+        verdicts.append(v)
+        print("\n".join(serve.report_lines(i, len(scenarios), v, mutant=args.mutant)), file=terminal, flush=True)
+    return verdicts
+
+
+HUNT_TIMEOUT_S = 90.0  # a mutant that hangs the server is killed at this; one that does not ends sooner
+
+
+def _hunt(integration: str, scenarios, code, args, log: Path, terminal) -> int:
+    """Each mutant only a served engine reaches (:attr:`Mutant.served`), served on the matrix's
+    entries (an idle DP rank first) until its ``expect`` pairs show; what ``a2a-testbed
+    mutants`` prints and writes, for these."""
+    from testbed.harness import mutants, serve
+
+    started = time.monotonic()
+    timeout = args.timeout or HUNT_TIMEOUT_S
+    catalogue = [m for m in mutants.catalogue(integration) if m.served]
+    absent = {m.name: na for m in catalogue if (na := m.not_applicable_served())}
+    order = sorted(scenarios, key=lambda ss: ss.requests >= ss.dp)
+    hunts = []
+    print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds", file=terminal, flush=True)
+    for name, (kind, why) in absent.items():
+        print(f"{name:32s} {'N/A':9s} {kind}: {why}", file=terminal, flush=True)
+    for m in (m for m in catalogue if m.name not in absent):
+        began, by, evidence = time.monotonic(), "", ""
+        for ss in order:
+            v = serve.run(ss, code=code, reference={}, mutant=m.name, timeout_s=timeout, log=log)
+            if v.testbed_error:
+                by = f"ERROR on {ss.label}: {v.testbed_error}"
+                break
+            hit = [f for f in v.failures if any(f.invariant == inv and piece in f.evidence for inv, piece in m.expect)]
+            if hit:
+                by, evidence = f"{hit[0].invariant} @ {ss.label}", hit[0].evidence
+                break
+        killed = bool(evidence)
+        hunts.append({"mutant": m.name, "killed": killed, "by": by or "no entry of the serve matrix",
+                      "scenario": by.partition(" @ ")[2] if killed else "", "evidence": evidence[:2000],
+                      "seconds": round(time.monotonic() - began, 3)})
+        print(f"{m.name:32s} {'KILLED' if killed else 'SURVIVED':9s} {hunts[-1]['by']:34s} "
+              f"{hunts[-1]['seconds']:6.1f}", file=terminal, flush=True)
+    killed = sum(h["killed"] for h in hunts)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "killed": killed, "total": len(hunts), "seconds": round(time.monotonic() - started, 3), "mutants": hunts,
+            "not_applicable": [{"mutant": n, "kind": k, "why": w} for n, (k, w) in absent.items()]}, indent=1))
+    print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s"
+          + (f" ({len(absent)} not applicable to this release)" if absent else ""), file=terminal, flush=True)
+    return 0 if hunts and killed == len(hunts) else 1

@@ -1,0 +1,237 @@
+"""``a2a-testbed serve``: the engine's own server with DP + EP on the fake, in its own
+processes, answering an OpenAI client (:mod:`testbed.harness.serve`); the process tree it
+starts and does not own (:mod:`testbed.harness.session`)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fakes.arena import PREFIX_ROOT, SHM_DIR, pid_alive
+from testbed.harness import mutants, serve, session
+from testbed.harness.invariants import Failure
+from testbed.integrations.base import Mutant
+from testbed.scenario.model import ScenarioInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- the scenario and its client's load ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, flag", [(dict(dp=0), "--dp"), (dict(dp=2, requests=0), "--requests"),
+                                          (dict(dp=2, path="naive"), "--path"), (dict(dp=2, dtype="fp8"), "--dtype"),
+                                          (dict(dp=2, profile="0.1.0"), "--profile"), (dict(dp=2, tp=0), "--tp")])
+def test_serve_scenario_bad_input_names_the_flag(fields, flag):
+    with pytest.raises(ScenarioInputError, match=flag):
+        serve.ServeScenario(**fields)
+
+
+def test_serve_requests_rebuilt_from_the_seed_whatever_the_deployment():
+    a = serve.ServeScenario(dp=2, requests=3, seed=5)
+    b = serve.ServeScenario(dp=4, tp=2, path="two_sided", requests=6, seed=5)
+    vocab = a.engine_scenario().checkpoint().vocab
+    for i in range(3):
+        assert a.request(i) == b.request(i)
+        rq = a.request(i)
+        assert 2 <= len(rq.prompt_P) <= serve.MAX_PROMPT and 1 <= rq.max_tokens <= serve.MAX_GENERATED
+        assert all(3 <= t < vocab for t in rq.prompt_P)
+        assert rq.stream == (i % 2 == 1)
+    assert a.request(0) != serve.ServeScenario(dp=2, seed=6).request(0)
+    # every request fits the server's model length
+    es = a.engine_scenario()
+    assert all(len(a.request(i).prompt_P) + a.request(i).max_tokens <= es.max_model_len for i in range(50))
+
+
+def test_serve_matrix_has_an_idle_dp_rank_on_each_path_and_tp_beside_dp():
+    entries = serve.matrix("vllm", "0.7.2.post1")
+    for path in ("one_sided", "two_sided"):
+        assert any(e.path == path and e.requests < e.dp for e in entries)
+        assert any(e.path == path and e.dp == 2 and e.requests > 1 for e in entries)
+    assert any(e.tp == 2 and e.dp == 2 for e in entries)
+    assert len({e.label for e in entries}) == len(entries)
+
+
+# --- the verdict ----------------------------------------------------------------------------
+
+
+def _answer(ids, top2=None, prompt=None):
+    return serve.Answer(list(ids), top2 or [[-1.0, -5.0]] * len(ids), prompt)
+
+
+def test_serve_answers_differ_beyond_a_near_tie_fail_and_a_near_tie_does_not():
+    ss = serve.ServeScenario(dp=2)
+    want = {0: _answer([5, 6, 7], [[-1.0, -5.0], [-2.0, -2.00001], [-1.0, -4.0]], [-3.0, -4.0]),
+            1: _answer([9, 9], prompt=None)}
+    v = serve.ServeVerdict(ss)
+    serve._compare(ss, {0: _answer([5, 8, 1], prompt=[-3.00001, -4.0]), 1: _answer([9, 9])}, want, v)
+    assert v.passed, v.failures  # token 1 is a near tie of the reference's; after it nothing is compared
+    v = serve.ServeVerdict(ss)
+    serve._compare(ss, {0: _answer([6, 6, 7], prompt=[-3.0, -4.0]), 1: _answer([9])}, want, v)
+    assert [f.invariant for f in v.failures] == ["answers"]
+    assert "request 0 token 0: generated 6, the reference 5" in v.failures[0].evidence
+    assert "request 1: 1 tokens generated, the reference 2" in v.failures[0].evidence
+    v = serve.ServeVerdict(ss)
+    serve._compare(ss, {0: _answer([5, 6, 7], prompt=[-3.0, -4.5])}, want, v)
+    assert "prompt token 2: logprob -4.5000, the reference -4.0000" in v.failures[0].evidence
+    assert v.worst_logprob == pytest.approx(0.5)
+
+
+def test_serve_report_at_most_15_lines_verdict_last():
+    ss = serve.ServeScenario(dp=4, requests=2, label="one_sided DP4 idle")
+    v = serve.ServeVerdict(ss, failures=[Failure(f"inv{i}", "line\n" * 30) for i in range(9)],
+                           rounds={r: 10 for r in range(4)},
+                           steps={r: [(p, 1, (1, 1, 1, 5)) for p in range(40)] for r in range(4)})
+    lines = serve.report_lines(3, 5, v, mutant="v-x")
+    assert len(lines) <= 15
+    assert lines[-1].startswith("FAIL   3/5") and "DP4" in lines[-1]
+    assert any("--mutant v-x" in line for line in lines)
+    v = serve.ServeVerdict(ss, testbed_error="mutant v-x could not be applied")
+    assert serve.report_lines(1, 1, v)[-1].startswith("ERROR") and not v.passed
+
+
+# --- mutants only a served engine reaches --------------------------------------------------
+
+
+def test_serve_only_mutant_is_not_applicable_below_and_hunted_served():
+    m = Mutant.of("x", "d", "m:f", "a", "b", ("completes", "timed out"), served="the engine core's busy loop")
+    kind, why = m.not_applicable()
+    assert kind == "served" and "a2a-testbed serve --mutant x" in why
+    assert m.not_applicable_served() is None
+    absent = Mutant.of("y", "d", "m:f", "a", "b", ("completes", ""), served="z", requires=lambda: "no such code")
+    assert absent.not_applicable() == ("absent", "no such code") == absent.not_applicable_served()
+
+
+def _wrapping(fn):
+    def wrapper(*a):
+        return fn(*a)
+    return wrapper
+
+
+def _keeping(fn):
+    @functools.wraps(fn)
+    def wrapper(*a):
+        return fn(*a)
+    return wrapper
+
+
+def test_mutant_source_is_the_decorated_function_s_own():
+    @_wrapping
+    def loop(x):
+        return x + 1
+
+    @_keeping
+    def other(x):
+        return x + 2
+
+    assert "return x + 1" in "".join(__import__("inspect").getsourcelines(mutants._undecorated(loop, "loop"))[0])
+    assert "return x + 2" in "".join(__import__("inspect").getsourcelines(mutants._undecorated(other, "other"))[0])
+
+
+# --- a process tree the testbed does not own -----------------------------------------------
+
+
+def test_session_kill_leaves_no_process_of_the_tree(tmp_path):
+    with open(tmp_path / "out", "wb") as out:
+        proc = session.start(["sh", "-c", "sleep 60 & (setsid sleep 60 &) ; sleep 60 & wait"], env=dict(os.environ),
+                             cwd=tmp_path, out=out)
+        deadline = time.monotonic() + 10
+        while len(session.members(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        members = session.members(proc.pid)
+        assert len(members) >= 3
+        session.kill(proc)
+    assert not [p for p in members if pid_alive(p)]
+
+
+def test_session_leader_dies_with_the_testbed(tmp_path):
+    """The testbed killed with SIGKILL: the session it started goes too (its leader's
+    parent-death signal), so no engine server outlives it."""
+    script = (f"import sys, os; sys.path.insert(0, {str(ROOT)!r})\n"
+              "from testbed.harness import session\n"
+              f"p = session.start(['sleep', '60'], env=dict(os.environ), cwd='.', out=open(os.devnull, 'wb'))\n"
+              "print(p.pid, flush=True)\n"
+              "import time; time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert pid_alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child)
+
+
+# --- vLLM served -------------------------------------------------------------------------------
+
+
+def _servers_of_this_test() -> list[int]:
+    """The processes of every session this test process leads the start of (the servers it
+    started; another test's servers, in another process, are not among them)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        if int(fields[1]) == os.getpid() and int(fields[3]) == pid:  # a child leading its own session
+            found += session.members(pid)
+    return found
+
+
+def _segments() -> set[str]:
+    return {p.name for p in SHM_DIR.glob(f"{PREFIX_ROOT}-{os.getpid()}-serve*")}
+
+
+@pytest.mark.needs("vllm")
+def test_serve_vllm_dp2_every_engine_process_recorded_and_answers_match_dp1(tmp_path):
+    ss = serve.ServeScenario(dp=2, requests=3)
+    v = serve.run(ss, log=tmp_path / "engine.log", timeout_s=300)
+    assert v.passed, "\n".join(serve.report_lines(1, 1, v)) + f"\nlog: {(tmp_path / 'engine.log').read_text()[-3000:]}"
+    assert len(v.served.answers) == 3 and not v.served.trouble
+    assert set(v.rounds) == {0, 1} and all(n > 0 for n in v.rounds.values())
+    assert len(set(v.served.pids.values())) == 2  # two engine processes, each one rank
+    assert all(steps and all(min(dp) >= 1 for _, _, dp in steps) for steps in v.steps.values())
+    assert not [p for p in v.served.pids.values() if pid_alive(p)]
+    assert not _segments()
+
+
+@pytest.mark.needs("vllm")
+def test_serve_vllm_timeout_names_every_stuck_process_and_leaves_none(tmp_path):
+    """The served-only mutant: an idle engine core stops stepping, its peer's forward waits;
+    the run times out, every process of the run reports where it waits, none survives."""
+    ss = serve.ServeScenario(dp=2, requests=1)
+    v = serve.run(ss, reference={}, mutant="v-dp-wave-decided-locally", log=tmp_path / "engine.log", timeout_s=90)
+    completes = [f.evidence for f in v.failures if f.invariant == "completes"]
+    assert completes and "timed out" in completes[0], serve.report_lines(1, 1, v)
+    assert completes[0].count("process ") >= 4  # API server, engine cores, workers: each with its frame
+    assert not [p for p in v.served.pids.values() if pid_alive(p)]
+    assert not _segments()
+
+
+@pytest.mark.needs("vllm")
+def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monkeypatch):
+    ask, killed = serve._ask, []
+
+    def kill_then_ask(ss, port, deadline):
+        for pid in _servers_of_this_test():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return ask(ss, port, deadline)
+
+    monkeypatch.setattr(serve, "_ask", kill_then_ask)
+    v = serve.run(serve.ServeScenario(dp=2, requests=2), reference={}, log=tmp_path / "engine.log", timeout_s=120)
+    assert len(killed) >= 5, killed  # the API server, its DP coordinator and API servers, engine cores, workers
+    assert not v.passed and v.served.trouble
+    assert not [p for p in killed if pid_alive(p)]
+    assert not _servers_of_this_test()
+    assert not _segments()
