@@ -5,6 +5,11 @@ so a write by one rank is visible to all (``torch.distributed._symmetric_memory`
 CPU support). Every segment of a scenario carries the scenario's prefix, which is how
 they are found again and unlinked: by the parent when the scenario ends, by a surviving
 rank when the parent dies, and by :func:`sweep_orphans` at the next pool start.
+
+Processes an engine starts itself also create POSIX shared memory of their own (vLLM's
+message queues, multiprocessing's named semaphores), which they cannot remove when they are
+killed. Each such process of an arena notes what it creates in the arena's register
+(:func:`record_created`, ``<prefix>created``); the arena's end removes those too.
 """
 
 from __future__ import annotations
@@ -26,14 +31,40 @@ def scenario_prefix(owner_pid: int, token: str) -> str:
     return f"{PREFIX_ROOT}-{owner_pid}-{token}-"
 
 
+CREATED = "created"  # after an arena's prefix: its register of what its processes created
+
+
 def unlink_prefix(prefix: str) -> list[str]:
-    """Unlink every segment whose name starts with ``prefix``; return the names removed."""
-    return _unlink_all(SHM_DIR.glob(prefix + "*"))
+    """Unlink every segment whose name starts with ``prefix``, and what the arena's register
+    names; return the names removed."""
+    return _unlink_all(_registered(SHM_DIR / (prefix + CREATED)) + list(SHM_DIR.glob(prefix + "*")))
 
 
 def sweep_orphans() -> list[str]:
-    """Unlink the segments of pools whose owner process no longer exists."""
-    return _unlink_all(p for p in SHM_DIR.glob(PREFIX_ROOT + "-*") if _owner_gone(p.name))
+    """Unlink the segments of pools whose owner process no longer exists (and what their
+    registers name)."""
+    gone = [p for p in SHM_DIR.glob(PREFIX_ROOT + "-*") if _owner_gone(p.name)]
+    return _unlink_all([q for p in gone if p.name.endswith("-" + CREATED) for q in _registered(p)] + gone)
+
+
+def record_created(prefix: str, name: str) -> None:
+    """Note in arena ``prefix``'s register that this process created POSIX shared memory
+    ``name`` (as ``shm_open`` takes it: ``/psm_1234``, or ``/sem.mp-ab12`` for a named
+    semaphore's file); one ``os.write`` per line, whole even among concurrent processes."""
+    fd = os.open(SHM_DIR / (prefix + CREATED), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, (name + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _registered(register: Path) -> list[Path]:
+    try:
+        names = register.read_text().split()
+    except FileNotFoundError:
+        return []
+    # Plain names in SHM_DIR only: a line is never a path elsewhere.
+    return [SHM_DIR / n.lstrip("/") for n in names if _KEY_RE.fullmatch(n.lstrip("/"))]
 
 
 def _unlink_all(paths) -> list[str]:

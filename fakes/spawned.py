@@ -109,4 +109,31 @@ def install_here() -> None:
         from fakes.arena import ShmArena
 
         ShmArena(os.environ[ARENA_ENV]).activate()
+        _register_what_is_created(os.environ[ARENA_ENV])
+
+
+def _register_what_is_created(prefix: str) -> None:
+    """Every POSIX shared memory segment and named semaphore this process creates through
+    ``multiprocessing`` (an engine's message queues, its locks under ``spawn``), noted in the
+    arena's register (:func:`fakes.arena.record_created`): a process killed before it unlinks
+    them leaves them to the arena's end, never in ``/dev/shm`` for good."""
+    from multiprocessing import shared_memory, synchronize
+
+    from fakes.arena import record_created
+
+    shm_init, sem_init = shared_memory.SharedMemory.__init__, synchronize.SemLock.__init__
+
+    def shm(self, name=None, create=False, size=0, *a, **k):
+        shm_init(self, name, create, size, *a, **k)
+        if create:
+            record_created(prefix, self._name)
+
+    def sem(self, *a, **k):
+        sem_init(self, *a, **k)
+        name = getattr(self._semlock, "name", None)  # None: unlinked at once (fork), nothing left behind
+        if name:
+            record_created(prefix, "/sem." + name.lstrip("/"))
+
+    shared_memory.SharedMemory.__init__ = shm
+    synchronize.SemLock.__init__ = sem
 

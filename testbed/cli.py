@@ -178,24 +178,6 @@ def _parser() -> argparse.ArgumentParser:
     en.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     _output_arguments(en)
     _source_arguments(en)
-    et = sub.add_parser(
-        "engine-tests", help="the engine's own multi-GPU tests of its FlashInfer all-to-all, run on the CPU",
-        description=(
-            "Runs the engine repository's own tests of its FlashInfer all-to-all (a checkout's, or a release's from "
-            "its source distribution) with pytest --fake-flashinfer=PIN --fake-devices N: the fake in every process "
-            "the tests spawn, N stand-in accelerators. The engine's output goes to a log; one line per test that "
-            "did not pass, the verdict last. Arguments after -- go to pytest."))
-    et.add_argument("--integration", choices=_integrations().names(), default="vllm",
-                    help="whose tests (default: %(default)s)")
-    et.add_argument("--profile", metavar="RELEASE",
-                    help="the fake's FlashInfer release (default: the one the engine's metadata or checkout pins)")
-    et.add_argument("--devices", type=int, default=2, metavar="N", help="stand-in accelerators (default 2)")
-    et.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                    help="for the whole pytest session, after which it and its workers are killed (default 1800)")
-    et.add_argument("--junit-xml", metavar="PATH", help="keep pytest's JUnit XML report here")
-    _output_arguments(et)
-    et.add_argument("pytest_args", nargs="*", metavar="-- PYTEST-ARGS", help="passed to pytest as they are")
-    _source_arguments(et)
     for name in _commands():
         _command(name).add_parser(sub, lambda p: (_output_arguments(p), _source_arguments(p)))
     ct = sub.add_parser(
@@ -311,10 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
             return 2
-    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "engine-tests", "findings", "sweep", "history"):
+    if args.command in ("run", "fuzz", "mutants", "contract", "engine", "findings", "sweep", "history"):
         try:
             return {"run": _run, "fuzz": _fuzz, "mutants": _mutants, "contract": _contract, "engine": _engine,
-                    "engine-tests": _engine_tests, "findings": _findings, "sweep": _sweep,
+                    "findings": _findings, "sweep": _sweep,
                     "history": _history}[args.command](args)
         except UsageError as e:
             print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
@@ -332,30 +314,7 @@ def _commands() -> tuple[str, ...]:
 def _command(name: str):
     import importlib
 
-    return importlib.import_module(f"testbed.commands.{name}")
-
-
-def _engine_tests(args) -> int:
-    import tempfile
-    from pathlib import Path
-
-    from testbed.harness import engine_tests
-
-    if args.devices < 1:
-        raise UsageError(f"--devices: the number of stand-in accelerators must be >= 1, got {args.devices}")
-    engine = _integrations().get(args.integration).engine
-    try:
-        plan = engine_tests.plan_for(engine, getattr(args, f"{args.integration}_source"), args.profile, args.devices)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    log = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="a2a-engine-tests-", suffix=".log")[1])
-    junit = Path(args.junit_xml) if args.junit_xml else log.with_suffix(".xml")
-    print(f"{plan.engine}: pytest's and the engine's output: {log} (-v shows it live)" if not args.verbose
-          else plan.engine, flush=True)
-    outcomes, trouble = engine_tests.run(plan, log, junit, args.timeout, tuple(args.pytest_args), live=args.verbose)
-    lines = engine_tests.summary_lines(plan, outcomes, trouble)
-    print("\n".join(lines), flush=True)
-    return 0 if lines[-1].startswith("PASS") else 1
+    return importlib.import_module(f"testbed.commands.{name.replace('-', '_')}")
 
 
 class UsageError(ValueError):

@@ -192,8 +192,24 @@ def _segments() -> set[str]:
     return {p.name for p in SHM_DIR.glob(f"{PREFIX_ROOT}-{os.getpid()}-serve*")}
 
 
+@pytest.fixture
+def registered(monkeypatch):
+    """What the served runs' processes noted in their arenas' registers (vLLM's message
+    queues, multiprocessing's semaphores), read as each arena ends."""
+    from fakes import arena
+
+    names, unlink = [], arena.unlink_prefix
+
+    def unlink_prefix(prefix):
+        names.extend(arena._registered(SHM_DIR / (prefix + arena.CREATED)))
+        return unlink(prefix)
+
+    monkeypatch.setattr(arena, "unlink_prefix", unlink_prefix)
+    return names
+
+
 @pytest.mark.needs("vllm")
-def test_serve_vllm_dp2_every_engine_process_recorded_and_answers_match_dp1(tmp_path):
+def test_serve_vllm_dp2_every_engine_process_recorded_and_answers_match_dp1(tmp_path, registered):
     ss = serve.ServeScenario(dp=2, requests=3)
     v = serve.run(ss, log=tmp_path / "engine.log", timeout_s=300)
     assert v.passed, "\n".join(serve.report_lines(1, 1, v)) + f"\nlog: {(tmp_path / 'engine.log').read_text()[-3000:]}"
@@ -203,10 +219,12 @@ def test_serve_vllm_dp2_every_engine_process_recorded_and_answers_match_dp1(tmp_
     assert all(steps and all(min(dp) >= 1 for _, _, dp in steps) for steps in v.steps.values())
     assert not [p for p in v.served.pids.values() if pid_alive(p)]
     assert not _segments()
+    assert any(p.name.startswith("psm_") for p in registered)  # vLLM's message queues, noted where made
+    assert not [p for p in registered if p.exists()]
 
 
 @pytest.mark.needs("vllm")
-def test_serve_vllm_timeout_names_every_stuck_process_and_leaves_none(tmp_path):
+def test_serve_vllm_timeout_names_every_stuck_process_and_leaves_none(tmp_path, registered):
     """The served-only mutant: an idle engine core stops stepping, its peer's forward waits;
     the run times out, every process of the run reports where it waits, none survives."""
     ss = serve.ServeScenario(dp=2, requests=1)
@@ -216,10 +234,11 @@ def test_serve_vllm_timeout_names_every_stuck_process_and_leaves_none(tmp_path):
     assert completes[0].count("process ") >= 4  # API server, engine cores, workers: each with its frame
     assert not [p for p in v.served.pids.values() if pid_alive(p)]
     assert not _segments()
+    assert registered and not [p for p in registered if p.exists()]
 
 
 @pytest.mark.needs("vllm")
-def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monkeypatch):
+def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monkeypatch, registered):
     ask, killed = serve._ask, []
 
     def kill_then_ask(ss, port, deadline):
@@ -235,3 +254,4 @@ def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monke
     assert not [p for p in killed if pid_alive(p)]
     assert not _servers_of_this_test()
     assert not _segments()
+    assert registered and not [p for p in registered if p.exists()]

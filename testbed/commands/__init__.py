@@ -2,4 +2,4 @@
 ``add_parser(sub)`` (its sub-command's flags) and ``main(args)`` (exit status). A new command is
 a new module here, named in :data:`COMMANDS`; the rest are still in :mod:`testbed.cli`."""
 
-COMMANDS = ("serve",)
+COMMANDS = ("engine-tests", "serve")

@@ -201,13 +201,7 @@ def start_process(run_dir: str) -> None:
         from testbed.harness import mutants
 
         integrations.register(plan["module"])
-        try:
-            mutants.apply(plan["mutant"])
-        except Exception as e:  # noqa: BLE001  (the testbed's: the report says so, never the engine's failure)
-            with open(os.path.join(run_dir, "testbed-error"), "a") as f:
-                f.write(f"mutant {plan['mutant']} could not be applied in process {os.getpid()}: "
-                        f"{type(e).__name__}: {e}\n")
-            raise
+        mutants.apply(plan["mutant"])  # a MutantError: the testbed's (the plugin writes it down)
 
 
 def start_rank(run_dir: str, rank: int, world_size: int, ep_ranks: tuple[int, ...]):
@@ -392,7 +386,10 @@ def _ask(ss: ServeScenario, port: int, deadline: float) -> tuple[dict[int, Answe
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="testbed", max_retries=0)
-    model = client.models.list().data[0].id
+    try:
+        model = client.models.list(timeout=max(1.0, deadline - time.monotonic())).data[0].id
+    except Exception as e:  # noqa: BLE001  (the server gone or refusing: the run's trouble)
+        return {}, f"the server's model list: {type(e).__name__}: {e}"
 
     def one(i: int) -> Answer:
         rq = ss.request(i)

@@ -26,6 +26,7 @@ run directory (:data:`RUN_ENV`); everywhere else it does nothing. The platform
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -38,7 +39,21 @@ def plugin() -> None:
     """vLLM's general-plugin hook."""
     if not (os.environ.get(DEVICES_ENV) and os.environ.get(SERVE_RUN_ENV)):
         return
-    _apply(os.environ[SERVE_RUN_ENV])
+    with _testbed_errors(os.environ[SERVE_RUN_ENV]):
+        _apply(os.environ[SERVE_RUN_ENV])
+
+
+@contextlib.contextmanager
+def _testbed_errors(run_dir: str):
+    """What the testbed's own code raises in an engine process, written where the serving
+    command reads it (``testbed-error``), so that the report blames the testbed, never the
+    engine; then raised on, as the engine would see it."""
+    try:
+        yield
+    except BaseException as e:
+        with open(os.path.join(run_dir, "testbed-error"), "a") as f:
+            f.write(f"process {os.getpid()}: {type(e).__name__}: {e}\n")
+        raise
 
 
 class _ProcessLife:
@@ -100,12 +115,13 @@ def _on_groups(run_dir: str, plan: dict, life: _ProcessLife) -> None:
         out = formed(*a, **k)
         import torch.distributed as dist
 
-        rank, world = dist.get_rank(), dist.get_world_size()
-        log = _named(plan["start_rank"])(run_dir, rank, world, tuple(ps.get_ep_group().ranks))
-        from testbed.integrations.vllm import llm
+        with _testbed_errors(run_dir):
+            rank, world = dist.get_rank(), dist.get_world_size()
+            log = _named(plan["start_rank"])(run_dir, rank, world, tuple(ps.get_ep_group().ranks))
+            from testbed.integrations.vllm import llm
 
-        llm.record_prepares(life, plan["path"], _Steps(os.path.join(run_dir, f"steps{rank}.jsonl")))
-        llm.log_layers(life, log)
+            llm.record_prepares(life, plan["path"], _Steps(os.path.join(run_dir, f"steps{rank}.jsonl")))
+            llm.log_layers(life, log)
         return out
 
     ps.initialize_model_parallel = initialize_model_parallel
