@@ -41,9 +41,10 @@ def add_parser(sub, common) -> None:
     p.add_argument("--mutant", metavar="NAME", help="serve against this mutant of the engine's code")
     p.add_argument("--mutants", action="store_true",
                    help="hunt every mutant only a served engine reaches (its own serving loop): each on the serve "
-                        "matrix's entries, those with an idle DP rank first, until one kills it (default --timeout 90)")
+                        "matrix's entries, those with an idle DP rank first, until one kills it (default --timeout 60)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="per server run, from its start to its last answer (default 240)")
+                   help="per server run, from its readiness to its last answer (default 240; its start-up has "
+                        "400 s of its own)")
     p.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     common(p)
 
@@ -144,7 +145,7 @@ def _serve_all(scenarios, code, args, log: Path, terminal) -> list:
     return verdicts
 
 
-HUNT_TIMEOUT_S = 90.0  # a mutant that hangs the server is killed at this; one that does not ends sooner
+HUNT_TIMEOUT_S = 60.0  # answers normally take 20-30 s here; a mutant that hangs the served engine ends at this
 
 
 def _hunt(integration: str, scenarios, code, args, log: Path, terminal) -> int:

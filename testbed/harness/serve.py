@@ -55,7 +55,11 @@ from testbed.scenario.engine import FIRST_TOKEN_ID, EngineScenario
 from testbed.scenario.events import Collective, LogTail
 from testbed.scenario.model import ScenarioInputError
 
-DEFAULT_TIMEOUT_S = 240.0
+DEFAULT_TIMEOUT_S = 240.0  # from the server's readiness to its last answer
+# The server's start-up, its own limit: DP 4 starts 13 processes, each importing vLLM and torch
+# (measured 70-118 s on 2 cores); a hang there is not a hang of the answers.
+STARTUP_TIMEOUT_S = 400.0
+TIMED_OUT = "timed out"  # in a run's trouble where its time ran out (the watchdog's stacks follow)
 # The recorders' collective of each API's dispatch: MoeAlltoAll's, moe_ep's, MnnvlMoe's (two-sided).
 DISPATCH_OPS = ("moe_a2a_dispatch", "moe_ep_dispatch", "mnnvl_moe_alltoallv")
 STOP_GRACE_S = 20.0  # the server's own shutdown, before the rest of its session is killed
@@ -328,7 +332,6 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
     stacks.mkdir()
     env |= {SERVE_RUN_ENV: run_dir, STACKS_ENV: str(stacks)}
     served = Served()
-    deadline = time.monotonic() + timeout_s
     out = open(log, "ab") if log else open(os.devnull, "wb")
     with out:
         out.write(f"\n=== {'reference ' if reference else ''}{' '.join(argv)}\n".encode())
@@ -336,13 +339,13 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
         proc = session.start(argv, env=env, cwd=run_dir, out=out, live=live)
         try:
             began = time.monotonic()
-            served.trouble = _ready(proc, port, deadline)
+            served.trouble = _ready(proc, port, began + STARTUP_TIMEOUT_S)
             served.ready_s = time.monotonic() - began
             if served.trouble is None:
                 began = time.monotonic()
-                served.answers, served.trouble = _ask(ss, port, deadline)
+                served.answers, served.trouble = _ask(ss, port, began + timeout_s)
                 served.answered_s = time.monotonic() - began
-            if served.trouble and "timed out" in served.trouble:
+            if served.trouble and TIMED_OUT in served.trouble:
                 served.trouble += "; the run's processes, killed, were at:\n" + "\n".join(session.stuck(proc, stacks, out))
         finally:
             _stop(proc)
@@ -377,14 +380,15 @@ def _ready(proc, port: int, deadline: float) -> Optional[str]:
             proc.wait(timeout=0.5)
         except Exception:  # noqa: BLE001  (subprocess.TimeoutExpired: still starting)
             pass
-    return "timed out before the server was ready"
+    return f"{TIMED_OUT} before the server was ready ({STARTUP_TIMEOUT_S:.0f} s)"
 
 
 def _ask(ss: ServeScenario, port: int, deadline: float) -> tuple[dict[int, Answer], Optional[str]]:
-    """Every request of ``ss`` at once, each by a client of its own; the answers and the first
-    error (or None)."""
+    """Every request of ``ss`` at once, each by a client of its own, all answered by
+    ``deadline``; the answers and the first error (or None)."""
     from openai import OpenAI
 
+    started = time.monotonic()
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="testbed", max_retries=0)
     try:
         model = client.models.list(timeout=max(1.0, deadline - time.monotonic())).data[0].id
@@ -417,7 +421,9 @@ def _ask(ss: ServeScenario, port: int, deadline: float) -> tuple[dict[int, Answe
                 answers[i] = fut.result()
             except Exception as e:  # noqa: BLE001  (an HTTP error, a timeout: the run's trouble)
                 timed_out = "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower()
-                trouble = trouble or (f"request {i}: timed out" if timed_out else f"request {i}: {type(e).__name__}: {e}")
+                trouble = trouble or (f"request {i}: no answer within {deadline - started:.0f} s of the server's "
+                                      f"readiness ({TIMED_OUT})" if timed_out else
+                                      f"request {i}: {type(e).__name__}: {e}")
     return answers, trouble
 
 

@@ -213,7 +213,7 @@ VLLM_CATALOGUE: tuple[Mutant, ...] = (
        "requests, not every core's): an idle core stops stepping dummy batches while a peer still runs forwards, "
        "whose all-to-all and DP synchronisation then wait for it", V_DP_LOOP,
        "self.engines_running = self._has_global_unfinished_reqs(",
-       "self.engines_running = (lambda local_unfinished: local_unfinished)(", ("completes", "timed out"),
+       "self.engines_running = (lambda local_unfinished: local_unfinished)(", ("completes", "no answer within"),
        served="vLLM's DPEngineCoreProc busy loop, one per DP rank of `vllm serve`"),
     # -- the shared communication's replacement rule (seed 001 in vLLM's manager) ----------------
     _m("v-first-layer-communication", "historical bug 2: the first layer's communication is kept whatever later "
