@@ -36,8 +36,11 @@ CREATED = "created"  # after an arena's prefix: its register of what its process
 
 def unlink_prefix(prefix: str) -> list[str]:
     """Unlink every segment whose name starts with ``prefix``, and what the arena's register
-    names; return the names removed."""
-    return _unlink_all(_registered(SHM_DIR / (prefix + CREATED)) + list(SHM_DIR.glob(prefix + "*")))
+    names; return the names removed (the register, bookkeeping, not among them)."""
+    register = SHM_DIR / (prefix + CREATED)
+    removed = _unlink_all(_registered(register) + [p for p in SHM_DIR.glob(prefix + "*") if p != register])
+    _unlink_all([register])
+    return removed
 
 
 def sweep_orphans() -> list[str]:

@@ -149,3 +149,38 @@ def test_spawned_pytest_fake_flashinfer_reaches_the_tests_own_spawned_processes(
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     without = subprocess.run(base, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert without.returncode == 1 and "No module named 'flashinfer'" in without.stdout, without.stdout[-3000:]
+
+
+LEAVES_BEHIND = '''
+import multiprocessing as mp, os, signal, sys
+from multiprocessing import resource_tracker, shared_memory
+segment = shared_memory.SharedMemory(create=True, size=64)
+lock = mp.get_context("spawn").Lock()
+print(segment._name, "/sem." + lock._semlock.name.lstrip("/"), flush=True)
+# As a session killed whole: the resource tracker that would unlink them at exit goes first.
+os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
+os._exit(0)
+'''
+
+
+def test_spawned_what_a_process_creates_in_dev_shm_goes_with_the_arena(tmp_path):
+    """An engine's process killed before its clean-up leaves its POSIX shared memory and named
+    semaphores behind: each is noted in the arena's register as it is made, and removed at the
+    arena's end."""
+    from fakes.arena import SHM_DIR, scenario_prefix, unlink_prefix
+
+    env = _env()
+    prefix = scenario_prefix(os.getpid(), f"leaves{os.urandom(4).hex()}")
+    spawned.enable("0.6.16", env, arena=prefix)
+    (tmp_path / "leaves.py").write_text(LEAVES_BEHIND)
+    try:
+        done = subprocess.run([sys.executable, str(tmp_path / "leaves.py")], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        names = done.stdout.split()
+        left = [SHM_DIR / n.lstrip("/") for n in names]
+        assert len(names) == 2 and all(p.exists() for p in left), names
+    finally:
+        removed = unlink_prefix(prefix)
+    assert sorted(removed) == sorted(p.name for p in left)
+    assert not [p for p in left if p.exists()] and not list(SHM_DIR.glob(prefix + "*"))
