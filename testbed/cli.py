@@ -1085,16 +1085,16 @@ def _hunt(args, catalogue, names, engine) -> int:
     scenarios = on_integration(args.integration, engine.pinned() if engine else None)[0]
     started = time.monotonic()
     hunts = []
-    print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds")
+    print(report.hunt_header())
     absent = {m.name: mutants.not_applicable(m) for m in catalogue if m.name in names}
     absent = {name: found for name, found in absent.items() if found}
     for name, (kind, why) in absent.items():
-        print(f"{name:32s} {'N/A':9s} {kind}: {why}", flush=True)
+        print(report.not_applicable_line(name, kind, why), flush=True)
     names = [name for name in names if name not in absent]
     hints = _kill_hints(args.hints)
 
     def show(h) -> None:
-        print(f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}", flush=True)
+        print(report.hunt_line(h), flush=True)
         hunts.append(h)
 
     if args.ray:
@@ -1117,12 +1117,8 @@ def _hunt(args, catalogue, names, engine) -> int:
                                                 f"--integration {args.integration} --only {h.mutant}")
             for h in hunts], time.monotonic() - started)
     if args.json:
-        report.dump_json(args.json, {"killed": killed, "total": len(hunts),
-                                     "seconds": round(time.monotonic() - started, 3),
-                                     "mutants": [h.__dict__ for h in hunts],
-                                     "not_applicable": [{"mutant": n, "kind": k, "why": w} for n, (k, w) in absent.items()]})
-    print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s"
-          + (f" ({len(absent)} not applicable to this release)" if absent else ""))
+        report.dump_json(args.json, report.hunts_json(hunts, absent, time.monotonic() - started))
+    print(report.hunts_summary(hunts, absent, time.monotonic() - started))
     return 0 if killed == len(hunts) else 1
 
 

@@ -150,9 +150,9 @@ HUNT_TIMEOUT_S = 60.0  # answers normally take 20-30 s here; a mutant that hangs
 
 def _hunt(integration: str, scenarios, code, args, log: Path, terminal) -> int:
     """Each mutant only a served engine reaches (:attr:`Mutant.served`), served on the matrix's
-    entries (an idle DP rank first) until its ``expect`` pairs show; what ``a2a-testbed
-    mutants`` prints and writes, for these."""
-    from testbed.harness import mutants, serve
+    entries (an idle DP rank first) until one of its ``expect`` pairs shows
+    (:func:`runner.killing_failure`); printed and written as ``a2a-testbed mutants`` does."""
+    from testbed.harness import mutants, report, runner, serve
 
     started = time.monotonic()
     timeout = args.timeout or HUNT_TIMEOUT_S
@@ -160,31 +160,24 @@ def _hunt(integration: str, scenarios, code, args, log: Path, terminal) -> int:
     absent = {m.name: na for m in catalogue if (na := m.not_applicable_served())}
     order = sorted(scenarios, key=lambda ss: ss.requests >= ss.dp)
     hunts = []
-    print(f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds", file=terminal, flush=True)
+    print(report.hunt_header(), file=terminal, flush=True)
     for name, (kind, why) in absent.items():
-        print(f"{name:32s} {'N/A':9s} {kind}: {why}", file=terminal, flush=True)
+        print(report.not_applicable_line(name, kind, why), file=terminal, flush=True)
     for m in (m for m in catalogue if m.name not in absent):
-        began, by, evidence = time.monotonic(), "", ""
+        began, h = time.monotonic(), None
         for ss in order:
             v = serve.run(ss, code=code, reference={}, mutant=m.name, timeout_s=timeout, log=log)
-            if v.testbed_error:
-                by = f"ERROR on {ss.label}: {v.testbed_error}"
+            if v.testbed_error:  # a mutant the testbed cannot apply is broken, never killed
+                h = runner.Hunt(m.name, False, f"broken: {v.testbed_error}", time.monotonic() - began)
                 break
-            hit = [f for f in v.failures if any(f.invariant == inv and piece in f.evidence for inv, piece in m.expect)]
-            if hit:
-                by, evidence = f"{hit[0].invariant} @ {ss.label}", hit[0].evidence
+            f = runner.killing_failure(m, v.failures + v.known_failures)
+            if f is not None:
+                h = runner.Hunt(m.name, True, f"{f.invariant} @ {ss.label}", time.monotonic() - began,
+                                f.evidence.splitlines()[0][:300], ss.label)
                 break
-        killed = bool(evidence)
-        hunts.append({"mutant": m.name, "killed": killed, "by": by or "no entry of the serve matrix",
-                      "scenario": by.partition(" @ ")[2] if killed else "", "evidence": evidence[:2000],
-                      "seconds": round(time.monotonic() - began, 3)})
-        print(f"{m.name:32s} {'KILLED' if killed else 'SURVIVED':9s} {hunts[-1]['by']:34s} "
-              f"{hunts[-1]['seconds']:6.1f}", file=terminal, flush=True)
-    killed = sum(h["killed"] for h in hunts)
+        hunts.append(h or runner.Hunt(m.name, False, "survived", time.monotonic() - began))
+        print(report.hunt_line(hunts[-1]), file=terminal, flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "killed": killed, "total": len(hunts), "seconds": round(time.monotonic() - started, 3), "mutants": hunts,
-            "not_applicable": [{"mutant": n, "kind": k, "why": w} for n, (k, w) in absent.items()]}, indent=1))
-    print(f"killed {killed} of {len(hunts)} in {time.monotonic() - started:.1f} s"
-          + (f" ({len(absent)} not applicable to this release)" if absent else ""), file=terminal, flush=True)
-    return 0 if hunts and killed == len(hunts) else 1
+        report.dump_json(args.json, report.hunts_json(hunts, absent, time.monotonic() - started))
+    print(report.hunts_summary(hunts, absent, time.monotonic() - started), file=terminal, flush=True)
+    return 0 if hunts and all(h.killed for h in hunts) else 1

@@ -11,7 +11,6 @@ pass, and the verdict last.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -21,11 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.harness import session
-
-# Variables of the caller's that would decide for the tests what the stand-in decides: vLLM
-# takes an explicit CPU target as its platform (0.34 on) before any plugin's.
-WITHHELD = ("VLLM_TARGET_DEVICE",)
-
 
 @dataclass(frozen=True)
 class Outcome:
@@ -60,15 +54,6 @@ def command(plan: Plan, junit: Path, extra: tuple[str, ...] = ()) -> list[str]:
             *[a for test, _ in plan.off_cpu for a in ("--deselect", test)], *plan.tests, *extra]
 
 
-def environment(plan: Plan) -> dict:
-    """The pytest process's environment: the caller's, the engine's code first on the path, less
-    :data:`WITHHELD`."""
-    env = {k: v for k, v in os.environ.items() if k not in WITHHELD}
-    paths = [str(plan.code)] if plan.code is not None else []
-    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
-
-
 def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ...] = (),
         live: bool = False) -> tuple[list[Outcome], str | None]:
     """Run ``plan``; the outcomes read from pytest's JUnit report, and why the run itself went
@@ -86,7 +71,7 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
 
     junit.unlink(missing_ok=True)
     with open(log, "ab") as out, tempfile.TemporaryDirectory(prefix="a2a-stacks-") as stacks:
-        proc = session.start(command(plan, junit, extra), cwd=plan.root, env=environment(plan) | {STACKS_ENV: stacks},
+        proc = session.start(command(plan, junit, extra), cwd=plan.root, env=session.engine_environment(plan.code) | {STACKS_ENV: stacks},
                              out=out, live=live)
         try:
             code = proc.wait(timeout=timeout)

@@ -197,6 +197,33 @@ def _bars(title: str, unit: str, items: Sequence[tuple[str, float]], limit: floa
             f"({html.escape(unit)})</text>{''.join(parts)}</svg>")
 
 
+def hunt_header() -> str:
+    """The first line of a mutant hunt's table."""
+    return f"{'mutant':32s} {'verdict':9s} {'killed by (invariant @ scenario)':34s} seconds"
+
+
+def hunt_line(h) -> str:
+    """A hunt's row (a :class:`testbed.harness.runner.Hunt`)."""
+    return f"{h.mutant:32s} {'KILLED' if h.killed else 'SURVIVED':9s} {h.by:34s} {h.seconds:6.1f}"
+
+
+def not_applicable_line(name: str, kind: str, why: str) -> str:
+    return f"{name:32s} {'N/A':9s} {kind}: {why}"
+
+
+def hunts_summary(hunts, absent: dict, seconds: float) -> str:
+    """The hunt's last line; ``absent``: mutant -> (kind, why) of those not hunted."""
+    return (f"killed {sum(h.killed for h in hunts)} of {len(hunts)} in {seconds:.1f} s"
+            + (f" ({len(absent)} not applicable to this release)" if absent else ""))
+
+
+def hunts_json(hunts, absent: dict, seconds: float) -> dict:
+    """What a hunt's ``--json`` holds, read by the sweeps' judge and by ``--hints``."""
+    return {"killed": sum(h.killed for h in hunts), "total": len(hunts), "seconds": round(seconds, 3),
+            "mutants": [h.__dict__ for h in hunts],
+            "not_applicable": [{"mutant": n, "kind": k, "why": w} for n, (k, w) in absent.items()]}
+
+
 def dump_json(path: str, data: dict) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=1)

@@ -193,11 +193,10 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float, first: Optio
         # first, on ranks the mutated run has not left behind (a rank it killed is restarted).
         already = _unmutated(pool, sc, timeout_s) if findings.known(sc) else None
         v = run(pool, sc, mutant=name, timeout_s=timeout_s)
-        for invariant, piece in m.expect:
-            for f in v.failed(invariant) + [g for g in v.known_failures if g.invariant == invariant]:
-                if piece in f.evidence and not (already and _shows(already, invariant, piece)):
-                    return Hunt(name, True, f"{invariant} @ {index}", time.monotonic() - started,
-                                f.evidence.splitlines()[0][:300], sc.label)
+        f = killing_failure(m, v.failures + v.known_failures, already)
+        if f is not None:
+            return Hunt(name, True, f"{f.invariant} @ {index}", time.monotonic() - started,
+                        f.evidence.splitlines()[0][:300], sc.label)
         other += [f"{f.invariant} @ {index}" for f in v.failures]
     if m.tests:
         failed = _named_tests_failing(m)
@@ -208,6 +207,17 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float, first: Optio
         other += ["tests"] if failed else []
     why = "survived" + (f" (only unexpected failures: {', '.join(other[:4])})" if other else "")
     return Hunt(name, False, why, time.monotonic() - started)
+
+
+def killing_failure(m, failures, already: Optional[Verdict] = None):
+    """The first of ``failures`` (a mutated run's, known ones included) that kills mutant ``m``:
+    one of its ``expect`` pairs, in their order, that the unmutated run ``already`` does not
+    show too (None: none ran); None where none kills it."""
+    for invariant, piece in m.expect:
+        for f in failures:
+            if f.invariant == invariant and piece in f.evidence and not (already and _shows(already, invariant, piece)):
+                return f
+    return None
 
 
 _UNMUTATED: dict[Scenario, Verdict] = {}

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -322,12 +324,9 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
                    "start_rank": "" if reference else f"{__name__}:start_rank"}, f)
     port = _free_port()
     argv = integrations.get(ss.integration).engine.serve_command(es, model_dir, port, reference)
-    env = {k: v for k, v in os.environ.items() if k not in WITHHELD}
+    env = session.engine_environment(code)
     prefix = scenario_prefix(os.getpid(), f"serve{port}")
-    spawned.enable(ss.profile, env, arena=prefix, devices=es.layout.world_size)
-    if code is not None:
-        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"].split(os.pathsep)[0], str(code)]
-                                            + env["PYTHONPATH"].split(os.pathsep)[1:])
+    spawned.enable(ss.profile, env, arena=prefix, devices=es.layout.world_size)  # its hook first, then the code
     stacks = Path(run_dir) / "stacks"
     stacks.mkdir()
     env |= {SERVE_RUN_ENV: run_dir, STACKS_ENV: str(stacks)}
@@ -360,11 +359,6 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
     return served
 
 
-# Variables of the caller's that would decide for the engine what the stand-in decides: vLLM
-# takes an explicit CPU target as its platform (0.34 on) before any plugin's.
-WITHHELD = ("VLLM_TARGET_DEVICE",)
-
-
 def _ready(proc, port: int, deadline: float) -> Optional[str]:
     """None once the server answers its health check; else why not (it exited, or the time ran out)."""
     while time.monotonic() < deadline:
@@ -378,7 +372,7 @@ def _ready(proc, port: int, deadline: float) -> Optional[str]:
             pass
         try:  # a readiness probe, not a synchronisation: the server's exit ends the wait at once
             proc.wait(timeout=0.5)
-        except Exception:  # noqa: BLE001  (subprocess.TimeoutExpired: still starting)
+        except subprocess.TimeoutExpired:  # still starting
             pass
     return f"{TIMED_OUT} before the server was ready ({STARTUP_TIMEOUT_S:.0f} s)"
 
@@ -438,9 +432,6 @@ def _read_choice(choice, ids: list[int], top2: list[list[float]]) -> None:
 def _stop(proc) -> None:
     """The server's own shutdown (SIGTERM, as a user's Ctrl-C or an orchestrator), then what is
     left of its session killed."""
-    import signal
-    import subprocess
-
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -20,6 +20,9 @@ import sysconfig
 import time
 from pathlib import Path
 
+# Variables of the caller's that would decide for the engine what the stand-in decides: vLLM
+# takes an explicit CPU target as its platform (0.34 on) before any plugin's.
+WITHHELD = ("VLLM_TARGET_DEVICE",)
 # How long the session's processes have to write their stacks once asked: faulthandler writes
 # from its signal handler, at once, whatever the process waits on.
 STACKS_GRACE_S = 3.0
@@ -29,6 +32,16 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def engine_environment(code: Path | None) -> dict:
+    """The environment of an engine's process tree: the caller's less :data:`WITHHELD`, the
+    engine's code (``code``: a checkout's or a release's unpacked Python; None, the installed
+    one) first on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k not in WITHHELD}
+    paths = [str(code)] if code is not None else []
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
 
 
 def start(argv: list[str], *, env: dict, cwd, out, live: bool = False) -> subprocess.Popen:

@@ -61,6 +61,17 @@ MANAGERS = {"flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
             "flashinfer_nvlink_two_sided": "FlashInferNVLinkTwoSidedManager"}
 
 
+def cuda_manager(backend: str, cpu_group):
+    """The all-to-all manager vLLM's CUDA communicator builds for FlashInfer ``backend`` on the
+    group ``cpu_group``, which vLLM's CPU communicator replaces (with ``AgRsAll2AllManager``,
+    whose dispatch raises on a CPU); None for a backend that is not FlashInfer's."""
+    if backend not in MANAGERS:
+        return None
+    from vllm.distributed.device_communicators import all2all
+
+    return getattr(all2all, MANAGERS[backend])(cpu_group)
+
+
 class VllmSession:
     def __init__(self, ctx, sc, api, log):
         prepare_environment()
@@ -107,9 +118,8 @@ class VllmSession:
         if tuple(ep.ranks) != tuple(ctx.group_ranks["ep"]):
             raise RuntimeError(f"vLLM's EP group {ep.ranks} is not the layout's {ctx.group_ranks['ep']}")
         self.ep = ep
-        manager_name = MANAGERS[_backend(sc)]
-        if type(ep.device_communicator.all2all_manager).__name__ != manager_name:
-            ep.device_communicator.all2all_manager = getattr(all2all, manager_name)(ep.cpu_group)
+        if type(ep.device_communicator.all2all_manager).__name__ != MANAGERS[_backend(sc)]:
+            ep.device_communicator.all2all_manager = cuda_manager(_backend(sc), ep.cpu_group)
         self.manager = ep.device_communicator.all2all_manager
         ctx.add_cleanup(self.manager.cleanup)
         kernels.install(ctx.add_cleanup)

@@ -28,7 +28,7 @@ import logging
 
 from testbed import patch
 from testbed.integrations import engine as support
-from testbed.integrations.vllm.adapter import MANAGERS
+from testbed.integrations.vllm.adapter import cuda_manager
 from testbed.integrations.vllm.environment import (
     BACKENDS,
     KV_CACHE_BYTES,
@@ -126,17 +126,16 @@ def _quiet(ctx) -> None:
 
 
 def _use_flashinfer_manager(ctx, path: str) -> None:
-    from vllm.distributed.device_communicators import all2all, cpu_communicator
+    from vllm.distributed.device_communicators import cpu_communicator
 
     backend = BACKENDS[path]
-    manager = MANAGERS[backend]
     original = cpu_communicator.CpuCommunicator.__init__
     fallback_warning_undone()  # the FlashInfer manager is put back in init
 
     def init(self, *a, **k):
         original(self, *a, **k)
         if self.use_all2all and self.all2all_backend == backend:
-            self.all2all_manager = getattr(all2all, manager)(self.cpu_group)
+            self.all2all_manager = cuda_manager(backend, self.cpu_group)
 
     ctx.add_cleanup(patch.attribute(cpu_communicator.CpuCommunicator, "__init__", init))
 

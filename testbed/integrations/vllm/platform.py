@@ -90,10 +90,9 @@ def _platform():
 def _communicator():
     import torch
     import torch.distributed as dist
-    from vllm.distributed.device_communicators import all2all
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
-    from testbed.integrations.vllm.adapter import MANAGERS
+    from testbed.integrations.vllm.adapter import cuda_manager
     from testbed.integrations.vllm.environment import fallback_warning_undone
 
     fallback_warning_undone()  # the FlashInfer manager is put back in __init__
@@ -105,9 +104,9 @@ def _communicator():
 
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            backend = getattr(self, "all2all_backend", None)
-            if self.use_all2all and backend in MANAGERS:
-                self.all2all_manager = getattr(all2all, MANAGERS[backend])(self.cpu_group)
+            manager = cuda_manager(getattr(self, "all2all_backend", None), self.cpu_group) if self.use_all2all else None
+            if manager is not None:
+                self.all2all_manager = manager
 
         def all_gatherv(self, input_, dim: int = 0, sizes=None):
             if dim != 0:
