@@ -139,15 +139,29 @@ def test_mutant_source_is_the_decorated_function_s_own():
 
 
 def test_session_kill_leaves_no_process_of_the_tree(tmp_path):
+    """Every process of the session goes, one that left the leader's process group too (its
+    own ``setpgid``, as a server's worker may); the tree says when it stands, no shell's timing
+    is guessed."""
+    ready = tmp_path / "pids"
+    script = ("import os, subprocess, sys\n"
+              "kids = [subprocess.Popen(['sleep', '60']), subprocess.Popen(['sleep', '60'], process_group=0)]\n"
+              f"open({str(ready)!r} + '.part', 'w').write(' '.join(str(k.pid) for k in kids))\n"
+              f"os.rename({str(ready)!r} + '.part', {str(ready)!r})\n"
+              "kids[0].wait()\n")
     with open(tmp_path / "out", "wb") as out:
-        proc = session.start(["sh", "-c", "sleep 60 & (setsid sleep 60 &) ; sleep 60 & wait"], env=dict(os.environ),
-                             cwd=tmp_path, out=out)
-        deadline = time.monotonic() + 10
-        while len(session.members(proc.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        members = session.members(proc.pid)
-        assert len(members) >= 3
-        session.kill(proc)
+        proc = session.start([sys.executable, "-c", script], env=dict(os.environ), cwd=tmp_path, out=out)
+        try:
+            deadline = time.monotonic() + 60
+            while not ready.exists():
+                assert proc.poll() is None, (tmp_path / "out").read_text()
+                assert time.monotonic() < deadline, "the tree did not start within 60 s"
+                time.sleep(0.05)
+            kids = [int(p) for p in ready.read_text().split()]
+            members = session.members(proc.pid)
+            assert {proc.pid, *kids} <= set(members)
+            assert os.getpgid(kids[1]) != proc.pid
+        finally:
+            session.kill(proc)
     assert not [p for p in members if pid_alive(p)]
 
 
