@@ -9,6 +9,7 @@ import importlib.util
 import multiprocessing
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -148,6 +149,22 @@ def cluster():
                     if importlib.util.find_spec(i.engine.name) is not None)
     with scenario_pool(initializer=initializer, preload=engines) as pool:
         yield pool
+
+
+def _flashinfer_bound() -> dict[str, int]:
+    return {n: id(m) for n, m in sys.modules.items() if n == "flashinfer" or n.startswith("flashinfer.")}
+
+
+@pytest.fixture(autouse=True)
+def flashinfer_names_restored():
+    """A test leaves ``import flashinfer`` in this process as it found it: a name it left bound
+    (a package of its own, the fake under the real name) is what a later test on the same
+    xdist worker would import, passing or failing by the order tests are dealt in."""
+    before = _flashinfer_bound()
+    yield
+    after = _flashinfer_bound()
+    assert after == before, f"the test left flashinfer modules bound in sys.modules: " \
+                            f"{sorted(n for n in after if before.get(n) != after[n])[:5]}"
 
 
 def _own_segments() -> set[str]:

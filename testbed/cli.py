@@ -240,6 +240,10 @@ def _parser() -> argparse.ArgumentParser:
     hi.add_argument("--reuse-differential", action="store_true",
                     help="each release's matrix again on fresh process groups (run --reuse-differential); a verdict "
                          "that differs is a failure of the release's row")
+    hi.add_argument("--findings", action="store_true",
+                    help="each release's findings' survey too (findings --here), in the release's process")
+    hi.add_argument("--keep", metavar="DIR",
+                    help="keep what each release's commands wrote (JSON and output) in DIR/<release>/")
     hi.add_argument("--jobs", type=int, default=3, metavar="N",
                     help="releases run at once, each in a process of its own (default %(default)s: a release's "
                          "ranks mostly wait on each other, so two cores carry three)")
@@ -247,14 +251,14 @@ def _parser() -> argparse.ArgumentParser:
     sw = sub.add_parser(
         "sweep", help="run the catalogues whole, a group's in a process of its own; any problem fails",
         description=(
-            "impl's matrix (as it is and on the newest FlashInfer release), the model matrix, and every release "
-            "each installed engine adapter drives: its matrix and its mutants on the FlashInfer the release pins, "
-            "and its findings' survey against docs/findings.md's lineage table; each engine level's matrix. Each "
-            "an a2a-testbed command judged from its JSON; a group's commands (an engine release's) run one after "
-            "another in a process of their own. Exit 1 on any problem; each group's output goes to a log file."))
+            "Nothing sampled: impl's matrix (as it is and on the newest FlashInfer release), the model matrix with "
+            "every release, and each installed engine's whole history (a2a-testbed history --findings: every "
+            "release's matrix, mutants and findings' survey, each on the FlashInfer the release pins, held to the "
+            "judges of each and to docs/findings.md's lineage table), the installed release's reuse differential, "
+            "its engine and serve matrices on the installed and the newest release, and its served mutants. Each an "
+            "a2a-testbed command judged from its JSON; a group's commands run one after another in a process of "
+            "their own. Exit 1 on any problem; each group's output goes to a log file."))
     sw.add_argument("--list", action="store_true", help="list the sweeps (and the engines left out) and exit")
-    sw.add_argument("--all-releases", action="store_true",
-                    help="every engine release the adapters drive, not one per generation of its FlashInfer path")
     sw.add_argument("--only", action="append", metavar="NAME", help="just this sweep (repeatable; --list names them)")
     sw.add_argument("--shard", metavar="I/N", help="groups I, I+N, ... of the catalogue (split it over N machines)")
     sw.add_argument("--jobs", type=int, default=1, metavar="N", help="groups of sweeps run at once (default 1)")
@@ -476,6 +480,8 @@ def _served(flag: str, release: str) -> str:
 
 
 def _history(args) -> int:
+    from pathlib import Path
+
     from testbed.harness import history, report
 
     if args.integration not in _integrations().names() or _integrations().get(args.integration).engine is None:
@@ -485,9 +491,12 @@ def _history(args) -> int:
     releases = args.release or list(engine.history)
     _positive("--jobs", args.jobs)
     started = time.monotonic()
+    if args.findings and not _integrations().get(args.integration).findings():
+        raise UsageError(f"--findings: {args.integration} has no findings to survey")
     rows = history.survey(_integrations().get(args.integration), releases, mutants=not args.no_mutants,
                           log=lambda line: print(line, flush=True), jobs=args.jobs,
-                          differential=args.reuse_differential)
+                          differential=args.reuse_differential, findings=args.findings,
+                          keep=Path(args.keep).resolve() if args.keep else None)
     print(history.markdown(rows))
     if args.json:
         report.dump_json(args.json, history.as_json(rows, shlex.join(["a2a-testbed", *sys.argv[1:]]),
@@ -1142,10 +1151,10 @@ def _sweep(args) -> int:
 
     _positive("--jobs", args.jobs)
     _positive("--timeout", args.timeout)
-    catalogue = sweeps.catalogue(args.all_releases)
+    catalogue = sweeps.catalogue()
     if args.list:
         for sweep in catalogue:
-            print(f"{sweep.name:28s} {sweep.command}" + (f"   [with {sweep.group}]" if sweep.group else ""))
+            print(f"{sweep.name:32s} {sweep.command}" + (f"   [with {sweep.group}]" if sweep.group else ""))
         for why in sweeps.missing():
             print(f"left out: {why}")
         return 0
@@ -1167,7 +1176,7 @@ def _sweep(args) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for group in pool.map(lambda g: sweeps.run(g, log_dir, args.timeout or sweeps.SWEEP_TIMEOUT_S), chosen):
             for o in group:
-                print(f"{'PASS' if o.passed else 'FAIL'}  {o.sweep.name:28s} {o.seconds:6.1f} s  {o.summary}", flush=True)
+                print(f"{'PASS' if o.passed else 'FAIL'}  {o.sweep.name:32s} {o.seconds:6.1f} s  {o.summary}", flush=True)
                 for problem in o.problems[:8]:
                     print(f"    {problem}")
                 if len(o.problems) > 8:

@@ -184,9 +184,10 @@ def test_engine_tests_timeout_names_every_stuck_process_and_leaves_none(tmp_path
     (tmp_path / "test_hang.py").write_text(HANGING)
     plan = engine_tests.Plan("an engine", tmp_path, ("test_hang.py",), None, "0.7.2.post1", 2, "here")
     log = tmp_path / "log.txt"
-    # 12 s: pytest and both workers are in their waits within ~5 s, ~8 s beside three busy loops
-    outcomes, trouble = engine_tests.run(plan, log, tmp_path / "r.xml", timeout=12)
-    assert outcomes == [] and trouble.startswith("timed out after 12 s"), trouble
+    # 25 s: pytest and both workers are in their waits within ~5 s alone, ~15 s on two cores
+    # beside three other test processes
+    outcomes, trouble = engine_tests.run(plan, log, tmp_path / "r.xml", timeout=25)
+    assert outcomes == [] and trouble.startswith("timed out after 25 s"), trouble
     stuck = trouble.splitlines()[1:]
     # pytest's own process (its test joining) and both workers (each in the wait), by their stacks
     assert sum("test_hang.py" in line and "in test_hangs" in line for line in stuck) == 1, trouble

@@ -21,7 +21,7 @@ def _fake_commands(monkeypatch, outcomes):
     calls = []
 
     def group(commands):
-        codes, stderr = [], ""
+        codes, stderr, texts = [], "", []
         for cmd in commands:
             command = cmd[0]
             release = cmd[cmd.index("--vllm-source") + 1] if "--vllm-source" in cmd else "0.33.0"
@@ -30,11 +30,13 @@ def _fake_commands(monkeypatch, outcomes):
             if isinstance(answer, str):
                 codes.append(2)
                 stderr += f"a2a-testbed {command}: error: {answer}\n"
+                texts.append("")
                 continue
             with open(cmd[cmd.index("--json") + 1], "w") as f:
                 json.dump(answer, f)
             codes.append(0)
-        return codes, stderr
+            texts.append(f"{command} of {release} printed this\n")
+        return codes, stderr, texts
 
     monkeypatch.setattr(history, "_group", group)
     return calls
@@ -110,6 +112,32 @@ def test_history_identical_release_takes_its_twins_verdicts(monkeypatch):
     assert any(line.startswith("vLLM 0.27.1: same all-to-all code as 0.27.0 (2 files identical") for line in lines)
     assert history.markdown(rows).splitlines()[3].endswith("| verdicts of 0.27.0: same all-to-all code "
                                                           "(2 files identical, the version file aside) |")
+
+
+def test_history_findings_in_the_release_process_kept_per_release_and_copied_for_a_twin(monkeypatch, tmp_path):
+    """With findings, a release's survey runs third in its process; with keep, each command's
+    JSON and output stay in a folder of the release, and a twin's copy names its own release."""
+    run = {"failed": 0, "testbed_errors": 0, "not_run": 0, "seconds": 1.0,
+           "scenarios": [{"label": "a", "passed": True, "known": []}], "engine_modules": ["vllm", "vllm.config"]}
+    hunts = {"killed": 1, "total": 1, "seconds": 1.0, "not_applicable": [], "mutants": [{"mutant": "m", "killed": True}]}
+    cells = [{"finding": "VLLM-001", "engine": "vLLM 0.27.0", "flashinfer": "0.6.16", "outcome": "reproduces"},
+             {"finding": "VLLM-002", "engine": "vLLM 0.27.0", "flashinfer": "0.6.16", "outcome": "passes"}]
+    calls = _fake_commands(monkeypatch, {("run", "0.27.0"): run, ("mutants", "0.27.0"): hunts,
+                                         ("findings", "0.27.0"): cells})
+    tree = {"vllm/__init__.py": "x", "vllm/config.py": "c"}
+    first, twin = history.survey(_engine_with_trees({"0.27.0": tree, "0.27.1": tree}), ["0.27.0", "0.27.1"],
+                                 log=lambda line: None, findings=True, keep=tmp_path)
+    assert calls == [("run", "0.27.0"), ("mutants", "0.27.0"), ("findings", "0.27.0")]
+    assert first.findings == {"reproduce": ["VLLM-001"], "surveyed": 2}
+    assert first.kept == str(tmp_path / "0.27.0") and twin.kept == str(tmp_path / "0.27.1")
+    for name in ("matrix", "mutants", "findings"):
+        assert (tmp_path / "0.27.0" / f"{name}.txt").read_text().endswith("of 0.27.0 printed this\n")
+    assert json.loads((tmp_path / "0.27.0" / "mutants.json").read_text()) == hunts
+    assert {c["engine"] for c in json.loads((tmp_path / "0.27.1" / "findings.json").read_text())} == {"vLLM 0.27.1"}
+    released = history.as_json([first], "history", 1.0)["releases"][0]
+    assert released["kept"] and released["findings"]["reproduce"] == ["VLLM-001"]
+    plain = history.survey(_engine_with_trees({"0.27.0": tree}), ["0.27.0"], log=lambda line: None)
+    assert not {"kept", "findings"} & set(history.as_json(plain, "history", 1.0)["releases"][0])
 
 
 def test_history_hunts_first_with_what_killed_each_mutant_in_an_ended_release(monkeypatch):

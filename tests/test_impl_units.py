@@ -55,22 +55,38 @@ def test_backend_flashinfer_missing_names_the_package(monkeypatch):
         resolve_backend("flashinfer")
 
 
-def _install_flashinfer(tmp_path, monkeypatch, version: str, modules: list[str]):
-    root = tmp_path / "site"
-    for mod in ["flashinfer", "flashinfer/comm"] + modules:
-        (root / mod).mkdir(parents=True, exist_ok=True)
-        (root / mod / "__init__.py").write_text("")
-    (root / "flashinfer" / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    monkeypatch.syspath_prepend(str(root))
-    for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
-        monkeypatch.delitem(sys.modules, name)
+def _flashinfer_modules() -> dict:
+    return {n: m for n, m in sys.modules.items() if n == "flashinfer" or n.startswith("flashinfer.")}
+
+
+@pytest.fixture
+def site_flashinfer(tmp_path, monkeypatch):
+    """``install(version, modules)``: a ``flashinfer`` tree of empty modules first on the path.
+    Afterwards the modules the test imported from it go and those before it come back (a later
+    test in this process would otherwise import this tree's ``flashinfer``)."""
+    saved = _flashinfer_modules()
+
+    def install(version: str, modules: list[str]) -> None:
+        root = tmp_path / "site"
+        for mod in ["flashinfer", "flashinfer/comm"] + modules:
+            (root / mod).mkdir(parents=True, exist_ok=True)
+            (root / mod / "__init__.py").write_text("")
+        (root / "flashinfer" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+        monkeypatch.syspath_prepend(str(root))
+        for name in _flashinfer_modules():
+            del sys.modules[name]
+
+    yield install
+    for name in _flashinfer_modules():
+        del sys.modules[name]
+    sys.modules.update(saved)
 
 
 COMM_HELPERS = ["flashinfer/comm/mnnvl", "flashinfer/comm/mapping"]
 
 
-def test_backend_flashinfer_without_either_api_names_both_homes(tmp_path, monkeypatch):
-    _install_flashinfer(tmp_path, monkeypatch, "0.7.9", COMM_HELPERS + ["flashinfer/moe_ep"])
+def test_backend_flashinfer_without_either_api_names_both_homes(site_flashinfer):
+    site_flashinfer("0.7.9", COMM_HELPERS + ["flashinfer/moe_ep"])
     with pytest.raises(FlashInferUnavailableError) as e:
         resolve_backend("flashinfer")
     assert str(e.value).startswith("flashinfer 0.7.9 has no one-sided all-to-all: neither "
@@ -98,8 +114,8 @@ def test_backend_flashinfer_one_api_failing_to_import_leaves_the_other():
             api.a2a_api(prefer="moe_ep")
 
 
-def test_backend_flashinfer_without_one_sided_and_without_moe_ep(tmp_path, monkeypatch):
-    _install_flashinfer(tmp_path, monkeypatch, "0.5.3", COMM_HELPERS)
+def test_backend_flashinfer_without_one_sided_and_without_moe_ep(site_flashinfer):
+    site_flashinfer("0.5.3", COMM_HELPERS)
     with pytest.raises(FlashInferUnavailableError, match="flashinfer 0.5.3 has no one-sided all-to-all"):
         resolve_backend("flashinfer")
 

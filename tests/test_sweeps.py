@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
+import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,32 +25,68 @@ PASSING = {"cli": "run --layout 2,1,2,1 --profile 0.7.1 --seed 0", "label": "two
 
 @pytest.mark.parametrize("name", [pytest.param(i.name, marks=pytest.mark.needs(i.name)) for i in integrations.engines()])
 def test_sweep_catalogue_has_every_release_the_adapter_drives(name):
-    engine = integrations.get(name).engine
-    names = {s.name for s in sweeps.catalogue()}
-    for release, source in sweeps.releases(engine):
-        mine = {f"{name} {release} matrix", f"{name} {release} mutants"}
-        installed = source is None
-        mine |= {f"{name} {release} findings"} if integrations.get(name).findings() and installed else set()
-        assert mine <= names
-        (group,) = [g for g in sweeps.groups(sweeps.catalogue()) if g[0].group == f"{name} {release}"]
-        assert {s.name for s in group} == mine  # one process imports the release for all of them
-    assert set(engine.other_releases) == {r for r, s in sweeps.releases(engine, every=True) if s}
-    assert {r for r, s in sweeps.releases(engine) if s} == set(engine.releases()) <= set(engine.other_releases)
-    every = {s.name for s in sweeps.catalogue(every=True)}
-    assert names <= every and {f"{name} {r} matrix" for r in engine.other_releases} <= every
-    if integrations.get(name).findings():  # --all-releases surveys the findings on every release
-        assert {f"{name} {r} findings" for r in engine.other_releases} <= every
-    assert {"models", "impl matrix"} <= names
+    """Nothing sampled: the engine's whole history is one sweep (every release's matrix,
+    mutants and findings, each release held to their judges), the installed release's matrix
+    runs through the reuse differential, the engine and serve levels on the installed and the
+    newest release, and the model matrix with every release."""
+    integration = integrations.get(name)
+    engine = integration.engine
+    catalogue = sweeps.catalogue()
+    (history,) = [s for s in catalogue if s.argv[0] == "history" and s.engine == name]
+    assert history.argv[:3] == ("history", "--integration", name) and "--release" not in history.argv
+    assert ("--findings" in history.argv) == bool(integration.findings()) and history.keeps
+    assert {r for r, _ in sweeps.releases(engine)} == set(engine.history) | set(engine.other_releases)
+    installed = engine.release()[0]
+    assert f"{name} {installed} reuse differential" in {s.name for s in catalogue}
+    newest = max(engine.releases(), key=lambda r: tuple(int(x) for x in re.findall(r"\d+", r)))
+    for level in ("engine", "serve"):
+        on = [s.name for s in catalogue if s.argv[0] == level and s.engine == name and "--mutants" not in s.argv]
+        if on:
+            assert on == [f"{name} {installed} {level} matrix", f"{name} {newest} {level} matrix"]
+    models = next(s for s in catalogue if s.name == "models")
+    assert "--rotate" not in models.argv and "impl matrix" in {s.name for s in catalogue}
+    heaviest = sweeps.groups(catalogue)[0]
+    assert sum(map(sweeps.weight, heaviest)) >= sweeps.weight(history)  # the heaviest group starts first
 
 
-@pytest.mark.needs("vllm")
-def test_sweep_catalogue_runs_the_engine_level_on_the_newest_release_and_with_every_on_the_installed():
-    def engine_sweeps(every):
-        return [s.name for s in sweeps.catalogue(every) if s.argv[0] == "engine" and s.engine == "vllm"]
+def _kept(root, release, matrix=None, mutants=None, cells=None):
+    kept = root / release
+    kept.mkdir()
+    for name, data in (("matrix", matrix), ("mutants", mutants), ("findings", cells)):
+        if data is not None:
+            (kept / f"{name}.json").write_text(json.dumps(data))
+            (kept / f"{name}.txt").write_text("")
+    return str(kept)
 
-    newest = max(integrations.get("vllm").engine.releases(), key=lambda r: tuple(map(int, r.split("."))))
-    assert engine_sweeps(False) == [f"vllm {newest} engine matrix"]
-    assert engine_sweeps(True)[0] == "vllm engine matrix" and f"vllm {newest} engine matrix" in engine_sweeps(True)
+
+def test_sweep_history_judge_holds_each_release_to_its_matrix_mutants_and_findings(tmp_path):
+    written = sweeps.documented_first()
+    born, _, flashinfer = written["VLLM-002"].partition(" on FlashInfer ")
+    first = born.rsplit(" ", 1)[1]
+    history = (first, "90.0.0", "91.0.0", "92.0.0", "93.0.0")
+    engine = SimpleNamespace(name="vllm", label="vLLM", history=history, default_pin="0.7.1",
+                             release=lambda source=None: (source or first, "0.7.1"), releases=lambda: history[1:])
+    integration = SimpleNamespace(name="vllm", engine=engine, findings=lambda: ["VLLM-002"])
+    hunted = {"mutants": [{"mutant": "m", "killed": True, "by": "reduce @ 1"}], "not_applicable": []}
+    cell = {"finding": "VLLM-002", "engine": born, "flashinfer": flashinfer, "outcome": "reproduces"}
+    failed = dict(PASSING, passed=False, failures=[{"invariant": "reduce", "evidence": "reduced twice"}])
+    row = {"refused": "", "failures": []}
+    rows = [dict(row, release=first, kept=_kept(tmp_path, first, {"scenarios": [PASSING]}, hunted, [cell])),
+            dict(row, release="90.0.0", refused="--integration vllm: vLLM 90.0.0 has no FusedMoE"),
+            dict(row, release="91.0.0", kept=_kept(tmp_path, "91.0.0", {"scenarios": [failed]}, hunted,
+                                                  [dict(cell, engine="vLLM 91.0.0")])),
+            dict(row, release="92.0.0", kept=_kept(tmp_path, "92.0.0", {"scenarios": [PASSING]}),
+                 failures=["REUSE DIFFERS 1: with reuse FAIL; without PASS", "FAIL a"])]
+    judge = sweeps.judge_history(integration)
+    assert judge({"releases": rows[:1]}, "") == [f"{r}: not in the history's rows" for r in history[1:]]
+    problems = judge({"releases": rows}, "")
+    assert problems[0] == "93.0.0: not in the history's rows"
+    assert problems[1] == "90.0.0: refused: --integration vllm: vLLM 90.0.0 has no FusedMoE"
+    assert problems[2].startswith("91.0.0 matrix: FAIL two ranks: [reduce] reduced twice  reproduce: ")
+    assert problems[3:5] == [f"92.0.0 {name}: no JSON was kept  reproduce: a2a-testbed history --integration vllm "
+                             f"--release 92.0.0" for name in ("mutants", "findings")]
+    assert problems[5:] == ["92.0.0: REUSE DIFFERS 1: with reuse FAIL; without PASS"]
+    assert judge({"releases": []}, "")[-1] == "no release ran"
 
 
 def test_sweep_catalogue_names_the_engines_it_leaves_out():

@@ -3,14 +3,17 @@
 
 Each release runs in processes of its own, as its user would run it: its layer matrix on the
 FlashInfer its metadata pins (``a2a-testbed run --integration NAME --NAME-source RELEASE``),
-then its mutants, or the one line the adapter refuses it with (exit 2 before any scenario).
-The row of a release: the profile serving its pin, the matrix's passed / failed / known /
-testbed errors / not run, the mutants killed of those applicable, or the refusal.
+then its mutants and (``findings``) its findings' survey, or the one line the adapter refuses
+it with (exit 2 before any scenario). The row of a release: the profile serving its pin, the
+matrix's passed / failed / known / testbed errors / not run, the mutants killed of those
+applicable, or the refusal. With ``keep``, each command's JSON and output stay in a folder per
+release, for a judge that holds them to more than the row (``a2a-testbed sweep``'s).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -36,6 +39,8 @@ class Row:
     modules: list = field(default_factory=list)  # the engine modules its run loaded (the code judged)
     kills: dict = field(default_factory=dict)  # mutant: the label of the scenario that killed it
     same_as: str = ""  # the earlier release whose verdicts these are: every file its run loaded is identical here
+    findings: dict = field(default_factory=dict)  # reproduce (finding ids), surveyed (how many), seconds
+    kept: str = ""  # the folder holding each command's JSON and output (``<command>.json``, ``.txt``)
 
     def cells(self) -> list[str]:
         if self.refused:  # (the served releases an unserved pin's refusal lists are the profiles')
@@ -56,21 +61,24 @@ HEADER = ("release", "FlashInfer pin (profile)", "matrix passed / failed / known
 
 
 def survey(integration, releases: list[str], mutants: bool = True, log=print, jobs: int = 1,
-           differential: bool = False) -> list[Row]:
+           differential: bool = False, findings: bool = False, keep: Optional[Path] = None) -> list[Row]:
     """Run or refuse each of ``releases`` of ``integration``'s engine, ``jobs`` at once (a
     release's ranks mostly wait on each other: two cores carry several); the rows in the
     order of ``releases``, each logged as it ends. A release whose code is identical to the
     nearest earlier release of the same pin (:func:`identical`), where that one has ended,
     takes its verdicts instead of running them again, and says so. With ``differential``, each
-    matrix runs again on fresh process groups (``run --reuse-differential``)."""
+    matrix runs again on fresh process groups (``run --reuse-differential``). With ``findings``,
+    each release's findings' survey runs too (``findings --here``); with ``keep``, what each
+    command wrote stays in ``keep/<release>/`` (a reused release gets a copy of its twin's)."""
     from concurrent.futures import ThreadPoolExecutor
 
     rows: dict = {}
 
     def one(release: str) -> Row:
         started = time.monotonic()
-        row = (_reused(integration, release, releases, pins, rows)
-               or survey_one(integration, release, mutants, _kill_hints(release, releases, rows), differential))
+        row = (_reused(integration, release, releases, pins, rows, keep)
+               or survey_one(integration, release, mutants, _kill_hints(release, releases, rows), differential,
+                             findings, keep))
         said = (f"same all-to-all code as {row.same_as}; verdicts of {row.same_as.split()[0]}" if row.same_as
                 else f"refused: {row.refused}" if row.refused else " ".join(row.cells()[2:4]))
         log(f"{row.engine} {release}: {said}  ({time.monotonic() - started:.0f} s)")
@@ -86,9 +94,11 @@ def survey(integration, releases: list[str], mutants: bool = True, log=print, jo
         return [rows[release].result() for release in releases]
 
 
-def _reused(integration, release: str, releases: list[str], pins: list, rows: dict) -> Optional[Row]:
+def _reused(integration, release: str, releases: list[str], pins: list, rows: dict,
+            keep: Optional[Path] = None) -> Optional[Row]:
     """``release``'s row as a copy of the nearest earlier release's of the same pin, where that
-    one has ended and every engine file its run loaded is identical here; None otherwise."""
+    one has ended and every engine file its run loaded is identical here; None otherwise. What
+    the twin's commands wrote is copied under ``keep``, its findings' cells named for ``release``."""
     engine = integration.engine
     at = releases.index(release)
     earlier = [r for r, pin in zip(releases[:at], pins) if pin == pins[at]]
@@ -102,7 +112,16 @@ def _reused(integration, release: str, releases: list[str], pins: list, rows: di
     files = identical(engine, twin.release, release, twin.modules)
     if files is None:
         return None
-    return replace(twin, release=release, same_as=f"{twin.release} ({files} files identical, the version file aside)")
+    kept = ""
+    if keep is not None and twin.kept:
+        kept = str(keep / release)
+        shutil.copytree(twin.kept, kept)
+        cells = Path(kept) / "findings.json"
+        if cells.is_file():
+            label = f"{engine.label} {release}"
+            cells.write_text(json.dumps([{**c, "engine": label} for c in json.loads(cells.read_text())]))
+    return replace(twin, release=release, kept=kept,
+                   same_as=f"{twin.release} ({files} files identical, the version file aside)")
 
 
 def _kill_hints(release: str, releases: list[str], rows: dict) -> dict[str, str]:
@@ -153,11 +172,12 @@ def _source(engine, release: str) -> Optional[str]:
 
 
 def survey_one(integration, release: str, mutants: bool = True, hints: Optional[dict] = None,
-               differential: bool = False) -> Row:
-    """One release: its matrix, then its mutants, in one process of its own (the release
-    imported and its rank pool started once; a hunt takes the matrix's verdicts of the
-    unmutated code instead of running them again, and tries first the scenario ``hints``
-    names for its mutant: ``a2a-testbed mutants --hints``)."""
+               differential: bool = False, findings: bool = False, keep: Optional[Path] = None) -> Row:
+    """One release: its matrix, then its mutants (and its findings' survey), in one process
+    of its own (the release imported and its rank pool started once; a hunt takes the matrix's
+    verdicts of the unmutated code instead of running them again, and tries first the scenario
+    ``hints`` names for its mutant: ``a2a-testbed mutants --hints``); what each command wrote
+    kept in ``keep/<release>/``."""
     from fakes.flashinfer.profiles import UnservedRelease, served_by
 
     engine = integration.engine
@@ -170,20 +190,28 @@ def survey_one(integration, release: str, mutants: bool = True, hints: Optional[
     except (UnservedRelease, ValueError):
         row.served_by = ""
     with tempfile.TemporaryDirectory() as tmp:
-        outs = [Path(tmp) / "matrix.json", Path(tmp) / "mutants.json"]
+        names = ["matrix"] + (["mutants"] if mutants else []) + (["findings"] if findings else [])
+        outs = {name: Path(tmp) / f"{name}.json" for name in names}
         flags = ["--integration", integration.name] + ([f"--{integration.name}-source", source] if source else [])
         if hints:
             (Path(tmp) / "hints.json").write_text(json.dumps(
                 {"mutants": [{"mutant": m, "killed": True, "scenario": label} for m, label in hints.items()]}))
-        commands = [["run", *flags, "--json", str(outs[0])] + (["--reuse-differential"] if differential else [])] + (
-            [["mutants", *flags, "--json", str(outs[1])] + (["--hints", str(Path(tmp) / "hints.json")] if hints else [])]
-            if mutants else [])
-        codes, stderr = _group(commands)
-        done = subprocess.CompletedProcess(commands[0], codes[0] if codes[0] is not None else 124, "", stderr)
-        if codes[0] == 2 or not outs[0].is_file():
+        argv = {"matrix": ["run", *flags] + (["--reuse-differential"] if differential else []),
+                "mutants": ["mutants", *flags] + (["--hints", str(Path(tmp) / "hints.json")] if hints else []),
+                "findings": ["findings", "--here", *flags]}
+        codes, stderr, texts = _group([argv[name] + ["--json", str(outs[name])] for name in names])
+        done = subprocess.CompletedProcess(argv["matrix"], codes[0] if codes[0] is not None else 124, "", stderr)
+        if codes[0] == 2 or not outs["matrix"].is_file():
             row.refused = refusal_line(done)
             return row
-        data = json.loads(outs[0].read_text())
+        if keep is not None:
+            row.kept = str(keep / release)
+            Path(row.kept).mkdir(parents=True, exist_ok=True)
+            for name, text in zip(names, texts):
+                (Path(row.kept) / f"{name}.txt").write_text(text)
+                if outs[name].is_file():
+                    shutil.copy(outs[name], Path(row.kept) / f"{name}.json")
+        data = json.loads(outs["matrix"].read_text())
         row.matrix = {"passed": sum(s["passed"] and not s["known"] for s in data["scenarios"]),
                       "failed": data["failed"], "known": sum(bool(s["known"]) for s in data["scenarios"]),
                       "testbed_errors": data.get("testbed_errors", 0), "not_run": data.get("not_run", 0),
@@ -193,25 +221,34 @@ def survey_one(integration, release: str, mutants: bool = True, hints: Optional[
         row.failures += [f"REUSE DIFFERS {line}" for line in data.get("reuse_differs", [])]
         row.modules = data.get("engine_modules", [])
         if mutants:
-            if outs[1].is_file():
-                hunts = json.loads(outs[1].read_text())
+            if outs["mutants"].is_file():
+                hunts = json.loads(outs["mutants"].read_text())
                 row.mutants = {"killed": hunts["killed"], "total": hunts["total"],
                                "not_applicable": len(hunts["not_applicable"]), "seconds": hunts["seconds"]}
                 row.failures += [f"SURVIVED {h['mutant']}" for h in hunts["mutants"] if not h["killed"]]
                 row.kills = {h["mutant"]: h["scenario"] for h in hunts["mutants"] if h["killed"] and h.get("scenario")}
             else:
                 row.failures.append(f"mutants did not finish: {refusal_line(done)}")
+        if findings:
+            if outs["findings"].is_file():
+                cells = json.loads(outs["findings"].read_text())
+                row.findings = {"reproduce": sorted({c["finding"] for c in cells if c["outcome"] == "reproduces"}),
+                                "surveyed": len({c["finding"] for c in cells})}
+            else:
+                row.failures.append(f"findings did not finish: {refusal_line(done)}")
     return row
 
 
-def _group(commands: list[list[str]]) -> tuple[list[Optional[int]], str]:
+def _group(commands: list[list[str]]) -> tuple[list[Optional[int]], str, list[str]]:
     """``a2a-testbed`` ``commands`` in one process (:func:`testbed.harness.sweeps.call_group`):
-    each one's exit code (None: it did not end within the time left) and the process's stderr."""
+    each one's exit code (None: it did not end within the time left), the process's stderr,
+    and what each that ended printed."""
     from testbed.harness import sweeps
 
     stdout, stderr, _ = sweeps.call_group(commands, RUN_TIMEOUT_S * len(commands))
-    codes = [int(ended.split()[0]) for _, ended in sweeps.ended_commands(stdout)]
-    return codes + [None] * (len(commands) - len(codes)), stderr
+    ended = sweeps.ended_commands(stdout)
+    codes = [int(end.split()[0]) for _, end in ended]
+    return codes + [None] * (len(commands) - len(codes)), stderr, [text for text, _ in ended]
 
 
 def refusal_line(done: subprocess.CompletedProcess) -> str:
@@ -229,4 +266,5 @@ def markdown(rows: list[Row]) -> str:
 
 def as_json(rows: list[Row], command: str, seconds: float) -> dict:
     return {"date": time.strftime("%Y-%m-%d"), "command": command, "seconds": round(seconds, 1),
-            "releases": [{k: v for k, v in asdict(r).items() if k not in ("modules", "kills")} for r in rows]}
+            "releases": [{k: v for k, v in asdict(r).items() if k not in ("modules", "kills")
+                          and (v or k not in ("findings", "kept"))} for r in rows]}

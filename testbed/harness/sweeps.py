@@ -2,15 +2,19 @@
 writes. The sweeps of one group run one after another in a process of their own, so an engine
 release is imported, and its rank pool's fork server started, once for all of them.
 
-The catalogue is derived, never listed. impl's matrix runs as it is and moved to the newest
-FlashInfer release, and the model matrix on impl. For every engine integration installed here,
-each release it drives (the installed one and :attr:`Engine.other_releases`, each on the
-FlashInfer its own metadata pins) is a group: its matrix, its mutants, and its findings'
-survey held to ``docs/findings.md``'s lineage table (release by release, so the groups can run
-apart); an integration with an engine level has its engine matrix. A release added to an
-adapter joins the sweeps with no edit here, in the tests or in CI. ``a2a-testbed sweep`` runs
-them (``--shard I/N`` splits the groups over machines) and fails on any problem; ``tests/``
-check the machinery on small cases and never run a catalogue.
+The catalogue is derived, never listed, and nothing of it is sampled. impl's matrix runs as it
+is and moved to the newest FlashInfer release, and the model matrix on impl with every release.
+For every engine integration installed here, its whole history (:attr:`Engine.history`, each
+release on the FlashInfer its own metadata pins) is one sweep, ``a2a-testbed history
+--findings``: each release's matrix, mutants and findings' survey in a process of the release's
+own, several at once, a release whose engine code is identical to an earlier one's taking its
+verdicts; each release is then held to the judges of a matrix, a hunt and a survey held to
+``docs/findings.md``'s lineage table. The installed release's matrix runs again through the reuse
+differential, and an integration with an engine level has its engine matrix on the installed
+and the newest release, and a served one its serve matrix on both and its served mutants. A
+release added to an adapter joins the sweeps with no edit here, in the tests or in CI.
+``a2a-testbed sweep`` runs them (``--shard I/N`` splits the groups over machines) and fails on
+any problem; ``tests/`` check the machinery on small cases and never run a catalogue.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ FINDINGS_DOC = ROOT / "docs" / "findings.md"
 SWEEP_TIMEOUT_S = 900.0
 
 SERVED_MATRIX_S = 3000.0
+# An engine's history, its releases two at once beside the other groups: vLLM's 24 took
+# ~350 s at three at once alone on 2 cores, without their findings' surveys.
+HISTORY_S = 3600.0
+HISTORY_JOBS = 2
 Judge = Callable[[dict, str], list[str]]  # (its JSON, its stdout) -> problems
 
 
@@ -45,6 +53,7 @@ class Sweep:
     engine: Optional[str] = None  # the engine integration it needs installed
     group: str = ""  # the sweeps of one group share a process ("vllm 0.31.0"); "": its own name
     least_s: float = 0.0  # its own time limit where it needs more than the sweeps' (a served matrix)
+    keeps: bool = False  # its command keeps what it ran in a folder (``--keep``) beside its JSON
 
     @property
     def command(self) -> str:
@@ -65,25 +74,15 @@ class Outcome:
 
 
 # -- the catalogue ---------------------------------------------------------------------------
-def releases(engine, every: bool = False) -> list[tuple[str, Optional[str]]]:
-    """``(release, --<engine>-source value or None for the installed one)`` of the releases
-    the sweeps run (with ``every``, all the adapter drives), the installed one first."""
-    installed, _ = engine.release()
-    return [(installed, None)] + [(r, r) for r in engine.releases(every) if r != installed]
+def releases(engine) -> list[tuple[str, Optional[str]]]:
+    """``(release, --<engine>-source value or None for the installed one)`` of every release
+    the adapter drives, the installed one first."""
+    return [(engine.release()[0], None)] + [(r, r) for r in engine.releases()]
 
 
-def catalogue(every: bool = False) -> list[Sweep]:
+def catalogue() -> list[Sweep]:
     """Every sweep this machine can run, a group's together: those of the engines not
-    installed are left out (``a2a-testbed sweep --list`` says which and why). Each engine
-    release sampled (``every``: each it drives) gets its matrix and mutants, the installed one
-    (``every``: each) its findings' survey too; the engine level runs on the newest release
-    (``every``: on the installed one too).
-
-    The sample is what fits CI's budget: a sampled release's matrix already holds each of its
-    scenarios to the findings it is known by (``KNOWN`` only with the finding's own failure),
-    so its survey adds the findings' other FlashInfer releases, which ``findings
-    --all-releases`` runs and ``docs/findings.json`` records; the installed release's engine
-    level runs in the engines' test tier (its mutants, a real model's shape)."""
+    installed are left out (``a2a-testbed sweep --list`` says which and why)."""
     from fakes.flashinfer.profiles import distinct_alltoalls, release_key
 
     newest = max(distinct_alltoalls(), key=release_key)
@@ -92,43 +91,33 @@ def catalogue(every: bool = False) -> list[Sweep]:
     differential = ("--reuse-differential",)
     sweeps = [Sweep("impl matrix", ("run", *differential), judge_whole, group="impl"),
               Sweep(f"impl matrix on {newest}", ("run", "--matrix-profile", newest), judge_moved, group="impl"),
-              Sweep("models", ("run", "--models") + (() if every else ("--rotate",)), judge_whole)]
+              Sweep("models", ("run", "--models"), judge_whole)]
     for integration in integrations.engines():
         engine = integration.engine
         if importlib.util.find_spec(engine.name) is None:
             continue
-        driven = releases(engine, every)
-        for release, source in driven:
-            flag = (f"--{engine.name}-source", source) if source else ()
-            pin = engine.release(source)[1] or engine.default_pin
-            group = f"{engine.name} {release}"
-            sweeps.append(Sweep(f"{group} matrix", ("run", "--integration", engine.name, *flag,
-                                                     *(() if source else differential)),
-                                judge_matrix(pin), engine.name, group))
-            sweeps.append(Sweep(f"{group} mutants", ("mutants", "--integration", engine.name, *flag),
-                                judge_mutants(engine, source), engine.name, group))
-            if integration.findings() and (every or source is None):
-                sweeps.append(Sweep(f"{group} findings", ("findings", "--here", "--integration", engine.name, *flag),
-                                    judge_lineage(integration, release), engine.name, group))
+        installed, pin = engine.release()
+        sweeps.append(Sweep(f"{engine.name} history", ("history", "--integration", engine.name, "--jobs",
+                                                       str(HISTORY_JOBS)) + (("--findings",) if integration.findings()
+                                                                              else ()),
+                            judge_history(integration), engine.name, least_s=HISTORY_S, keeps=True))
+        sweeps.append(Sweep(f"{engine.name} {installed} reuse differential",
+                            ("run", "--integration", engine.name, *differential),
+                            judge_matrix(pin or engine.default_pin), engine.name))
+        others = [source for _, source in releases(engine) if source]
+        newest_release = max(others, key=release_key, default=None)
+        newer = newest_release is not None and release_key(newest_release) > release_key(installed)
+        on = [(installed, ())] + ([(newest_release, (f"--{engine.name}-source", newest_release))] if newer else [])
         if integration.has_engine_level():
-            newest = max((source for _, source in driven if source), key=release_key, default=None)
-            newer = newest is not None and release_key(newest) > release_key(driven[0][0])
-            if every or not newer:
-                sweeps.append(Sweep(f"{engine.name} engine matrix", ("engine", "--integration", engine.name),
-                                    judge_engine(integration), engine.name))
-            if newer:
-                sweeps.append(Sweep(f"{engine.name} {newest} engine matrix",
-                                    ("engine", "--integration", engine.name, f"--{engine.name}-source", newest),
-                                    judge_engine(integration), engine.name))
+            for release, flag in on:
+                sweeps.append(Sweep(f"{engine.name} {release} engine matrix",
+                                    ("engine", "--integration", engine.name, *flag), judge_engine(integration),
+                                    engine.name))
         if engine.serve_command is not None:
-            # Served as users serve it: the installed release (with ``every``, the newest too), and
-            # the mutants only a served engine reaches.
-            served = [(driven[0][0], None)] + ([max(driven[1:], key=lambda d: release_key(d[0]))]
-                                               if every and len(driven) > 1 else [])
-            for release, source in served:
-                flag = (f"--{engine.name}-source", source) if source else ()
+            for release, flag in on:
                 # ~11 min alone on 2 cores (DP 4 starts 13 processes); beside three other groups, more.
-                sweeps.append(Sweep(f"{engine.name} {release} serve matrix", ("serve", "--integration", engine.name, *flag),
+                sweeps.append(Sweep(f"{engine.name} {release} serve matrix", ("serve", "--integration", engine.name,
+                                                                              *flag),
                                     judge_serve, engine.name, least_s=SERVED_MATRIX_S))
             sweeps.append(Sweep(f"{engine.name} serve mutants", ("serve", "--integration", engine.name, "--mutants"),
                                 judge_mutants(engine, None), engine.name))
@@ -145,12 +134,17 @@ def groups(sweeps: list[Sweep]) -> list[list[Sweep]]:
 
 
 def weight(sweep: Sweep) -> int:
-    """A sweep's rough cost, in units of a release's matrix: the model matrix and an engine
-    matrix about three, a matrix run again by the reuse differential two, a served matrix
-    (its engine's processes started anew per entry) eight, a served hunt two."""
+    """A sweep's rough cost, in units of a release's matrix: an engine's history three per
+    release (matrix, mutants, findings), the model matrix six, an engine matrix three, a matrix
+    run again by the reuse differential two, a served matrix (its engine's processes started
+    anew per entry) eight, a served hunt two."""
+    if sweep.argv[0] == "history":
+        return 3 * len(integrations.get(sweep.engine).engine.history)
     if sweep.argv[0] == "serve":
         return 2 if "--mutants" in sweep.argv else 8
-    if sweep.argv[0] == "engine" or "--models" in sweep.argv:
+    if "--models" in sweep.argv:
+        return 6
+    if sweep.argv[0] == "engine":
         return 3
     return 2 if "--reuse-differential" in sweep.argv else 1
 
@@ -229,7 +223,7 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
                     f"{engine.name}{flag} --only {m['mutant']}" for m in data["mutants"] if not m["killed"]]
         if not data["mutants"]:
             problems.append("no mutant was hunted")
-        package = open_package(engine.name, source)
+        package = None
         for absent in data["not_applicable"]:
             m = mutants.get(absent["mutant"])
             # Its code is there: the probe names the guard or finding (unbuilt: the package its module lacks).
@@ -237,6 +231,7 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
                 if not absent["why"]:
                     problems.append(f"{m.name} was left out as {absent['kind']} without a reason")
                 continue
+            package = package or open_package(engine.name, source)
             for module in m.target.partition(":")[0].split("|"):
                 try:
                     text = package.read(module.replace(".", "/") + ".py")
@@ -328,6 +323,44 @@ def judge_serve(data: list, stdout: str) -> list[str]:
     return problems
 
 
+def judge_history(integration) -> Judge:
+    """An engine's whole history: every release of it driven (none refused, none left out),
+    and each held to what its matrix, its hunt and its findings' survey wrote, by the judges
+    of a release's matrix (:func:`judge_matrix`, on the release's own pin), mutants
+    (:func:`judge_mutants`) and findings (:func:`judge_lineage`); a release that took an
+    identical earlier release's verdicts is held to them as its own."""
+    def judge(data: dict, stdout: str) -> list[str]:
+        engine = integration.engine
+        installed = engine.release()[0]
+        rows = {row["release"]: row for row in data["releases"]}
+        problems = [f"{r}: not in the history's rows" for r in engine.history if r not in rows]
+        for release, row in rows.items():
+            if row["refused"]:
+                problems.append(f"{release}: refused: {row['refused']}")
+                continue
+            source = None if release == installed else release
+            flag = f" --{engine.name}-source {source}" if source else ""
+            judges = {"matrix": judge_matrix(engine.release(source)[1] or engine.default_pin),
+                      "mutants": judge_mutants(engine, source)}
+            if integration.findings():
+                judges["findings"] = judge_lineage(integration, release)
+            kept = Path(row.get("kept") or "")
+            for name, judge_one in judges.items():
+                out = kept / f"{name}.json"
+                if not row.get("kept") or not out.is_file():
+                    problems.append(f"{release} {name}: no JSON was kept  reproduce: a2a-testbed history "
+                                    f"--integration {engine.name} --release {release}")
+                    continue
+                found = judge_one(json.loads(out.read_text()), (kept / f"{name}.txt").read_text())
+                problems += [f"{release} {name}: {p}" + ("" if "reproduce:" in p else
+                                                         f"  (a2a-testbed {'run' if name == 'matrix' else name} "
+                                                         f"--integration {engine.name}{flag})") for p in found]
+            problems += [f"{release}: {f}" for f in row["failures"] if f.startswith(("REUSE DIFFERS", "mutants did",
+                                                                                    "findings did"))]
+        return problems + ([] if rows else ["no release ran"])
+    return judge
+
+
 def documented_first() -> dict[str, str]:
     """Per finding, where ``docs/findings.md``'s lineage table says it first appears."""
     rows = re.findall(r"^\| ([A-Z]+-[\w-]+?)(?: \(latent\))? \| ([^|]+?) \|", FINDINGS_DOC.read_text(), re.M)
@@ -347,7 +380,7 @@ def judge_lineage(integration, release: str) -> Judge:
 
         label = integration.engine.label
         cells = [lineage.Cell(**c) for c in data]
-        driven = {r for r, _ in releases(integration.engine, every=True)}
+        driven = {r for r, _ in releases(integration.engine)}
         written = documented_first()
         problems = []
         for finding in dict.fromkeys(c.finding for c in cells):
@@ -380,7 +413,8 @@ def run(group: list[Sweep], log_dir: str, timeout_s: float = SWEEP_TIMEOUT_S) ->
     name = group[0].group or group[0].name
     log = Path(log_dir) / f"{_stem(name)}.log"
     outs = [Path(log_dir) / f"{_stem(sweep.name)}.json" for sweep in group]
-    argvs = [[*sweep.argv, "--json", str(out)] for sweep, out in zip(group, outs)]
+    argvs = [[*sweep.argv, "--json", str(out)] + (["--keep", str(out.with_suffix(""))] if sweep.keeps else [])
+             for sweep, out in zip(group, outs)]
     limit = sum(max(timeout_s, sweep.least_s) for sweep in group)
     stdout, stderr, finished = call_group(argvs, limit)
     log.write_text("".join(f"$ {sweep.command}\n" for sweep in group) + stdout + "\n-- stderr --\n" + stderr)

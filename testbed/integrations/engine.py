@@ -52,10 +52,6 @@ class Engine:
     # Other releases the adapter drives, each from its wheel (``--<name>-source RELEASE``).
     other_releases: tuple[str, ...] = ()
     consumer: "Consumer | None" = None  # its FlashInfer all-to-all path's files (the consumer contract's)
-    # Those of them the sweeps run by default (CI's): one per generation of the engine's
-    # FlashInfer path, where another release of that generation is in other_releases
-    # (``a2a-testbed sweep --all-releases`` runs them all); None: all of them.
-    sampled: tuple[str, ...] | None = None
     # Every release since the engine's FlashInfer all-to-all appeared, oldest first: what
     # ``a2a-testbed history`` runs or refuses.
     history: tuple[str, ...] = ()
@@ -299,19 +295,25 @@ class Engine:
             os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys(preloaded_modules() + (self.preload_module,)))
         return why and f"--integration {self.name}: {why}"
 
-    def releases(self, every: bool = False) -> tuple[str, ...]:
-        """The other releases the sweeps run: :attr:`sampled`, or with ``every`` all of
-        :attr:`other_releases`."""
-        return self.other_releases if every or self.sampled is None else self.sampled
+    def releases(self) -> tuple[str, ...]:
+        """Every release the sweeps run but the installed one: :attr:`other_releases` and
+        :attr:`history`, oldest first."""
+        from fakes.flashinfer.profiles import release_key
+
+        installed = self.release()[0]
+        return tuple(sorted({*self.other_releases, *self.history} - {installed}, key=release_key))
 
     def fetch_releases(self) -> None:
         """Download and unpack the releases the sweeps run (:meth:`releases`) into the testbed's
         cache, once (``./dev setup`` does it, so tests running in parallel find them there; any
-        other is fetched when first asked for)."""
+        other is fetched when first asked for). Four at once: a wheel's download waits on the
+        network while another's unpacking and compiling takes the cores."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from testbed.contract.source import unpacked
 
-        for release in self.releases():
-            unpacked(self.name, release)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda release: unpacked(self.name, release), self.releases()))
 
     def preload(self) -> None:
         """Import the modules the adapter drives and those a rank imports on first use

@@ -162,9 +162,7 @@ ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TES
                         # The post releases are their release's code on the path (history runs them).
                         prepare_environment, default_pin="0.7.2", consumer=CONSUMER,
                         other_releases=tuple(r for r in HISTORY[:-1] if ".post" not in r),
-                        # The sweeps' sample: a release of each group of the adapter's probes
-                        # (sglang/shapes.py): 0.5.9 .. 0.5.14, 0.5.17/0.5.18, 0.5.19/0.5.20, 0.5.21 on.
-                        sampled=("0.5.13", "0.5.18", "0.5.20", "0.5.21"), history=HISTORY,
+                        history=HISTORY,
                         # What a rank imported on first use (py-spy of 0.5.20's matrix): the sampler
                         # initialize_model_parallel imports, the model blocks' modules, the group
                         # communicators, the adapter itself.

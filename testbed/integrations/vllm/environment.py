@@ -163,12 +163,6 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
     "vllm.model_executor.layers.fused_moe.prepare_finalize.flashinfer_nvlink_two_sided"), "0.7.2.post1",
     ("0.18.0", "0.19.0", "0.20.0", "0.21.0", "0.22.0", "0.23.0", "0.24.0", "0.25.0", "0.26.0", "0.27.0", "0.28.0",
      "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0"), CONSUMER,
-    # CI's sample beside the installed 0.33.0 (moe_ep one-sided): 0.18.0 (the MoE layer a module
-    # class, the model reducing, the path written for nvfp4: VLLM-009 .. 015), 0.21.0 (the runner
-    # reducing: VLLM-009, 012 .. 014), 0.24.0 (the prepare/finalize calling combine itself, 0.22 ..
-    # 0.25), 0.31.0 (the manager's combine_into, 0.26 .. 0.32) and 0.34.0 (moe_ep both sides);
-    # `sweep --all-releases` and `history` run every release.
-    sampled=("0.18.0", "0.21.0", "0.24.0", "0.31.0", "0.34.0"),
     # The FlashInfer NVLink backends came with 0.18.0 (fused_moe/flashinfer_nvlink_*_prepare_finalize.py).
     # Patch releases are releases of their own: each may pin, or carry, something else.
     history=("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
