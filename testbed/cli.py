@@ -501,6 +501,7 @@ def _history(args) -> int:
     if args.json:
         report.dump_json(args.json, history.as_json(rows, shlex.join(["a2a-testbed", *sys.argv[1:]]),
                                                     time.monotonic() - started))
+    print(history.summary(rows, time.monotonic() - started))
     return 1 if any(row.failures for row in rows) else 0
 
 

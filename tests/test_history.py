@@ -112,6 +112,8 @@ def test_history_identical_release_takes_its_twins_verdicts(monkeypatch):
     assert any(line.startswith("vLLM 0.27.1: same all-to-all code as 0.27.0 (2 files identical") for line in lines)
     assert history.markdown(rows).splitlines()[3].endswith("| verdicts of 0.27.0: same all-to-all code "
                                                           "(2 files identical, the version file aside) |")
+    assert history.summary(rows, 12.0) == ("3 releases: 2 run, 1 with an identical earlier release's verdicts, "
+                                           "0 refused; 0 with failures, in 12.0 s")
 
 
 def test_history_findings_in_the_release_process_kept_per_release_and_copied_for_a_twin(monkeypatch, tmp_path):

@@ -258,6 +258,16 @@ def refusal_line(done: subprocess.CompletedProcess) -> str:
     return lines[0].split(": error: ", 1)[-1] if lines else f"exit {done.returncode}"
 
 
+def summary(rows: list[Row], seconds: float) -> str:
+    """The run's last line: how many releases ran, took an identical release's verdicts, were
+    refused, and had failures."""
+    refused = sum(bool(r.refused) for r in rows)
+    same = sum(bool(r.same_as) for r in rows)
+    failed = sum(bool(r.failures) for r in rows)
+    return (f"{len(rows)} releases: {len(rows) - refused - same} run, {same} with an identical earlier release's "
+            f"verdicts, {refused} refused; {failed} with failures, in {seconds:.1f} s")
+
+
 def markdown(rows: list[Row]) -> str:
     table = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     table += ["| " + " | ".join(c.replace("|", "\\|") for c in row.cells()) + " |" for row in rows]

@@ -41,6 +41,8 @@ SERVED_MATRIX_S = 3000.0
 # An engine's history, its releases two at once beside the other groups: vLLM's 24 took
 # ~350 s at three at once alone on 2 cores, without their findings' surveys.
 HISTORY_S = 3600.0
+# The model matrix with every release: 179 scenarios, ~7 min alone on 2 cores.
+MODELS_S = 1800.0
 HISTORY_JOBS = 2
 Judge = Callable[[dict, str], list[str]]  # (its JSON, its stdout) -> problems
 
@@ -91,7 +93,7 @@ def catalogue() -> list[Sweep]:
     differential = ("--reuse-differential",)
     sweeps = [Sweep("impl matrix", ("run", *differential), judge_whole, group="impl"),
               Sweep(f"impl matrix on {newest}", ("run", "--matrix-profile", newest), judge_moved, group="impl"),
-              Sweep("models", ("run", "--models"), judge_whole)]
+              Sweep("models", ("run", "--models"), judge_whole, least_s=MODELS_S)]
     for integration in integrations.engines():
         engine = integration.engine
         if importlib.util.find_spec(engine.name) is None:
