@@ -260,6 +260,10 @@ def _parser() -> argparse.ArgumentParser:
             "their own. Exit 1 on any problem; each group's output goes to a log file."))
     sw.add_argument("--list", action="store_true", help="list the sweeps (and the engines left out) and exit")
     sw.add_argument("--only", action="append", metavar="NAME", help="just this sweep (repeatable; --list names them)")
+    sw.add_argument("--served", choices=("with", "without", "only"), default="with",
+                    help="the sweeps of an engine served as users serve it (a2a-testbed serve): with the others "
+                         "(default), without them, or only them (they start a dozen engine processes each: CI runs "
+                         "them after the others, alone)")
     sw.add_argument("--shard", metavar="I/N", help="groups I, I+N, ... of the catalogue (split it over N machines)")
     sw.add_argument("--jobs", type=int, default=1, metavar="N", help="groups of sweeps run at once (default 1)")
     sw.add_argument("--logs", metavar="DIR", help="where each sweep's output goes (default: a new temporary folder)")
@@ -1152,7 +1156,7 @@ def _sweep(args) -> int:
 
     _positive("--jobs", args.jobs)
     _positive("--timeout", args.timeout)
-    catalogue = sweeps.catalogue()
+    catalogue = [s for s in sweeps.catalogue() if args.served == "with" or (s.argv[0] == "serve") == (args.served == "only")]
     if args.list:
         for sweep in catalogue:
             print(f"{sweep.name:32s} {sweep.command}" + (f"   [with {sweep.group}]" if sweep.group else ""))

@@ -279,3 +279,15 @@ def test_hunt_tries_the_hinted_scenario_first_whatever_release_it_was_moved_to()
         assert order[0][1] is pick and sorted(i for i, _ in order) == list(range(1, len(moved) + 1))
     assert kill_order(moved, "no such scenario [impl on 0.6.16]") == kill_order(moved)
     assert not same_entry(moved[0].label, moved[1].label)
+
+
+def test_sweep_served_run_apart_or_with_the_others(capsys):
+    """CI runs the served sweeps after the others (--served without, then only): between them,
+    the whole catalogue, each sweep once."""
+    listed = {}
+    for served in ("with", "without", "only"):
+        assert main(["sweep", "--list", "--served", served]) == 0
+        listed[served] = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("left out")]
+    assert all(("a2a-testbed serve " in line) for line in listed["only"])
+    assert not any("a2a-testbed serve " in line for line in listed["without"])
+    assert sorted(listed["only"] + listed["without"]) == sorted(listed["with"])
