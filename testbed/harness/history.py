@@ -39,7 +39,7 @@ class Row:
     modules: list = field(default_factory=list)  # the engine modules its run loaded (the code judged)
     kills: dict = field(default_factory=dict)  # mutant: the label of the scenario that killed it
     same_as: str = ""  # the earlier release whose verdicts these are: every file its run loaded is identical here
-    findings: dict = field(default_factory=dict)  # reproduce (finding ids), surveyed (how many), seconds
+    findings: dict = field(default_factory=dict)  # reproduce (the finding ids), surveyed (how many)
     kept: str = ""  # the folder holding each command's JSON and output (``<command>.json``, ``.txt``)
 
     def cells(self) -> list[str]:
@@ -191,7 +191,9 @@ def survey_one(integration, release: str, mutants: bool = True, hints: Optional[
         row.served_by = ""
     with tempfile.TemporaryDirectory() as tmp:
         names = ["matrix"] + (["mutants"] if mutants else []) + (["findings"] if findings else [])
-        outs = {name: Path(tmp) / f"{name}.json" for name in names}
+        where = keep / release if keep is not None else Path(tmp)  # the commands write straight there
+        where.mkdir(parents=True, exist_ok=True)
+        outs = {name: where / f"{name}.json" for name in names}
         flags = ["--integration", integration.name] + ([f"--{integration.name}-source", source] if source else [])
         if hints:
             (Path(tmp) / "hints.json").write_text(json.dumps(
@@ -205,12 +207,9 @@ def survey_one(integration, release: str, mutants: bool = True, hints: Optional[
             row.refused = refusal_line(done)
             return row
         if keep is not None:
-            row.kept = str(keep / release)
-            Path(row.kept).mkdir(parents=True, exist_ok=True)
+            row.kept = str(where)
             for name, text in zip(names, texts):
-                (Path(row.kept) / f"{name}.txt").write_text(text)
-                if outs[name].is_file():
-                    shutil.copy(outs[name], Path(row.kept) / f"{name}.json")
+                (where / f"{name}.txt").write_text(text)
         data = json.loads(outs["matrix"].read_text())
         row.matrix = {"passed": sum(s["passed"] and not s["known"] for s in data["scenarios"]),
                       "failed": data["failed"], "known": sum(bool(s["known"]) for s in data["scenarios"]),

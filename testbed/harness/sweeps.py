@@ -106,8 +106,7 @@ def catalogue() -> list[Sweep]:
         sweeps.append(Sweep(f"{engine.name} {installed} reuse differential",
                             ("run", "--integration", engine.name, *differential),
                             judge_matrix(pin or engine.default_pin), engine.name))
-        others = [source for _, source in releases(engine) if source]
-        newest_release = max(others, key=release_key, default=None)
+        newest_release = max(engine.releases(), key=release_key, default=None)
         newer = newest_release is not None and release_key(newest_release) > release_key(installed)
         on = [(installed, ())] + ([(newest_release, (f"--{engine.name}-source", newest_release))] if newer else [])
         if integration.has_engine_level():
