@@ -97,6 +97,67 @@ def test_serve_report_at_most_15_lines_verdict_last():
     assert serve.report_lines(1, 1, v)[-1].startswith("ERROR") and not v.passed
 
 
+def _step(log, p: int, group: tuple, *, end: bool = True) -> None:
+    """One MoE layer call of forward ``p`` as an engine rank records it: begun, dispatched,
+    combined and (``end``) ended."""
+    from testbed.scenario.events import Collective, ForwardEnd, ForwardStart
+
+    log.write(ForwardStart(pass_index=p, layer=0, reduced=True, pending=False, sp=False))
+    log.write(Collective(op="moe_a2a_dispatch", group=group, site=None))
+    if end:
+        log.write(Collective(op="moe_a2a_combine", group=group, site=None))
+        log.write(ForwardEnd(pass_index=p, layer=0))
+
+
+def _engine_logs(run_dir: Path, forwards: dict[int, int], *, begun: tuple = ()) -> None:
+    """Two EP ranks' event and step logs: ``forwards[r]`` whole forwards on rank r, then one
+    dispatch begun with no combine on each rank of ``begun`` (a peer it waits for never came)."""
+    from testbed.scenario.events import EventLog
+
+    group = tuple(sorted(forwards))
+    for r, n in forwards.items():
+        log = EventLog(str(run_dir / f"rank{r}.jsonl"))
+        for p in range(n):
+            _step(log, p, group)
+        if r in begun:
+            _step(log, n, group, end=False)
+        log.close()
+        (run_dir / f"steps{r}.jsonl").write_text("".join("[0, 1, [1, 1]]\n" for _ in range(n + (r in begun))))
+
+
+def test_serve_rest_is_a_cut_no_round_crosses(tmp_path):
+    _engine_logs(tmp_path, {0: 3, 1: 3})
+    assert serve._come_to_rest(str(tmp_path), 2, time.monotonic() + 5) == {0: (12, 3), 1: (12, 3)}
+    logs, steps = serve._logs(str(tmp_path), 2)
+    assert serve._at_rest(logs, steps)
+    _engine_logs(tmp_path, {0: 3, 1: 3}, begun=(0,))  # rank 0's lone round: on GPUs, a hang
+    logs, steps = serve._logs(str(tmp_path), 2)
+    assert not serve._at_rest(logs, steps)
+    assert serve._come_to_rest(str(tmp_path), 2, time.monotonic() + 1) is None
+
+
+@pytest.mark.needs("vllm")  # the rounds' scenario is validated against vLLM's all-to-all API
+@pytest.mark.parametrize("rested", [True, False])
+def test_serve_round_begun_after_the_rest_is_cut_else_judged(monkeypatch, rested):
+    """A round a rank began after the ranks came to rest (the server's stop cut it) is counted
+    and not judged; where they never came to rest, the same lone round fails the judge."""
+    ss = serve.ServeScenario(dp=2, requests=1)
+
+    def served(ss, run_dir, **kw):
+        _engine_logs(Path(run_dir), {0: 3, 1: 3}, begun=(0,))
+        return serve.Served(answers={0: _answer([5])}, rest={0: (12, 3), 1: (12, 3)} if rested else None)
+
+    monkeypatch.setattr(serve, "_serve", served)
+    v = serve.run(ss, reference={0: _answer([5])})
+    rounds = [f for f in v.failures if f.invariant in ("collectives", "engine-steps")]
+    if rested:
+        assert v.cut == {0: 1, 1: 0} and v.rounds == {0: 3, 1: 3} and not rounds, v.failures
+        assert "1 begun after the ranks came to rest" in "\n".join(serve.report_lines(1, 1, v))
+    else:
+        assert v.rounds == {0: 4, 1: 3} and rounds and not v.passed, v.failures
+        assert "did not come to rest" in "\n".join(serve.report_lines(1, 1, v))
+
+
 # --- mutants only a served engine reaches --------------------------------------------------
 
 

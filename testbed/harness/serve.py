@@ -54,7 +54,7 @@ from testbed.harness import engine, invariants, session
 from testbed.harness.invariants import Failure
 from testbed.scenario import checkpoint
 from testbed.scenario.engine import FIRST_TOKEN_ID, EngineScenario
-from testbed.scenario.events import Collective, LogTail
+from testbed.scenario.events import Collective, ForwardEnd, ForwardStart, LogTail
 from testbed.scenario.model import ScenarioInputError
 
 DEFAULT_TIMEOUT_S = 240.0  # from the server's readiness to its last answer
@@ -65,6 +65,10 @@ TIMED_OUT = "timed out"  # in a run's trouble where its time ran out (the watchd
 # The recorders' collective of each API's dispatch: MoeAlltoAll's, moe_ep's, MnnvlMoe's (two-sided).
 DISPATCH_OPS = ("moe_a2a_dispatch", "moe_ep_dispatch", "mnnvl_moe_alltoallv")
 STOP_GRACE_S = 20.0  # the server's own shutdown, before the rest of its session is killed
+# After the last answer a DP engine steps dummy batches until its peers agree the wave is done
+# (vLLM checks every 32 steps); stopping it mid-step would cut a round some ranks began.
+REST_TIMEOUT_S = 120.0
+REST_POLL_S = 0.25
 MAX_PROMPT = 24
 MAX_GENERATED = 8
 
@@ -159,6 +163,10 @@ class Served:
     ready_s: float = 0.0
     answered_s: float = 0.0
     pids: dict[int, int] = field(default_factory=dict)  # global rank -> the engine process that was it
+    # global rank -> (events, steps) of its logs when the ranks came to rest after the last
+    # answer, the cut that is judged; None where they did not within REST_TIMEOUT_S
+    rest: Optional[dict[int, tuple[int, int]]] = None
+    rest_s: float = 0.0
 
 
 @dataclass
@@ -171,6 +179,7 @@ class ServeVerdict:
     steps: dict[int, list] = field(default_factory=dict)
     generate_from: int = 0
     rounds: dict[int, int] = field(default_factory=dict)  # global rank -> the dispatches it recorded
+    cut: dict[int, int] = field(default_factory=dict)  # global rank -> its dispatches begun after the rest, not judged
     worst_logprob: float = 0.0
     served: Served = field(default_factory=Served)
     reference_s: float = 0.0
@@ -249,10 +258,13 @@ def run(ss: ServeScenario, *, code: Optional[Path] = None, reference: Optional[d
     v.reference_s = time.monotonic() - started
     with tempfile.TemporaryDirectory(prefix="a2atb-serve-") as run_dir:
         v.served = _serve(ss, run_dir, code=code, mutant=mutant, timeout_s=timeout_s, log=log, live=live)
-        tails = {r: LogTail(os.path.join(run_dir, f"rank{r}.jsonl")) for r in range(ss.dp * ss.tp)}
-        logs = {r: list(t.events()) for r, t in tails.items()}
-        results = [{"prepares": _steps(run_dir, r), "generate_from": 0} for r in range(ss.dp * ss.tp)]
-    v.rounds = {r: sum(isinstance(e, Collective) and e.op in DISPATCH_OPS for e in events) for r, events in logs.items()}
+        logs, steps = _logs(run_dir, ss.dp * ss.tp)
+    if v.served.rest is not None:  # what began after the rest, the stop cut: judged is the rest
+        v.cut = {r: _dispatches(logs[r][n:]) for r, (n, _) in v.served.rest.items()}
+        logs = {r: logs[r][:n] for r, (n, _) in v.served.rest.items()}
+        steps = {r: steps[r][:m] for r, (_, m) in v.served.rest.items()}
+    results = [{"prepares": steps[r], "generate_from": 0} for r in range(ss.dp * ss.tp)]
+    v.rounds = {r: _dispatches(events) for r, events in logs.items()}
     if v.served.testbed_error:
         v.testbed_error = v.served.testbed_error
         return v
@@ -295,6 +307,55 @@ def _steps(run_dir: str, rank: int) -> list:
                     for layer, rows, counts in (json.loads(line) for line in f if line.endswith("\n"))]
     except FileNotFoundError:
         return []
+
+
+def _logs(run_dir: str, world: int, tails: Optional[dict] = None) -> tuple[dict[int, list], dict[int, list]]:
+    """Each global rank's events and steps (its forward contexts, layer by layer) so far."""
+    tails = tails if tails is not None else {r: LogTail(os.path.join(run_dir, f"rank{r}.jsonl")) for r in range(world)}
+    return {r: list(t.events()) for r, t in tails.items()}, {r: _steps(run_dir, r) for r in range(world)}
+
+
+def _dispatches(events: list) -> int:
+    return sum(isinstance(e, Collective) and e.op in DISPATCH_OPS for e in events)
+
+
+def _at_rest(logs: dict[int, list], steps: dict[int, list]) -> bool:
+    """Whether the logs are a cut no round crosses: every rank between forwards (each layer
+    call it began, ended), as many forward contexts on each, and every member of each group
+    with as many collectives of each kind on it as the others."""
+    if len({len(s) for s in steps.values()}) != 1:
+        return False
+    counts: dict = {}
+    for rank, events in logs.items():
+        open_calls = 0
+        for e in events:
+            if isinstance(e, ForwardStart):
+                open_calls += 1
+            elif isinstance(e, ForwardEnd):
+                open_calls -= 1
+            elif isinstance(e, Collective):
+                counts.setdefault((e.group, e.op), {}).setdefault(rank, 0)
+                counts[(e.group, e.op)][rank] += 1
+        if open_calls:
+            return False
+    return all(len({per.get(r, 0) for r in group}) == 1 for (group, _), per in counts.items())
+
+
+def _come_to_rest(run_dir: str, world: int, deadline: float) -> Optional[dict[int, tuple[int, int]]]:
+    """Each rank's (events, steps) once the engine's processes stand at a cut no round crosses
+    and it held over one poll (DP engines stepping dummy batches until their wave ends pass
+    such cuts only between steps); None where they did not by ``deadline``: a rank waiting
+    on peers that never come (on GPUs, a hang) is judged on what it recorded."""
+    tails = {r: LogTail(os.path.join(run_dir, f"rank{r}.jsonl")) for r in range(world)}
+    seen = None
+    while time.monotonic() < deadline:
+        logs, steps = _logs(run_dir, world, tails)
+        now = {r: (len(logs[r]), len(steps[r])) for r in range(world)}
+        if now == seen and _at_rest(logs, steps):
+            return now
+        seen = now
+        time.sleep(REST_POLL_S)  # an observation of quiescence: only time can show nothing more comes
+    return None
 
 
 def _free_port() -> int:
@@ -344,6 +405,10 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
                 began = time.monotonic()
                 served.answers, served.trouble = _ask(ss, port, began + timeout_s)
                 served.answered_s = time.monotonic() - began
+                if served.trouble is None and not reference:
+                    began = time.monotonic()
+                    served.rest = _come_to_rest(run_dir, es.layout.world_size, began + REST_TIMEOUT_S)
+                    served.rest_s = time.monotonic() - began
             if served.trouble and TIMED_OUT in served.trouble:
                 served.trouble += "; the run's processes, killed, were at:\n" + "\n".join(session.stuck(proc, stacks, out))
         finally:
@@ -481,7 +546,12 @@ def report_lines(index: int, total: int, v: ServeVerdict, mutant: Optional[str] 
     lines = [f"  server ready in {s.ready_s:.1f} s, {len(s.answers)}/{ss.requests} requests answered in "
              f"{s.answered_s:.1f} s{reference}"]
     per = ", ".join(f"rank {r}{f' (pid {s.pids[r]})' if r in s.pids else ''} {n}" for r, n in sorted(v.rounds.items()))
-    lines.append(f"  dispatches recorded per engine process: {per}")
+    cut = sum(v.cut.values())
+    rest = (f"; {cut} begun after the ranks came to rest ({s.rest_s:.1f} s after the last answer), cut by the "
+            "server's stop, not judged" if cut else "") if s.rest is not None else \
+        f"; the ranks did not come to rest within {REST_TIMEOUT_S:.0f} s of the last answer: judged as the stop left them" \
+        if s.answers and s.trouble is None else ""
+    lines.append(f"  dispatches recorded per engine process: {per}{rest}")
     if v.steps:
         counts = [c for _, _, c in next(iter(v.steps.values()))]
         shown = ", ".join(str(tuple(c)) for c in counts[:6]) + (f", ... ({len(counts)} in all)" if len(counts) > 6 else "")
@@ -503,6 +573,8 @@ def as_json(v: ServeVerdict) -> dict:
             "known": v.known, "testbed_error": v.testbed_error, "ready_s": round(v.served.ready_s, 3), "answered_s": round(v.served.answered_s, 3),
             "reference_s": round(v.reference_s, 3), "worst_logprob": v.worst_logprob,
             "dispatches_per_rank": {str(r): n for r, n in v.rounds.items()},
+            "cut_after_rest": {str(r): n for r, n in v.cut.items() if n},
+            "rest_s": round(v.served.rest_s, 3) if v.served.rest is not None else None,
             "pids": {str(r): p for r, p in v.served.pids.items()},
             "failures": [{"invariant": f.invariant, "evidence": f.evidence} for f in v.failures],
             "steps": {str(r): [{"forward": p, "rows": rows, "dp_tokens": list(dp)} for p, rows, dp in s]
