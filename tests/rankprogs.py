@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 import threading
 
 import torch
@@ -14,6 +15,13 @@ from testbed.cluster.faults import stall_forever
 
 def pid(ctx) -> int:
     return os.getpid()
+
+
+def temporary_file(ctx) -> str:
+    """A file left in the temporary folder, as an engine's socket file is."""
+    fd, path = tempfile.mkstemp(prefix="a2atb-test-left-")
+    os.close(fd)
+    return path
 
 
 def unpicklable_result(ctx):

@@ -119,7 +119,7 @@ def _matrix_verdicts():
 def test_cli_junit_xml_one_case_per_scenario_and_not_run(tmp_path):
     import argparse
 
-    from testbed.cli import _reports
+    from testbed.commands.run import _reports
 
     verdicts, refused = _matrix_verdicts()
     assert len(refused) > 1  # 0.7.4 has no MoeAlltoAll: custom combine signatures, odd EP sizes
@@ -133,7 +133,7 @@ def test_cli_junit_xml_one_case_per_scenario_and_not_run(tmp_path):
 def test_cli_not_run_one_line_counted_per_rule_or_each_listed(capsys):
     from collections import Counter
 
-    from testbed.cli import _not_run
+    from testbed.commands.run import _not_run
 
     _, refused = _matrix_verdicts()
     _not_run(refused, each=False)

@@ -148,6 +148,14 @@ def test_cluster_reuses_workers(no_leaks):
     assert no_leaks.workers_spawned == spawned
 
 
+def test_cluster_rank_temporary_files_go_with_the_pool():
+    with RankPool() as pool:
+        left = pool.run(rankprogs.temporary_file, ParallelLayout(2, dp=2))
+        assert all(os.path.exists(path) for path in left)
+        assert not [path for path in left if Path(path).parent == Path(tempfile.gettempdir())]
+    assert not [path for path in left if os.path.exists(path)]
+
+
 def test_cluster_keeps_a_world_only_while_every_rank_held_it(no_leaks):
     """Over a random walk of layouts and failures, a job reuses the previous world (its
     default group and the groups built on it) exactly when the previous job had the same

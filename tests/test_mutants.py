@@ -94,11 +94,11 @@ def test_mutant_not_killed_by_what_the_release_already_shows(cluster, monkeypatc
     monkeypatch.setattr(findings, "known", lambda sc: [known])
     already = runner.run(cluster, MATRIX[0], mutant=real.name, timeout_s=20)
     assert already.failed("reduce") or already.known_failures
-    monkeypatch.setattr(runner, "_unmutated", lambda pool, sc, timeout_s: already)
+    monkeypatch.setattr(runner, "unmutated", lambda pool, sc, timeout_s: already)
     hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
     assert not hunt.killed, hunt
     clean = invariants.Verdict(MATRIX[0])
-    monkeypatch.setattr(runner, "_unmutated", lambda pool, sc, timeout_s: clean)
+    monkeypatch.setattr(runner, "unmutated", lambda pool, sc, timeout_s: clean)
     hunt = runner.hunt(cluster, real.name, MATRIX[:1], timeout_s=20)
     assert hunt.killed and hunt.by == "reduce @ 1", hunt
 

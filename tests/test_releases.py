@@ -188,6 +188,40 @@ def test_releases_lineage_first_release_and_table():
     assert "0.7.0.post1" in lineage.releases("0.7.0.post1") and "0.7.0" not in lineage.releases("0.7.0.post1")
 
 
+@pytest.mark.needs("vllm")
+def test_releases_lineage_survey_runs_each_scenario_once_with_the_same_cells(monkeypatch):
+    """Findings whose reproducer is a matrix scenario share it: each distinct scenario (its
+    label aside) runs once per process, one the matrix ran is not run again, and every cell
+    is what running each cell on its own gives."""
+    import dataclasses
+
+    from testbed.harness import runner
+    from testbed.harness.invariants import Failure, Verdict
+
+    def verdict(sc):  # a stand-in run: the scenario's own fields decide, as a rank's would
+        v = Verdict(sc)
+        if sc.passes[0][0] % 2:
+            v.failures.append(Failure("collectives", f"odd on {sc.profile}"))
+        return v
+
+    runs = []
+
+    def run(pool, sc, timeout_s, mutant=None):
+        runs.append(dataclasses.replace(sc, label=""))
+        return verdict(sc)
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(runner, "_UNMUTATED", {})
+    shared = lineage.survey(None, "vllm")
+    assert len(runs) == len(set(runs)) and len(runs) < len(shared)  # some findings share a scenario
+    ran_before = runs[0]
+    runs.clear()
+    monkeypatch.setattr(runner, "_UNMUTATED", {ran_before: verdict(ran_before)})
+    assert lineage.survey(None, "vllm") == shared and ran_before not in runs
+    monkeypatch.setattr(runner, "unmutated", lambda pool, sc, timeout_s: verdict(sc))
+    assert lineage.survey(None, "vllm") == shared  # each cell run on its own
+
+
 def test_releases_lineage_lifespan_on_the_engines_own_pins():
     """Born: the first engine release whose own pin reproduces; gone: the first after it whose
     own pin passes (a failure of another kind, or a cell off the pin, decides neither)."""

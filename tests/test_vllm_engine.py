@@ -124,7 +124,7 @@ def test_engine_scenario_reproduces_from_its_line(monkeypatch):
 
     seen = []
     monkeypatch.setattr(engine, "run", lambda pool, es, **kw: seen.append(es) or engine.EngineVerdict(es))
-    monkeypatch.setattr("testbed.cli._need_engine", lambda *a, **k: None)
+    monkeypatch.setattr("testbed.commands.common.need_engine", lambda *a, **k: None)
     es = dataclasses.replace(_entry("TP 2"), label="")
     assert main(shlex.split(es.to_cli())[1:]) == 0
     assert seen == [es]

@@ -29,6 +29,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -128,6 +129,11 @@ def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
     shm_collectives.install()
     state.engine_groups.install()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # What a rank leaves in the temporary folder (vLLM binds a ZMQ socket file there for each
+    # message queue it makes, and never unlinks one: hundreds a history) goes in its pool's
+    # scratch, which the pool removes.
+    os.environ["TMPDIR"] = os.path.dirname(dump_path)
+    tempfile.tempdir = None  # the fork server's answer, cached
     os.environ.pop("LOCAL_RANK", None)  # a launcher's, if the parent was launched: not this rank's
     if initializer is not None:
         initializer()

@@ -1,5 +1,7 @@
-"""The ``a2a-testbed`` commands that live in a module of their own: each module has
-``add_parser(sub)`` (its sub-command's flags) and ``main(args)`` (exit status). A new command is
-a new module here, named in :data:`COMMANDS`; the rest are still in :mod:`testbed.cli`."""
+"""The ``a2a-testbed`` commands, a module each: ``add_parser(sub)`` (its sub-command and flags)
+and ``main(args)`` (its exit status; a :class:`~testbed.commands.common.UsageError` is exit 2
+with one line). A new command is a new module here, named in :data:`COMMANDS` (the order of
+``a2a-testbed --help``); what several share is in :mod:`testbed.commands.common`."""
 
-COMMANDS = ("engine-tests", "serve")
+COMMANDS = ("version", "run", "fuzz", "mutants", "engine", "engine-tests", "serve", "contract", "findings", "history",
+            "sweep")

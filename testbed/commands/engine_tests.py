@@ -6,11 +6,12 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from testbed.commands.common import UsageError, output_arguments, source_arguments
+
 NAME = "engine-tests"
 
 
-def add_parser(sub, common) -> None:
-    """The command's flags; ``common`` adds the ones every engine command takes."""
+def add_parser(sub) -> None:
     from testbed import integrations
 
     p = sub.add_parser(
@@ -29,20 +30,21 @@ def add_parser(sub, common) -> None:
                    help="for the whole pytest session, after which it and its workers are killed (default 1800)")
     p.add_argument("--junit-xml", metavar="PATH", help="keep pytest's JUnit XML report here")
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST-ARGS", help="passed to pytest as they are")
-    common(p)
+    output_arguments(p)
+    source_arguments(p)
 
 
-def main(args, usage_error) -> int:
+def main(args) -> int:
     from testbed import integrations
     from testbed.harness import engine_tests
 
     if args.devices < 1:
-        raise usage_error(f"--devices: the number of stand-in accelerators must be >= 1, got {args.devices}")
+        raise UsageError(f"--devices: the number of stand-in accelerators must be >= 1, got {args.devices}")
     engine = integrations.get(args.integration).engine
     try:
         plan = engine_tests.plan_for(engine, getattr(args, f"{args.integration}_source"), args.profile, args.devices)
     except ValueError as e:
-        raise usage_error(str(e)) from None
+        raise UsageError(str(e)) from None
     log = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="a2a-engine-tests-", suffix=".log")[1])
     junit = Path(args.junit_xml) if args.junit_xml else log.with_suffix(".xml")
     print(f"{plan.engine}: pytest's and the engine's output: {log} (-v shows it live)" if not args.verbose

@@ -10,12 +10,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from testbed.commands.common import UsageError, output_arguments, source_arguments
+
 NAME = "serve"
 
 
-def add_parser(sub, common) -> None:
-    """The command's flags; ``common`` adds the ones every engine command takes (the engine's
-    source, its output)."""
+def add_parser(sub) -> None:
     from testbed import integrations
 
     p = sub.add_parser(
@@ -46,10 +46,11 @@ def add_parser(sub, common) -> None:
                    help="per server run, from its readiness to its last answer (default 240; its start-up has "
                         "400 s of its own)")
     p.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
-    common(p)
+    output_arguments(p)
+    source_arguments(p)
 
 
-def main(args, usage_error) -> int:
+def main(args) -> int:
     from testbed import integrations
     from testbed.harness import engine_tests, serve
 
@@ -59,9 +60,9 @@ def main(args, usage_error) -> int:
         version, code, _ = engine_tests.engine_source(engine, source)
         pin = engine_tests.engine_pin(engine, source, version, args.profile)
     except ValueError as e:
-        raise usage_error(str(e)) from None
+        raise UsageError(str(e)) from None
     if args.mutants and (args.mutant or args.dp is not None):
-        raise usage_error("--mutants hunts on the serve matrix: give no --mutant or --dp with it")
+        raise UsageError("--mutants hunts on the serve matrix: give no --mutant or --dp with it")
     log = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="a2a-serve-", suffix=".log")[1])
     with contextlib.ExitStack() as stack:
         if args.verbose:
@@ -72,7 +73,7 @@ def main(args, usage_error) -> int:
             # The servers write to the log themselves; this process's own imports of the engine
             # (taking its release, its findings' and mutants' probes) print there too.
             terminal = stack.enter_context(console.engine_output_to(str(log)))
-        scenarios = _scenarios(args, engine, source, version, pin, usage_error)
+        scenarios = _scenarios(args, engine, source, version, pin, )
         print(f"{engine.label} {version} served on FlashInfer {pin} (the fake)"
               + ("" if args.verbose else f"; the engine's output: {log} (-v shows it live)"), file=terminal, flush=True)
         if args.mutants:
@@ -88,7 +89,7 @@ def main(args, usage_error) -> int:
     return 1 if failed or errors else 0
 
 
-def _scenarios(args, engine, source, version: str, pin: str, usage_error) -> list:
+def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
     """The engine's release taken (this process judges it: its findings' and mutants' probes
     read its code), the mutant checked, and the scenarios the flags name (the matrix without
     --dp)."""
@@ -97,27 +98,27 @@ def _scenarios(args, engine, source, version: str, pin: str, usage_error) -> lis
 
     why = engine.use(source)
     if why:
-        raise usage_error(why)
+        raise UsageError(why)
     if args.timeout is not None and not args.timeout > 0:
-        raise usage_error(f"--timeout: must be > 0, got {args.timeout}")
+        raise UsageError(f"--timeout: must be > 0, got {args.timeout}")
     if args.mutant:
         try:
             owner = mutants.owner_of(args.mutant)
         except ValueError as e:
-            raise usage_error(f"--mutant: {e}") from None
+            raise UsageError(f"--mutant: {e}") from None
         if owner.name != args.integration:
-            raise usage_error(f"--mutant: {args.mutant} changes --integration {owner.name}'s code, not "
+            raise UsageError(f"--mutant: {args.mutant} changes --integration {owner.name}'s code, not "
                               f"{args.integration}'s")
         na = mutants.get(args.mutant).not_applicable_served()
         if na:
-            raise usage_error(f"--mutant: {args.mutant} is {na[0]} on {engine.label} {version}: {na[1]}")
+            raise UsageError(f"--mutant: {args.mutant} is {na[0]} on {engine.label} {version}: {na[1]}")
     try:
         if args.dp is None:
             return serve.matrix(args.integration, pin, args.dtype, args.seed)
         return [serve.ServeScenario(dp=args.dp, tp=args.tp, path=args.path, requests=args.requests,
                                     integration=args.integration, dtype=args.dtype, profile=pin, seed=args.seed)]
     except ScenarioInputError as e:
-        raise usage_error(str(e)) from None
+        raise UsageError(str(e)) from None
 
 
 def _serve_all(scenarios, code, args, log: Path, terminal) -> list:

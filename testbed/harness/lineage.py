@@ -93,7 +93,8 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
             except ScenarioInputError as e:
                 cells.append(Cell(finding.id, label, release, "not run", str(e), pinned=release == pin))
                 continue
-            result, detail = outcome(finding, runner.run(pool, sc, timeout_s=timeout_s), absent)
+            # Findings without a reproducer of their own share the matrix's scenarios: each runs once.
+            result, detail = outcome(finding, runner.unmutated(pool, sc, timeout_s), absent)
             cells.append(Cell(finding.id, label, release, result, detail, pinned=release == pin))
     return cells
 

@@ -191,7 +191,7 @@ def hunt(pool: RankPool, name: str, scenarios, *, timeout_s: float, first: Optio
         # On a scenario a known finding fails, a failure the release's own code shows too (the
         # finding's, or one that follows from it) is no kill: only what the mutant adds. Run
         # first, on ranks the mutated run has not left behind (a rank it killed is restarted).
-        already = _unmutated(pool, sc, timeout_s) if findings.known(sc) else None
+        already = unmutated(pool, sc, timeout_s) if findings.known(sc) else None
         v = run(pool, sc, mutant=name, timeout_s=timeout_s)
         f = killing_failure(m, v.failures + v.known_failures, already)
         if f is not None:
@@ -223,11 +223,12 @@ def killing_failure(m, failures, already: Optional[Verdict] = None):
 _UNMUTATED: dict[Scenario, Verdict] = {}
 
 
-def _unmutated(pool: RankPool, sc: Scenario, timeout_s: float) -> Verdict:
+def unmutated(pool: RankPool, sc: Scenario, timeout_s: float) -> Verdict:
     """``sc``'s verdict without a mutant, run once per process (a hunt of every mutant asks for
-    the same scenarios; a matrix run before in this process already ran them)."""
+    the same scenarios, the findings' reproducers share theirs; a matrix run before in this
+    process already ran them). A scenario is the same whatever its label."""
     if sc not in _UNMUTATED:
-        run(pool, sc, timeout_s=timeout_s)
+        _UNMUTATED[sc] = run(pool, sc, timeout_s=timeout_s)
     return _UNMUTATED[sc]
 
 
