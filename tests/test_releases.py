@@ -222,6 +222,48 @@ def test_releases_lineage_survey_runs_each_scenario_once_with_the_same_cells(mon
     assert lineage.survey(None, "vllm") == shared  # each cell run on its own
 
 
+@pytest.mark.needs("vllm")
+def test_releases_lineage_finding_whose_code_is_absent_runs_on_the_pin_alone(monkeypatch):
+    """Off the engine's pin, a finding whose code the release lacks cannot reproduce: its cells
+    are not run, named so, and the lineage is what running them gives."""
+    import dataclasses
+
+    from testbed import integrations
+    from testbed.harness import findings, runner
+    from testbed.harness.invariants import Failure, Verdict
+
+    def verdict(sc):
+        v = Verdict(sc)
+        if sc.passes[0][0] % 2:  # some cells fail, as a release's would
+            v.failures.append(Failure("collectives", f"odd on {sc.profile}"))
+        return v
+
+    monkeypatch.setattr(runner, "unmutated", lambda pool, sc, timeout_s: verdict(sc))
+    integration = integrations.get("vllm")
+    cells = lineage.survey(None, "vllm")
+    absent = {f.id: why for f in integration.findings() if (why := findings.gone(integration, f))}
+    assert absent  # the installed release lacks the code of some findings
+    for c in cells:
+        if c.finding in absent and not c.pinned and c.detail.startswith(lineage.ABSENT):
+            assert c.outcome == "not run" and absent[c.finding] in c.detail
+    skipped = [c for c in cells if c.detail.startswith(lineage.ABSENT)]
+    assert skipped and {c.finding for c in skipped} <= set(absent) and not [c for c in skipped if c.pinned]
+    assert all(any(c.finding == s.finding and c.pinned and c.outcome != "not run" for c in cells) for s in skipped)
+    # Each skipped cell run after all: never "reproduces", and the lineage the same.
+    by_id = {f.id: f for f in integration.findings()}
+    filled = []
+    for c in cells:
+        if c in skipped:
+            base = lineage.reproducer("vllm", by_id[c.finding], integration.engine.pinned())
+            result, detail = lineage.outcome(by_id[c.finding], verdict(dataclasses.replace(base, profile=c.flashinfer)),
+                                             absent[c.finding])
+            assert result != "reproduces"
+            c = dataclasses.replace(c, outcome=result, detail=detail)
+        filled.append(c)
+    assert lineage.markdown(filled) == lineage.markdown(cells)
+    assert [lineage.first(filled, f) for f in by_id] == [lineage.first(cells, f) for f in by_id]
+
+
 def test_releases_lineage_lifespan_on_the_engines_own_pins():
     """Born: the first engine release whose own pin reproduces; gone: the first after it whose
     own pin passes (a failure of another kind, or a cell off the pin, decides neither)."""

@@ -7,7 +7,8 @@ process) and merging: ``a2a-testbed findings`` does both.
 A cell's outcome: ``reproduces`` (the finding's signature shows, or the scenario is ``KNOWN``
 under it), ``passes``, ``fails otherwise`` (another failure: the engine cannot run there for
 another reason), ``not run`` (the scenario model refuses the reproducer on that release, with
-the rule).
+the rule; or, off the engine's pin, the engine release lacks the finding's code, so it cannot
+reproduce on any FlashInfer release: only the pin's cell runs, which says where it is gone from).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from testbed.integrations.base import Finding
 from testbed.scenario.model import Scenario, ScenarioInputError, from_cli
 
 MARKS = {"reproduces": "R", "passes": ".", "fails otherwise": "F", "not run": "-"}
+ABSENT = "the release lacks the finding's code"  # a cell not run off the pin: it cannot reproduce there
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,11 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
         for release in releases(pin):
             if base is None:
                 cells.append(Cell(finding.id, label, release, "not run", why, pinned=release == pin))
+                continue
+            if absent and release != pin:
+                # It cannot reproduce where its code is not (:func:`outcome`); the pin's cell
+                # runs, for where it is gone from.
+                cells.append(Cell(finding.id, label, release, "not run", f"{ABSENT}: {absent}"))
                 continue
             sc = dataclasses.replace(base, profile=release, label=f"{finding.id} reproducer on {release}")
             try:
@@ -153,7 +160,8 @@ def format_table(cells: list[Cell], titles: dict[str, str]) -> str:
     """Per finding: where it first appears, then a line per engine release with a mark per
     FlashInfer release (R reproduces, . passes, F fails otherwise, - not run), then the
     other failures."""
-    lines = ["R reproduces   . passes   F fails otherwise   - not run (the scenario model's rule)   * the pin"]
+    lines = ["R reproduces   . passes   F fails otherwise   - not run (the scenario model's rule, or the release "
+             "lacks the finding's code)   * the pin"]
     for finding in dict.fromkeys(c.finding for c in cells):
         mine = [c for c in cells if c.finding == finding]
         hit = first(cells, finding)
