@@ -76,7 +76,7 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
     integration = integrations.get(name)
     version, _ = integration.engine.release()
     label, pin = f"{integration.engine.label} {version}", integration.engine.pinned()
-    cells = []
+    cells: list = []  # a Cell, or (finding, release, scenario, why it is absent) to run
     for finding in integration.findings():
         if only and finding.id not in only:
             continue
@@ -100,10 +100,18 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
             except ScenarioInputError as e:
                 cells.append(Cell(finding.id, label, release, "not run", str(e), pinned=release == pin))
                 continue
-            # Findings without a reproducer of their own share the matrix's scenarios: each runs once.
-            result, detail = outcome(finding, runner.unmutated(pool, sc, timeout_s), absent)
-            cells.append(Cell(finding.id, label, release, result, detail, pinned=release == pin))
-    return cells
+            cells.append((finding, release, sc, absent))
+    # Release by release: the ranks change the fake's release between scenarios as rarely as
+    # can be. Findings without a reproducer of their own share the matrix's scenarios: each
+    # runs once.
+    verdicts = {}
+    for release in releases(pin):
+        for cell in cells:
+            if isinstance(cell, tuple) and cell[1] == release:
+                verdicts[cell[2]] = runner.unmutated(pool, cell[2], timeout_s)
+    return [cell if isinstance(cell, Cell) else
+            Cell(cell[0].id, label, cell[1], *outcome(cell[0], verdicts[cell[2]], cell[3]), pinned=cell[1] == pin)
+            for cell in cells]
 
 
 def first(cells: list[Cell], finding: str) -> Optional[Cell]:
