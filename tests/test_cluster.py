@@ -148,6 +148,13 @@ def test_cluster_reuses_workers(no_leaks):
     assert no_leaks.workers_spawned == spawned
 
 
+def test_cluster_teardown_time_grows_with_the_world():
+    from testbed.cluster.pool import TEARDOWN_RANKS, TEARDOWN_TIMEOUT_S, teardown_timeout
+
+    assert teardown_timeout(2) == teardown_timeout(TEARDOWN_RANKS) == TEARDOWN_TIMEOUT_S
+    assert teardown_timeout(4 * TEARDOWN_RANKS) == 4 * TEARDOWN_TIMEOUT_S
+
+
 def test_cluster_rank_temporary_files_go_with_the_pool():
     with RankPool() as pool:
         left = pool.run(rankprogs.temporary_file, ParallelLayout(2, dp=2))

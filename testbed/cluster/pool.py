@@ -44,7 +44,10 @@ from testbed.cluster.layout import ParallelLayout
 DEFAULT_TIMEOUT_S = 60.0
 ABORT_GRACE_S = 3.0
 STACK_TIMEOUT_S = 2.0
-TEARDOWN_TIMEOUT_S = 10.0
+TEARDOWN_TIMEOUT_S = 10.0  # for up to TEARDOWN_RANKS ranks; more ranks, proportionally more
+# Every rank destroys its world's groups at once, on the machine's few cores: 33 ranks under
+# four sweeps' load once took longer than 10 s, each still destroying (not stuck).
+TEARDOWN_RANKS = 8
 START_TIMEOUT_S = 180.0
 MONITOR_PERIOD_S = 0.25
 _open_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
@@ -209,6 +212,11 @@ def sweep_stack_dirs() -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path.name)
     return removed
+
+
+def teardown_timeout(world_size: int) -> float:
+    """How long the ranks of a ``world_size``-rank scenario may take to tear it down."""
+    return TEARDOWN_TIMEOUT_S * max(1.0, world_size / TEARDOWN_RANKS)
 
 
 class RankPool:
@@ -481,7 +489,7 @@ class RankPool:
         for w in live.values():
             self._worlds.pop(w, None)
             w.cmd.send("end")
-        deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
+        deadline = time.monotonic() + teardown_timeout(len(in_flight))
         problems = {}
         self.last_teardown_s = 0.0
         for rank, w in live.items():
