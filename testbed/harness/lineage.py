@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from fakes.flashinfer.profiles import distinct_alltoalls, release_key, resolve
 from testbed import integrations
@@ -76,7 +76,7 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
     integration = integrations.get(name)
     version, _ = integration.engine.release()
     label, pin = f"{integration.engine.label} {version}", integration.engine.pinned()
-    cells: list = []  # a Cell, or (finding, release, scenario, why it is absent) to run
+    cells: list = []  # a Cell, or a _Pending one to run
     for finding in integration.findings():
         if only and finding.id not in only:
             continue
@@ -100,18 +100,24 @@ def survey(pool, name: str, only: Iterable[str] = (), timeout_s: float = 60.0) -
             except ScenarioInputError as e:
                 cells.append(Cell(finding.id, label, release, "not run", str(e), pinned=release == pin))
                 continue
-            cells.append((finding, release, sc, absent))
+            cells.append(_Pending(finding, release, sc, absent))
     # Release by release: the ranks change the fake's release between scenarios as rarely as
     # can be. Findings without a reproducer of their own share the matrix's scenarios: each
-    # runs once.
-    verdicts = {}
-    for release in releases(pin):
-        for cell in cells:
-            if isinstance(cell, tuple) and cell[1] == release:
-                verdicts[cell[2]] = runner.unmutated(pool, cell[2], timeout_s)
-    return [cell if isinstance(cell, Cell) else
-            Cell(cell[0].id, label, cell[1], *outcome(cell[0], verdicts[cell[2]], cell[3]), pinned=cell[1] == pin)
-            for cell in cells]
+    # runs once (runner.unmutated).
+    order = releases(pin)
+    pending = sorted((c for c in cells if isinstance(c, _Pending)), key=lambda c: order.index(c.release))
+    verdicts = {c.scenario: runner.unmutated(pool, c.scenario, timeout_s) for c in pending}
+    return [Cell(c.finding.id, label, c.release, *outcome(c.finding, verdicts[c.scenario], c.absent),
+                 pinned=c.release == pin) if isinstance(c, _Pending) else c for c in cells]
+
+
+class _Pending(NamedTuple):
+    """A cell still to run: ``finding``'s reproducer moved to FlashInfer ``release``."""
+
+    finding: Finding
+    release: str
+    scenario: Scenario
+    absent: Optional[str]  # why the engine release no longer has the finding (findings.gone)
 
 
 def first(cells: list[Cell], finding: str) -> Optional[Cell]:

@@ -549,12 +549,7 @@ def report_lines(index: int, total: int, v: ServeVerdict, mutant: Optional[str] 
     lines = [f"  server ready in {s.ready_s:.1f} s, {len(s.answers)}/{ss.requests} requests answered in "
              f"{s.answered_s:.1f} s{reference}"]
     per = ", ".join(f"rank {r}{f' (pid {s.pids[r]})' if r in s.pids else ''} {n}" for r, n in sorted(v.rounds.items()))
-    cut = sum(v.cut.values())
-    rest = (f"; {cut} begun after the ranks came to rest ({s.rest_s:.1f} s after the last answer), cut by the "
-            "server's stop, not judged" if cut else "") if s.rest is not None else \
-        f"; the ranks did not come to rest within {REST_TIMEOUT_S:.0f} s of the last answer: judged as the stop left them" \
-        if s.answers and s.trouble is None else ""
-    lines.append(f"  dispatches recorded per engine process: {per}{rest}")
+    lines.append(f"  dispatches recorded per engine process: {per}{_rest_text(v)}")
     if v.steps:
         counts = [c for _, _, c in next(iter(v.steps.values()))]
         shown = ", ".join(str(tuple(c)) for c in counts[:6]) + (f", ... ({len(counts)} in all)" if len(counts) > 6 else "")
@@ -569,6 +564,19 @@ def report_lines(index: int, total: int, v: ServeVerdict, mutant: Optional[str] 
     known = f"  {', '.join(v.known)} (docs/findings.md)" if v.known else ""
     lines.append(f"{status} {index:>3}/{total:<3} {ss.describe()}{known}")
     return lines
+
+
+def _rest_text(v: ServeVerdict) -> str:
+    """What the report says of the rest after the last answer: the rounds the stop cut after
+    it, or that the ranks never came to rest; nothing where there is nothing to say."""
+    s, cut = v.served, sum(v.cut.values())
+    if s.rest is not None:
+        return (f"; {cut} begun after the ranks came to rest ({s.rest_s:.1f} s after the last answer), cut by the "
+                "server's stop, not judged") if cut else ""
+    if s.answers and s.trouble is None:
+        return (f"; the ranks did not come to rest within {REST_TIMEOUT_S:.0f} s of the last answer: judged as the "
+                "stop left them")
+    return ""
 
 
 def as_json(v: ServeVerdict) -> dict:
