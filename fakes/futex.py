@@ -7,10 +7,15 @@ On Linux a waiter sleeps in the kernel on one flag word (``FUTEX_WAIT`` on a sha
 keys the word by file and offset, so it works between processes) and the rank that writes the
 word wakes it; elsewhere (or where a sandbox forbids the call) :data:`AVAILABLE` is False and
 a wait is a 1 ms sleep.
+
+A rank in a loop of such waits may also be *parked*: waiting for words that only processes
+which have stopped writing could change. A watcher tells it apart from a slow one through
+the rank's record (:func:`report_to`, :func:`awaiting`, :func:`parked`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -71,12 +76,20 @@ def wait(word: torch.Tensor, seen: int, timeout_s: float) -> None:
     """Sleep while the int32 ``word`` (a one-element view of shared memory) still holds
     ``seen``, at most ``timeout_s``; returns at once if it holds something else. A wake-up
     says nothing: callers read the word again. Without futexes, sleeps 1 ms at most."""
-    if not AVAILABLE:
-        time.sleep(min(timeout_s, _POLL_S))
-        return
-    err = _call(word.data_ptr(), _FUTEX_WAIT, seen, _Timespec(int(timeout_s), int(timeout_s % 1 * 1e9)))
-    if err not in _EXPECTED:
-        raise OSError(err, f"futex wait: {os.strerror(err)}")
+    record = _record if _awaiting else None
+    if record is not None:
+        record[_SLEEPS] += 1
+        record[_ASLEEP] = 1
+    try:
+        if not AVAILABLE:
+            time.sleep(min(timeout_s, _POLL_S))
+            return
+        err = _call(word.data_ptr(), _FUTEX_WAIT, seen, _Timespec(int(timeout_s), int(timeout_s % 1 * 1e9)))
+        if err not in _EXPECTED:
+            raise OSError(err, f"futex wait: {os.strerror(err)}")
+    finally:
+        if record is not None:
+            record[_ASLEEP] = 0
 
 
 def wake(addresses) -> None:
@@ -88,3 +101,61 @@ def wake(addresses) -> None:
         err = _call(address, _FUTEX_WAKE, _WAKE_ALL, None)
         if err not in _EXPECTED:
             raise OSError(err, f"futex wake: {os.strerror(err)}")
+
+
+# A rank's record, int64 words in shared memory that only the rank writes: the loops of
+# :func:`awaiting` it entered, the sleeps it began in them, whether it sleeps now, and the
+# deadline of its loop (``time.monotonic_ns``, one clock for every process of the machine).
+RECORD_WORDS = 4
+_LOOPS, _SLEEPS, _ASLEEP, _DEADLINE = range(RECORD_WORDS)
+_record: torch.Tensor | None = None
+_awaiting = False
+
+
+def report_to(record: torch.Tensor | None) -> None:
+    """Keep this process's record in ``record`` (int64 ``[RECORD_WORDS]``, shared memory a
+    watcher maps; zeroed), or nowhere (None)."""
+    global _record
+    _record = record
+
+
+@contextlib.contextmanager
+def awaiting(deadline: float):
+    """Around a loop that reads shared words and calls :func:`wait` until they hold what it
+    needs or ``deadline`` (``time.monotonic()``) passes, and writes nothing any peer reads
+    before it ends: what makes a rank in it parked once those who could write have stopped."""
+    global _awaiting
+    if _record is not None:
+        _record[_DEADLINE] = int(deadline * 1e9)
+        _record[_LOOPS] += 1
+    _awaiting = True
+    try:
+        yield
+    finally:
+        _awaiting = False
+
+
+def in_the_same_loops(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether the ranks whose records were read as ``before`` and later as ``after`` (int64
+    ``[R, RECORD_WORDS]``) were asleep in an :func:`awaiting` loop at both reads, each in the
+    same loop (none entered another): from ``before`` to ``after`` none wrote a word a peer reads."""
+    return bool(
+        before.shape == after.shape and before.numel() > 0
+        and (before[:, _ASLEEP] == 1).all() and (after[:, _ASLEEP] == 1).all()
+        and (after[:, _LOOPS] == before[:, _LOOPS]).all()
+    )
+
+
+def parked(before: torch.Tensor, after: torch.Tensor, until: float) -> bool:
+    """Whether those ranks are parked for good, as far as ``until`` (``time.monotonic()``),
+    given that every other process writing their words had stopped before ``before`` was read.
+
+    They were :func:`in_the_same_loops`, and each began two sleeps after the first read: so
+    it read the words again after that read, found them short, and wrote nothing in between,
+    nor did the others. The words stay as they are; each waits until its deadline, which lies
+    past ``until``."""
+    return bool(
+        in_the_same_loops(before, after)
+        and (after[:, _SLEEPS] >= before[:, _SLEEPS] + 2).all()
+        and (before[:, _DEADLINE] > int(until * 1e9)).all()
+    )

@@ -235,6 +235,24 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
     return None
 
 
+def peer_raises_before_dispatch(ctx, late: tuple[int, ...] = (), flag_timeout_s: float = 30.0) -> None:
+    """Rank 0 raises before its dispatch; the others dispatch and wait for its flags, those in
+    ``late`` after a second of work (not a wait); ``flag_timeout_s``: when their waits trap."""
+    import time
+
+    a2a = _make(ctx, "0.7.2")
+    if ctx.rank == 0:
+        raise RuntimeError("rank 0 fails before its dispatch")
+    if ctx.rank in late:
+        time.sleep(1.0)  # busy elsewhere: no flag wait yet
+    kernels.FLAG_TIMEOUT_S = flag_timeout_s
+    try:
+        me = ctx.coords.ep_rank
+        a2a.dispatch(_ids(3, 2, 4, me), [torch.randn(3, 16, dtype=torch.bfloat16)], 4)
+    finally:
+        kernels.FLAG_TIMEOUT_S = 30.0
+
+
 @dataclass(frozen=True)
 class FuzzCase:
     ep: int

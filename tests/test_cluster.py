@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import a2a_programs
 import rankprogs
 from testbed.cluster import faults, selfcheck
 from testbed.cluster.pool import (
@@ -53,6 +54,31 @@ def test_cluster_rank_raise_names_the_rank(no_leaks):
     assert "InjectedFault: injected crash on rank 2" in str(err)
     assert 'faults.py", line' in err.reports[2].detail  # the rank's own traceback came back
     assert set(err.reports) == {0, 1, 2, 3}
+
+
+def test_cluster_grace_ends_once_every_running_rank_is_parked(no_leaks):
+    """Rank 0 raises before its dispatch; the others wait for its flags, which nobody will
+    ever write: the grace ends once all are in that wait, not while one still works."""
+    with pytest.raises(RankFailedError) as info:
+        no_leaks.run(a2a_programs.peer_raises_before_dispatch, ParallelLayout(4, dp=4), ((2,),),
+                     timeout_s=120, abort_grace_s=20)  # the flag waits trap at 30 s
+    err = info.value
+    assert err.reports[0].status == "raised"
+    for rank in (1, 2, 3):
+        report = err.reports[rank]
+        assert report.status == "aborted" and "parked" in report.summary, (rank, report.summary)
+        assert "in _wait_flags" in report.detail, (rank, report.detail)  # rank 2 got there first
+
+
+def test_cluster_grace_waits_for_a_parked_rank_whose_wait_runs_out_first(no_leaks):
+    """A flag wait that traps within the grace is not cut short: each rank reports its own trap."""
+    with pytest.raises(RankFailedError) as info:
+        no_leaks.run(a2a_programs.peer_raises_before_dispatch, ParallelLayout(4, dp=4), (), {"flag_timeout_s": 1.0},
+                     timeout_s=120, abort_grace_s=20)
+    err = info.value
+    for rank in (1, 2, 3):
+        report = err.reports[rank]
+        assert report.status == "raised" and "CompletionTimeout" in report.summary, (rank, report.summary)
 
 
 def test_cluster_rank_hang_reported_with_stuck_frame(no_leaks):

@@ -14,7 +14,10 @@ and replaced, never reused.
 The watchdog is this process: it waits on the workers' pipes and process sentinels up
 to the scenario timeout. When a rank raises or dies, the others get ``abort_grace_s`` to
 finish; then every rank still running has its stack taken (all threads) and is killed,
-and one :class:`ScenarioError` names what each rank did.
+and one :class:`ScenarioError` names what each rank did. The grace ends sooner where every
+rank still running is parked (:func:`fakes.futex.parked`): in the fake's flag waits, on
+flags only ranks that had finished could write, each until a deadline past the grace, as
+when a GPU kernel waits for a peer whose process raised; they are killed just the same.
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+
 from testbed.cluster import worker as worker_mod
-from fakes.arena import pid_alive, scenario_prefix, sweep_orphans, unlink_prefix
+from fakes import futex
+from fakes.arena import ShmArena, pid_alive, scenario_prefix, sweep_orphans, unlink_prefix
 from testbed.cluster.layout import ParallelLayout
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -50,6 +56,7 @@ TEARDOWN_TIMEOUT_S = 10.0  # for up to TEARDOWN_RANKS ranks; more ranks, proport
 TEARDOWN_RANKS = 8
 START_TIMEOUT_S = 180.0
 MONITOR_PERIOD_S = 0.25
+PARK_POLL_S = 0.05  # the fake's flag waits sleep 50 ms at most: two polls see two sleeps begun
 _open_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 
 
@@ -372,6 +379,8 @@ class RankPool:
         prefix = scenario_prefix(os.getpid(), uuid.uuid4().hex[:12])
         world = (pg_timeout_s, pg_backend)
         store_path = self._world_store(workers, world) or os.path.join(self._dump_dir, prefix + "store")
+        records = ShmArena(prefix).create(worker_mod.PARKING_KEY, 8 * futex.RECORD_WORDS * layout.world_size)
+        records = records.view(torch.int64).view(layout.world_size, futex.RECORD_WORDS)
         started = time.monotonic()
         in_flight = dict(enumerate(workers))
         try:
@@ -383,7 +392,7 @@ class RankPool:
                         sys_path=tuple(sys.path), reuse_groups=self.reuse_groups,
                     )
                 )
-            reports, mismatch = self._watch(in_flight, started, timeout_s, abort_grace_s, monitor)
+            reports, mismatch = self._watch(in_flight, started, timeout_s, abort_grace_s, monitor, records)
             reports.update(self._teardown(in_flight, reports, (store_path, layout.world_size, *world)))
             in_flight = {}
         finally:
@@ -399,19 +408,32 @@ class RankPool:
         self.scenarios_run += 1
         return self._result(name, layout, time.monotonic() - started, timeout_s, reports, mismatch)
 
-    def _watch(self, in_flight, started, timeout_s, abort_grace_s, monitor):
+    def _watch(self, in_flight, started, timeout_s, abort_grace_s, monitor, records):
         reports: dict[int, RankReport] = {}
         waiting = dict(in_flight)
         deadline = started + timeout_s
         failed_at = None
         mismatch = None
         monitor_at = started  # not on every reply: with 64 ranks that reads every log 64 times
+        # (the ranks still running, their parking records) when all were first seen in the
+        # same flag-wait loops as now
+        asleep_since = None
+        parked = False
         while waiting:
             limit = deadline if failed_at is None else min(deadline, failed_at + abort_grace_s)
             now = time.monotonic()
             remaining = limit - now
             if remaining <= 0:
                 break
+            if failed_at is not None:
+                ranks = sorted(waiting)
+                seen = records[ranks].clone()
+                if asleep_since is None or asleep_since[0] != ranks or not futex.in_the_same_loops(asleep_since[1], seen):
+                    asleep_since = (ranks, seen)
+                elif futex.parked(asleep_since[1], seen, limit):
+                    parked = True
+                    break
+                remaining = min(remaining, PARK_POLL_S)
             if monitor is not None and failed_at is None:
                 if now >= monitor_at:
                     mismatch = monitor({r for r, rep in reports.items() if rep.status == "ok"})
@@ -438,10 +460,11 @@ class RankPool:
         # Every stack before any kill: a rank whose peer was killed leaves its wait (as after
         # gloo's "Connection closed by peer") and its stack would no longer show the hang.
         stacks = {rank: w.stacks() if w.alive() else "(process gone)" for rank, w in waiting.items()}
+        why = ", parked: waiting for shared words only ranks that had finished could write" if parked else ""
         for rank, w in waiting.items():
             w.kill()
             self._discard(w)
-            reports[rank] = RankReport(rank, w.process.pid, status, f"process {w.process.pid} killed", stacks[rank])
+            reports[rank] = RankReport(rank, w.process.pid, status, f"process {w.process.pid} killed{why}", stacks[rank])
         return reports, mismatch
 
     def _reply(self, rank: int, w: _Worker, started: float) -> RankReport | None:

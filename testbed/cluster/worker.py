@@ -37,12 +37,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
+import torch
+
+from fakes import futex
 from fakes.arena import ShmArena, unlink_prefix
 from testbed.cluster import shm_collectives
 from testbed.cluster.engine_groups import GroupReuse
 from testbed.cluster.layout import GROUP_KINDS, ParallelLayout, RankCoords
 
 EXIT_PARENT_GONE = 3
+PARKING_KEY = "parked"  # the scenario's segment of its ranks' parking records (:mod:`fakes.futex`)
 
 
 @dataclass(frozen=True)
@@ -191,8 +195,18 @@ def format_stacks() -> str:
     return "\n".join(chunks)
 
 
+def _parking_record(job: Job):
+    """This rank's row of the scenario's parking records, which the pool reads."""
+    try:
+        words = ShmArena(job.arena_prefix).attach(PARKING_KEY).view(torch.int64)
+    except FileNotFoundError:  # a job sent by hand, not by a pool
+        return None
+    return words[job.rank * futex.RECORD_WORDS:(job.rank + 1) * futex.RECORD_WORDS]
+
+
 def _run(job: Job, conn, state: _State) -> None:
     state.arena_prefix = job.arena_prefix
+    futex.report_to(_parking_record(job))
     started = time.monotonic()
     ctx = None
     phase = "load"
@@ -211,6 +225,7 @@ def _run(job: Job, conn, state: _State) -> None:
             "raised", job.rank, phase, f"{type(exc).__name__}: {exc}",
             traceback.format_exc(), time.time(),
         )
+    futex.report_to(None)
     if reply[0] == "raised":
         # A rank that raised is gone as far as its peers are concerned (a real one would
         # exit): closing its groups now lets peers blocked on it fail fast, not hang.

@@ -122,11 +122,12 @@ def stall_until_next_dispatch(peer: int, timeout_s: float = 20.0):
         current = int(_i32(workspace, me, regions.FLAG_VAL, 1)[0])
         flag = _i32(workspace, me, regions.DISPATCH_FLAGS + 4 * peer, 1)
         deadline = time.monotonic() + timeout_s
-        while (seen := int(flag[0])) != current + 1:
-            left = deadline - time.monotonic()
-            if left < 0:
-                raise TimeoutError(f"rank {peer} never started its next dispatch (stalled combine of rank {me})")
-            futex.wait(flag, seen, min(left, 0.05))
+        with futex.awaiting(deadline):
+            while (seen := int(flag[0])) != current + 1:
+                left = deadline - time.monotonic()
+                if left < 0:
+                    raise TimeoutError(f"rank {peer} never started its next dispatch (stalled combine of rank {me})")
+                futex.wait(flag, seen, min(left, 0.05))
     return hook
 
 
@@ -264,21 +265,22 @@ def _wait_flags(workspace, ep_rank, offset, peers_P, expected, phase, timeout_s)
     the kernel traps."""
     flags = _i32(workspace, ep_rank, offset, workspace.size(0))
     deadline = time.monotonic() + timeout_s
-    while True:
-        missing = peers_P[flags[peers_P] != expected]
-        if missing.numel() == 0:
-            return
-        left = deadline - time.monotonic()
-        if left < 0:
-            Trap.reason = (f"{phase}: rank {ep_rank} timed out after {timeout_s:g} s waiting for "
-                           f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})")
-            raise CompletionTimeout(Trap.reason)
-        # Bounded, so a flag that changes without a wake-up (a late peer's memset) is still
-        # seen and the deadline still kept.
-        first = flags[int(missing[0]):int(missing[0]) + 1]
-        seen = int(first.item())  # sleep only on the value that said "not yet"
-        if seen != expected:
-            futex.wait(first, seen, min(left, 0.05))
+    with futex.awaiting(deadline):
+        while True:
+            missing = peers_P[flags[peers_P] != expected]
+            if missing.numel() == 0:
+                return
+            left = deadline - time.monotonic()
+            if left < 0:
+                Trap.reason = (f"{phase}: rank {ep_rank} timed out after {timeout_s:g} s waiting for "
+                               f"completion flag from rank(s) {missing.tolist()} (expected flag value {expected})")
+                raise CompletionTimeout(Trap.reason)
+            # Bounded, so a flag that changes without a wake-up (a late peer's memset) is still
+            # seen and the deadline still kept.
+            first = flags[int(missing[0]):int(missing[0]) + 1]
+            seen = int(first.item())  # sleep only on the value that said "not yet"
+            if seen != expected:
+                futex.wait(first, seen, min(left, 0.05))
 
 
 _DISPATCH_SLOT, _COMBINE_SLOT = 0, 2  # (flag value, runtime max) pairs in the side channel
