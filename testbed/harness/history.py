@@ -198,8 +198,11 @@ def survey_one(integration, release: str, mutants: bool = True, hints: Optional[
         if hints:
             (Path(tmp) / "hints.json").write_text(json.dumps(
                 {"mutants": [{"mutant": m, "killed": True, "scenario": label} for m, label in hints.items()]}))
-        argv = {"matrix": ["run", *flags] + (["--reuse-differential"] if differential else []),
-                "mutants": ["mutants", *flags] + (["--hints", str(Path(tmp) / "hints.json")] if hints else []),
+        # The engine's own output beside the JSON, not left in the temporary folder.
+        argv = {"matrix": ["run", *flags, "--log", str(where / "matrix.log")]
+                + (["--reuse-differential"] if differential else []),
+                "mutants": ["mutants", *flags, "--log", str(where / "mutants.log")]
+                + (["--hints", str(Path(tmp) / "hints.json")] if hints else []),
                 "findings": ["findings", "--here", *flags]}
         codes, stderr, texts = _group([argv[name] + ["--json", str(outs[name])] for name in names])
         done = subprocess.CompletedProcess(argv["matrix"], codes[0] if codes[0] is not None else 124, "", stderr)

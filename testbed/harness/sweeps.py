@@ -405,6 +405,9 @@ def judge_lineage(integration, release: str) -> Judge:
 
 
 # -- running ---------------------------------------------------------------------------------
+# The commands whose engine's (or ranks') own output goes to a file (``--log``): beside the
+# sweep's log, not left in the temporary folder.
+OWN_OUTPUT = ("run", "mutants", "engine", "serve")
 END = "\x1ea2a-testbed sweep: command ended "  # + exit code and seconds: a line of the group's stdout
 
 
@@ -415,6 +418,7 @@ def run(group: list[Sweep], log_dir: str, timeout_s: float = SWEEP_TIMEOUT_S) ->
     log = Path(log_dir) / f"{_stem(name)}.log"
     outs = [Path(log_dir) / f"{_stem(sweep.name)}.json" for sweep in group]
     argvs = [[*sweep.argv, "--json", str(out)] + (["--keep", str(out.with_suffix(""))] if sweep.keeps else [])
+             + (["--log", str(out.with_suffix(".output.log"))] if sweep.argv[0] in OWN_OUTPUT else [])
              for sweep, out in zip(group, outs)]
     limit = sum(max(timeout_s, sweep.least_s) for sweep in group)
     stdout, stderr, finished = call_group(argvs, limit)
