@@ -56,7 +56,7 @@ TEARDOWN_TIMEOUT_S = 10.0  # for up to TEARDOWN_RANKS ranks; more ranks, proport
 TEARDOWN_RANKS = 8
 START_TIMEOUT_S = 180.0
 MONITOR_PERIOD_S = 0.25
-PARK_POLL_S = 0.05  # the fake's flag waits sleep 50 ms at most: two polls see two sleeps begun
+PARK_POLL_S = 0.05  # after a failure, how often the ranks' parking records are read (a flag wait sleeps <= 50 ms)
 _open_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 
 
@@ -206,12 +206,13 @@ def worker_context(preload: tuple[str, ...] = ()):
     return ctx
 
 
-STACKS_PREFIX = "a2atb-stacks-"  # + owner pid: a pool's scratch (stack dumps, store file)
+STACKS_PREFIX = "a2atb-stacks-"  # + owner pid: a pool's scratch (stack dumps, store file), or a session's
 
 
 def sweep_stack_dirs() -> list[str]:
-    """Remove the scratch directories of pools whose process died without closing them (a
-    SIGKILLed parent cannot clean up after itself)."""
+    """Remove the scratch directories of pools (and of the process sessions it started,
+    :mod:`testbed.harness.session`) whose process died without closing them (a SIGKILLed
+    parent cannot clean up after itself)."""
     removed = []
     for path in Path(tempfile.gettempdir()).glob(STACKS_PREFIX + "*"):
         owner = path.name[len(STACKS_PREFIX):].split("-")[0]

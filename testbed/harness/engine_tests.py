@@ -70,11 +70,9 @@ def run(plan: Plan, log: Path, junit: Path, timeout: float, extra: tuple[str, ..
     from fakes.stacks import STACKS_ENV
 
     junit.unlink(missing_ok=True)
-    # The session's temporary files (vLLM's ZMQ sockets, which it never removes) go with it.
-    with open(log, "ab") as out, tempfile.TemporaryDirectory(prefix="a2a-stacks-") as stacks, \
-            tempfile.TemporaryDirectory(prefix="a2a-session-") as scratch:
-        env = session.engine_environment(plan.code) | {STACKS_ENV: stacks, "TMPDIR": scratch}
-        proc = session.start(command(plan, junit, extra), cwd=plan.root, env=env, out=out, live=live)
+    with open(log, "ab") as out, tempfile.TemporaryDirectory(prefix="a2a-stacks-") as stacks:
+        proc = session.start(command(plan, junit, extra), cwd=plan.root, env=session.engine_environment(plan.code) | {STACKS_ENV: stacks},
+                             out=out, live=live)
         try:
             code = proc.wait(timeout=timeout)
             trouble = None

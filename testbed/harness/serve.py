@@ -388,12 +388,9 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
     env = session.engine_environment(code)
     prefix = scenario_prefix(os.getpid(), f"serve{port}")
     spawned.enable(ss.profile, env, arena=prefix, devices=es.layout.world_size)  # its hook first, then the code
-    stacks, tmp = Path(run_dir) / "stacks", Path(run_dir) / "tmp"
+    stacks = Path(run_dir) / "stacks"
     stacks.mkdir()
-    tmp.mkdir()
-    # The engine's temporary files (vLLM's ZMQ socket files, which a killed process never
-    # unlinks) go with the run's directory.
-    env |= {SERVE_RUN_ENV: run_dir, STACKS_ENV: str(stacks), "TMPDIR": str(tmp)}
+    env |= {SERVE_RUN_ENV: run_dir, STACKS_ENV: str(stacks)}
     served = Served()
     out = open(log, "ab") if log else open(os.devnull, "wb")
     with out:

@@ -6,7 +6,10 @@ found by its session id whoever started each process, and it is killed with SIGK
 the testbed die first (``PR_SET_PDEATHSIG``; its children watch it in turn). On a timeout
 every process of the session writes its stacks (:mod:`fakes.stacks`, installed at start-up
 where :data:`fakes.stacks.STACKS_ENV` names a directory), and :func:`stuck` names each with
-the frame it waits in; :func:`kill` then ends the session to its last process.
+the frame it waits in; :func:`kill` then ends the session to its last process. The session's
+temporary files (``TMPDIR``: vLLM's ZMQ socket files, which a killed process never unlinks)
+go in a folder of its own, removed by :func:`kill` (or, where the testbed died first, by the
+next rank pool's start).
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
+
+from testbed.cluster.pool import STACKS_PREFIX
 
 # Variables of the caller's that would decide for the engine what the stand-in decides: vLLM
 # takes an explicit CPU target as its platform (0.34 on) before any plugin's.
@@ -44,12 +51,25 @@ def engine_environment(code: Path | None) -> dict:
     return env
 
 
+_scratch: dict[int, str] = {}  # a session's leader pid: its temporary folder
+
+
 def start(argv: list[str], *, env: dict, cwd, out, live: bool = False) -> subprocess.Popen:
     """Start ``argv`` as the leader of a session of its own, its output to ``out`` (a binary
-    file; the terminal where ``live``), killed should this process die first."""
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=None if live else out,
-                            stderr=None if live else subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    file; the terminal where ``live``), its temporary files in a folder of its own, killed
+    should this process die first."""
+    # Named as a rank pool's scratch of this process: should this process die before kill()
+    # removes it, the next pool to start sweeps it (testbed.cluster.pool.sweep_stack_dirs).
+    scratch = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-session-")
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env | {"TMPDIR": scratch}, stdout=None if live else out,
+                                stderr=None if live else subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    _scratch[proc.pid] = scratch
+    return proc
 
 
 def stuck(proc: subprocess.Popen, stacks: Path, log) -> list[str]:
@@ -92,6 +112,9 @@ def kill(proc: subprocess.Popen, within: float = 30.0) -> None:
         proc.wait()
         left = [pid for pid in members(proc.pid) if pid_alive(pid)]
         if not left:
+            scratch = _scratch.pop(proc.pid, None)
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"processes {left} of session {proc.pid} survive SIGKILL")
