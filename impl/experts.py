@@ -22,7 +22,7 @@ from impl.moe_output import UnfinalizedMoEOutput
 from impl.parallel import DEFERRING_FORMATS, TRTLLM_FORMATS
 from impl.quant import prepare_deepseek_fp8_x_sf
 
-EPILOGUE_TILE_M = {"bf16": 64, "fp8_block": 64, "nvfp4": 128}
+EPILOGUE_TILE_M = {"bf16": 128, "fp8_block": 64, "nvfp4": 128}  # as vLLM prepares each for the kernels
 BLOCK_MAJOR_K_BYTES = 128
 
 

@@ -192,6 +192,13 @@ def trigger(ctx, what: str, profile: str = "0.7.2"):
             a2a.combine(recv[0].clone(), 4, payload_in_workspace=True)
         elif what == "ids_out_of_range":
             _make(ctx, profile).dispatch(ids + 4, [x], 4)
+        elif what == "padded_row_minus_one":  # SGLang's -1 ids of a padded row: the kernel's division sends it to rank 0
+            ids[-1] = -1
+            recv = _make(ctx, profile).dispatch(ids, [x, ids], 4)
+            got_RTK = recv[1][:, :T]
+            padded_from = [r for r in range(ctx.layout.ep_size) if bool((got_RTK[r] == -1).all(-1).any())]
+            if padded_from != (list(range(ctx.layout.ep_size)) if me == 0 else []):
+                raise AssertionError(f"rank {me} received -1 rows from ranks {padded_from}")
         elif what == "tokens_exceed_rtm":
             _make(ctx, profile).dispatch(ids, [x], 2)
         elif what == "top_k_zero":

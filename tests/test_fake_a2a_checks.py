@@ -41,7 +41,7 @@ CASES = [
     ("combine_fp8_payload", "0.6.8", "TypeError", "Unsupported dtype for MoE combine"),
 ]
 # What the real kernels accept, which the fake must not refuse.
-ACCEPTED = [("combine_fp8_payload", "0.6.14"), ("combine_low_precision_fp32", "0.7.2"),
+ACCEPTED = [("padded_row_minus_one", "0.7.2"), ("padded_row_minus_one", "0.6.8"), ("combine_fp8_payload", "0.6.14"), ("combine_low_precision_fp32", "0.7.2"),
             ("combine_low_precision_fp32", "0.6.16")]
 
 

@@ -177,13 +177,19 @@ def metainfo_offsets(ep_size: int, max_num_tokens: int, eplb_stats_num_experts: 
 
 
 def expert_to_rank(expert_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
-    """Owning EP rank of each expert id: ranks ``[0, E % ep)`` own ``E // ep + 1`` experts."""
+    """Owning EP rank of each expert id: ranks ``[0, E % ep)`` own ``E // ep + 1`` experts. As
+    the kernel's ``compute_target_rank_id`` divides, truncating toward zero: an id just below 0
+    (SGLang's -1 for a padded row) goes to rank 0."""
     base, rem = divmod(num_experts, ep_size)
     ids = expert_ids.long()
+
+    def div(a, b):
+        return torch.div(a, b, rounding_mode="trunc")
+
     if rem == 0:
-        return ids // base
+        return div(ids, base)
     split = rem * (base + 1)
-    return torch.where(ids < split, ids // (base + 1), rem + (ids - split) // max(base, 1))
+    return torch.where(ids < split, div(ids, base + 1), rem + div(ids - split, max(base, 1)))
 
 
 def _i32(workspace: torch.Tensor, rank: int, offset: int, count: int) -> torch.Tensor:
@@ -398,13 +404,17 @@ def dispatch(ids_TK, payloads, workspace, metainfo, rtm, ep_rank, ep_size, top_k
     icheck(size_per_rank >= required, "sizePerRank >= requiredSize",
            f"workspace size per rank insufficient, need {required} bytes but has {size_per_rank}")
     active = _resolve_mask(profile, enable_rank_mask, active_rank_mask, ep_rank)
-    # Stricter than the kernel, which reads any id and writes wherever it points.
+    # The kernel reads any id and writes to the rank its division gives: an id outside
+    # [0, num_experts) that still divides to a rank (-1, SGLang's padded rows) is sent there as
+    # on a GPU; one that divides to no rank would write outside the workspace.
     if T:
-        lo, hi = int(ids_TK.min()), int(ids_TK.max())
-        if lo < 0 or hi >= num_experts:
+        ranks = expert_to_rank(ids_TK, num_experts, ep_size)
+        if int(ranks.min()) < 0 or int(ranks.max()) >= ep_size:
+            lo, hi = int(ids_TK.min()), int(ids_TK.max())
             raise RuntimeError(
-                f"token_selected_experts holds expert ids in [{lo}, {hi}], outside [0, {num_experts}): "
-                "the real kernel does not check and would write outside the workspace"
+                f"token_selected_experts holds expert ids in [{lo}, {hi}], outside [0, {num_experts}), that the "
+                f"kernel's division sends to ranks outside [0, {ep_size}): the real kernel does not check and would "
+                "write outside the workspace"
             )
     if T > rtm:
         raise RuntimeError(

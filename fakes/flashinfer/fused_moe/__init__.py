@@ -2,8 +2,7 @@
 helpers this package exports (the row shuffle and scale interleave are ``flashinfer``'s own).
 The entry points take the active profile's signature."""
 
-from fakes.flashinfer.fused_moe.core import ENTRY_POINTS, entry_point
-from fakes.flashinfer.fused_moe.layouts import gated_reorder_indices, to_block_major_k
+from fakes.flashinfer.fused_moe.core import ENTRY_POINTS, convert_to_block_layout, entry_point, reorder_rows_for_gated_act_gemm
 from fakes.flashinfer import profiles, tllm_enums
 from fakes.flashinfer.tllm_enums import WeightLayout
 
@@ -11,15 +10,6 @@ __all__ = [
     "ActivationType", "Fp8QuantizationType", "RoutingMethodType", "WeightLayout",
     "convert_to_block_layout", "reorder_rows_for_gated_act_gemm", *ENTRY_POINTS,
 ]
-
-
-def convert_to_block_layout(input_tensor, blockK: int):
-    """``[M, K]`` -> ``[K / blockK, M, blockK]`` (``blockK`` in elements of the tensor given)."""
-    return to_block_major_k(input_tensor, blockK)
-
-
-def reorder_rows_for_gated_act_gemm(x):
-    return x[gated_reorder_indices(x.shape[0])]
 
 
 def __getattr__(name: str):

@@ -15,7 +15,8 @@ int32 (-1: expert not local)]``.
 
 What is not: speed, and the kernels' intermediate requantization (GEMM1's output is kept in
 fp32 before GEMM2). The epilogue tiles the weights must be shuffled for are the fake's
-assumption (64 for bf16 and DeepSeek fp8, 128 for fp4), as is PERMUTE_TILE (the real
+assumption where no FlashInfer helper fixes it (128 for bf16 as FlashInfer's own bf16 preparation,
+64 for DeepSeek fp8, 128 for fp4), as is PERMUTE_TILE (the real
 padding depends on the tuned tile). Inside an expert, permuted rows follow the fake's slot
 order (shuffled by default), so nothing may depend on it.
 """
@@ -33,9 +34,53 @@ from fakes.flashinfer.fused_moe import layouts
 from fakes.flashinfer.tllm_enums import SfLayout, WeightLayout
 
 PERMUTE_TILE = 8
-EPILOGUE_TILE_M = {"bf16": 64, "fp8": 64, "fp4": 128}
+# The epilogue tile the kernels read each format's weights shuffled for: 128 for bf16 (FlashInfer's
+# prepare_trtllm_bf16_weights, its BF16 MoE test, vLLM's and SGLang's bf16 block layouts), 64 for
+# DeepSeek fp8 (vLLM's _shuffle_deepseek_fp8_moe_weights), 128 for fp4.
+EPILOGUE_TILE_M = {"bf16": 128, "fp8": 64, "fp4": 128}
 _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _REQUIRED = inspect.Parameter.empty
+
+
+# --- the weight-layout helpers (the real module defines them; the package re-exports them) ----
+
+
+def convert_to_block_layout(input_tensor, blockK: int):
+    """``[M, K]`` -> ``[K / blockK, M, blockK]`` (``blockK`` in elements of the tensor given)."""
+    return layouts.to_block_major_k(input_tensor, blockK)
+
+
+def reorder_rows_for_gated_act_gemm(x):
+    return x[layouts.gated_reorder_indices(x.shape[0])]
+
+
+def _maybe_get_cached_w3_w1_permute_indices(_cache_permute_indices, dst_w3_w1_weight, epilogue_tile_m: int,
+                                            num_elts_per_sf=None, is_gated_act_gemm: bool = True):
+    """The rows of GEMM1's weight in the order the kernel reads them (``new[i] = old[idx[i]]``):
+    the gated reorder, then the epilogue-tile shuffle; memoized in the caller's dict by the
+    same key as FlashInfer's."""
+    key = ("w3_w1", dst_w3_w1_weight.shape, epilogue_tile_m, num_elts_per_sf, is_gated_act_gemm)
+    if key not in _cache_permute_indices:
+        m = dst_w3_w1_weight.shape[0]
+        first = layouts.gated_reorder_indices(m) if is_gated_act_gemm else torch.arange(m)
+        _cache_permute_indices[key] = first[_shuffle_rows(m, epilogue_tile_m, num_elts_per_sf)]
+    return _cache_permute_indices[key]
+
+
+def get_w2_permute_indices_with_cache(_cache_permute_indices, dst_w2_weight, epilogue_tile_m: int, num_elts_per_sf=None,
+                                      is_gated_act_gemm=None):
+    """GEMM2's weight rows in the kernel's order: the epilogue-tile shuffle alone."""
+    key = ("w2", dst_w2_weight.shape, epilogue_tile_m, num_elts_per_sf, is_gated_act_gemm)
+    if key not in _cache_permute_indices:
+        _cache_permute_indices[key] = _shuffle_rows(dst_w2_weight.shape[0], epilogue_tile_m, num_elts_per_sf)
+    return _cache_permute_indices[key]
+
+
+def _shuffle_rows(m: int, epilogue_tile_m: int, num_elts_per_sf) -> torch.Tensor:
+    if num_elts_per_sf is not None:  # the scale factors' shuffle (shuffle_matrix_sf_a's rows)
+        raise NotImplementedError("the CPU fake's permute-index helpers shuffle weight rows only "
+                                  f"(num_elts_per_sf=None), got num_elts_per_sf={num_elts_per_sf}")
+    return layouts.shuffle_indices(m, epilogue_tile_m)
 
 
 # --- routing ---------------------------------------------------------------------------------
@@ -459,11 +504,17 @@ def entry_point(name: str):
 del trtllm_bf16_moe, trtllm_bf16_routed_moe, trtllm_fp8_block_scale_routed_moe, trtllm_fp4_block_scale_routed_moe
 
 
+# The enums the real module imports from tllm_enums (SGLang's runners import them from here).
+_ENUMS = ("ActivationType", "Fp8QuantizationType", "RoutingMethodType", "SfLayout", "WeightLayout")
+
+
 def __getattr__(name: str):
     if name in _LATEST:
         return entry_point(name)
+    if name in _ENUMS:
+        return getattr(tllm_enums, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LATEST))
+    return sorted(set(globals()) | set(_LATEST) | set(_ENUMS))
