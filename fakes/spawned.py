@@ -27,17 +27,22 @@ from fakes.accelerator import DEVICES_ENV, parse_count
 
 INSTALL_ENV = "A2A_FAKE_FLASHINFER_EVERYWHERE"  # the release whose fake every started process installs
 ARENA_ENV = "A2A_FAKE_ARENA_PREFIX"  # the run's segment-name prefix, which every started process joins
-ENVIRONMENT = (INSTALL_ENV, ARENA_ENV, DEVICES_ENV, "PYTHONPATH")  # what enable() and disable() change
+# A function ``module:name`` every started process calls once its fake is installed, before its
+# main module: what the engine's own imports need in place on this host (stand-ins for
+# packages a CPU host lacks), named by the run, never known here.
+PREPARE_ENV = "A2A_FAKE_PREPARE"
+ENVIRONMENT = (INSTALL_ENV, ARENA_ENV, DEVICES_ENV, PREPARE_ENV, "PYTHONPATH")  # what enable() and disable() change
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 _installed = None  # this process's install() block, kept open for its life
 
 
 def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: str | None = None,
-           devices: int | None = None) -> None:
+           devices: int | None = None, prepare: str | None = None) -> None:
     """Make every Python process started with ``environ`` (this process's own by default)
     install the fake of ``release`` before anything else, join the arena of segment-name
-    prefix ``arena`` where one is given, and answer for ``devices`` accelerators where that is
-    given (:func:`fakes.accelerator.install`).
+    prefix ``arena`` where one is given, answer for ``devices`` accelerators where that is
+    given (:func:`fakes.accelerator.install`), then call the function ``prepare``
+    (``module:name``) names where one is given.
 
     Raises
     ------
@@ -63,13 +68,20 @@ def enable(release: str, environ: MutableMapping[str, str] = os.environ, arena: 
         environ[ARENA_ENV] = arena
     else:
         environ.pop(ARENA_ENV, None)
+    if prepare is not None:
+        module, _, name = prepare.partition(":")
+        if not (module and name):
+            raise ValueError(f"prepare: {prepare!r} is not 'module:name'")
+        environ[PREPARE_ENV] = prepare
+    else:
+        environ.pop(PREPARE_ENV, None)
     environ[INSTALL_ENV] = release
     environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR)] + _other_paths(environ))
 
 
 def disable(environ: MutableMapping[str, str] = os.environ) -> None:
     """Undo :func:`enable` in ``environ``: processes started from now on are left alone."""
-    for key in (INSTALL_ENV, ARENA_ENV, DEVICES_ENV):
+    for key in (INSTALL_ENV, ARENA_ENV, DEVICES_ENV, PREPARE_ENV):
         environ.pop(key, None)
     paths = _other_paths(environ)
     if paths:
@@ -85,8 +97,9 @@ def _other_paths(environ: MutableMapping[str, str]) -> list[str]:
 
 def install_here() -> None:
     """What the start-up hook does where :data:`INSTALL_ENV` names a release: install its fake
-    in this process for good, join the run's arena where :data:`ARENA_ENV` names one, and
-    stand in for :data:`DEVICES_ENV` accelerators where it names a count. A release no profile
+    in this process for good, join the run's arena where :data:`ARENA_ENV` names one, stand
+    in for :data:`DEVICES_ENV` accelerators where it names a count, and call the function
+    :data:`PREPARE_ENV` names. A release no profile
     serves, or a count that is none, ends the process (exit 2) with one line naming the
     variable: a process must never go on without the fake it was started for."""
     global _installed
@@ -110,16 +123,33 @@ def install_here() -> None:
 
         ShmArena(os.environ[ARENA_ENV]).activate()
         _register_what_is_created(os.environ[ARENA_ENV])
+    if os.environ.get(PREPARE_ENV):
+        import importlib
+
+        module, _, name = os.environ[PREPARE_ENV].partition(":")
+        getattr(importlib.import_module(module), name)()
 
 
 def _register_what_is_created(prefix: str) -> None:
     """Every POSIX shared memory segment and named semaphore this process creates through
-    ``multiprocessing`` (an engine's message queues, its locks under ``spawn``), noted in the
-    arena's register (:func:`fakes.arena.record_created`): a process killed before it unlinks
-    them leaves them to the arena's end, never in ``/dev/shm`` for good."""
+    ``multiprocessing`` (an engine's message queues, its locks under ``spawn``), and every file
+    it creates in ``/dev/shm`` itself (SGLang's load snapshots), noted in the arena's register
+    (:func:`fakes.arena.record_created`): a process killed before it unlinks them leaves them to
+    the arena's end, never in ``/dev/shm`` for good."""
     from multiprocessing import shared_memory, synchronize
 
-    from fakes.arena import record_created
+    from fakes.arena import SHM_DIR, record_created
+
+    os_open = os.open
+
+    def open_noting_shm(path, flags, *a, **k):
+        name = os.path.basename(path)  # the arena's own files (its prefix) go with it anyway
+        new = bool(flags & os.O_CREAT) and os.path.dirname(os.path.abspath(path)) == str(SHM_DIR) \
+            and not name.startswith(prefix) and not os.path.exists(path)
+        fd = os_open(path, flags, *a, **k)
+        if new:
+            record_created(prefix, "/" + name)
+        return fd
 
     shm_init, sem_init = shared_memory.SharedMemory.__init__, synchronize.SemLock.__init__
 
@@ -136,4 +166,5 @@ def _register_what_is_created(prefix: str) -> None:
 
     shared_memory.SharedMemory.__init__ = shm
     synchronize.SemLock.__init__ = sem
+    os.open = open_noting_shm
 

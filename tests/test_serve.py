@@ -316,11 +316,11 @@ def test_serve_vllm_timeout_names_every_stuck_process_and_leaves_none(tmp_path, 
 def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monkeypatch, registered):
     ask, killed = serve._ask, []
 
-    def kill_then_ask(ss, port, deadline):
+    def kill_then_ask(ss, port, deadline, *how):
         for pid in _servers_of_this_test():
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-        return ask(ss, port, deadline)
+        return ask(ss, port, deadline, *how)
 
     monkeypatch.setattr(serve, "_ask", kill_then_ask)
     v = serve.run(serve.ServeScenario(dp=2, requests=2), reference={}, log=tmp_path / "engine.log", timeout_s=120)
@@ -328,5 +328,36 @@ def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monke
     assert not v.passed and v.served.trouble
     assert not [p for p in killed if pid_alive(p)]
     assert not _servers_of_this_test()
+    assert not _segments()
+    assert registered and not [p for p in registered if p.exists()]
+
+
+@pytest.mark.needs("sglang")
+def test_serve_sglang_dp2_every_scheduler_recorded_and_answers_match_dp1(tmp_path, registered):
+    """SGLang's own server (DP attention, FlashInfer's all-to-all) on the fake: each scheduler
+    process records its rounds, the answers and prompt logprobs match DP 1, and what SGLang's
+    processes made in /dev/shm (its load snapshots, multiprocessing's semaphores) is gone after."""
+    ss = serve.ServeScenario(dp=2, requests=3, integration="sglang", profile="0.7.2")
+    v = serve.run(ss, log=tmp_path / "engine.log", timeout_s=300)
+    assert v.passed, "\n".join(serve.report_lines(1, 1, v)) + f"\nlog: {(tmp_path / 'engine.log').read_text()[-3000:]}"
+    assert len(v.served.answers) == 3 and all(a.prompt_logprobs for i, a in v.served.answers.items() if i % 2 == 0)
+    assert set(v.rounds) == {0, 1} and all(n > 0 for n in v.rounds.values())
+    assert len(set(v.served.pids.values())) == 2  # two scheduler processes, each one rank
+    assert not [p for p in v.served.pids.values() if pid_alive(p)]
+    assert not _segments()
+    assert any(p.name.startswith("sglang_loads_") for p in registered)  # SGLang's own file, noted where made
+    assert not [p for p in registered if p.exists()]
+
+
+@pytest.mark.needs("sglang")
+def test_serve_sglang_idle_rank_decided_locally_times_out_naming_every_process(tmp_path, registered):
+    """The served-only mutant: an idle DP rank's scheduler runs no idle batch, its peer's forward
+    waits in the all-to-all; the run times out, every process reports where it waits, none survives."""
+    ss = serve.ServeScenario(dp=2, requests=1, integration="sglang", profile="0.7.2")
+    v = serve.run(ss, reference={}, mutant="s-dp-idle-decided-locally", log=tmp_path / "engine.log", timeout_s=30)
+    completes = [f.evidence for f in v.failures if f.invariant == "completes"]
+    assert completes and "request 0: no answer within 30 s" in completes[0], serve.report_lines(1, 1, v)
+    assert completes[0].count("process ") >= 4  # server, DP controller, schedulers, detokenizer: each with its frame
+    assert not [p for p in v.served.pids.values() if pid_alive(p)]
     assert not _segments()
     assert registered and not [p for p in registered if p.exists()]

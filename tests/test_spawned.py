@@ -156,7 +156,10 @@ import multiprocessing as mp, os, signal, sys
 from multiprocessing import resource_tracker, shared_memory
 segment = shared_memory.SharedMemory(create=True, size=64)
 lock = mp.get_context("spawn").Lock()
-print(segment._name, "/sem." + lock._semlock.name.lstrip("/"), flush=True)
+# A file of its own in /dev/shm, as SGLang writes its load snapshots.
+name = "a2atb-test-file-%d" % os.getpid()
+os.close(os.open("/dev/shm/" + name, os.O_RDWR | os.O_CREAT, 0o600))
+print(segment._name, "/sem." + lock._semlock.name.lstrip("/"), "/" + name, flush=True)
 # As a session killed whole: the resource tracker that would unlink them at exit goes first.
 os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
 os._exit(0)
@@ -164,9 +167,9 @@ os._exit(0)
 
 
 def test_spawned_what_a_process_creates_in_dev_shm_goes_with_the_arena(tmp_path):
-    """An engine's process killed before its clean-up leaves its POSIX shared memory and named
-    semaphores behind: each is noted in the arena's register as it is made, and removed at the
-    arena's end."""
+    """An engine's process killed before its clean-up leaves its POSIX shared memory, named
+    semaphores and files of its own in /dev/shm behind: each is noted in the arena's register as
+    it is made, and removed at the arena's end."""
     from fakes.arena import SHM_DIR, scenario_prefix, unlink_prefix
 
     env = _env()
@@ -179,8 +182,27 @@ def test_spawned_what_a_process_creates_in_dev_shm_goes_with_the_arena(tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         names = done.stdout.split()
         left = [SHM_DIR / n.lstrip("/") for n in names]
-        assert len(names) == 2 and all(p.exists() for p in left), names
+        assert len(names) == 3 and all(p.exists() for p in left), names
     finally:
         removed = unlink_prefix(prefix)
     assert sorted(removed) == sorted(p.name for p in left)
     assert not [p for p in left if p.exists()] and not list(SHM_DIR.glob(prefix + "*"))
+
+
+def test_spawned_prepare_runs_before_the_main_module_with_the_fake(tmp_path):
+    """The run's preparation (``module:name``) is called in every started process once its fake
+    is installed, before its main module; a malformed name is refused."""
+    (tmp_path / "prep.py").write_text("import builtins, sys\n"
+                                      "def here():\n"
+                                      "    builtins.PREPARED = ('flashinfer' in sys.modules, '__main__' in sys.modules "
+                                      "and hasattr(sys.modules['__main__'], 'MAIN'))\n")
+    env = _env(PYTHONPATH=str(tmp_path))
+    spawned.enable("0.7.2", env, prepare="prep:here")
+    done = subprocess.run([sys.executable, "-c", "MAIN = 1; import builtins; print(builtins.PREPARED)"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "(True, False)"
+    spawned.disable(env)
+    assert spawned.PREPARE_ENV not in env
+    with pytest.raises(ValueError, match="prepare: 'prep' is not 'module:name'"):
+        spawned.enable("0.7.2", {}, prepare="prep")

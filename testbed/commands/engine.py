@@ -15,7 +15,8 @@ NAME = "engine"
 
 def add_parser(sub) -> None:
     en = sub.add_parser(
-        "engine", help="an engine's own LLM (vLLM's) on a tiny checkpoint, DP + EP on the fake, checked",
+        "engine", help="an engine's own LLM (vLLM's) on a tiny checkpoint, DP + EP on the fake, checked (SGLang's: "
+                       "its own server, as a2a-testbed serve)",
         description=(
             "Writes a tiny MoE checkpoint (config and random weights as safetensors), runs the engine's own "
             "LLM on the pool's ranks (DP, TP and expert parallel, the FlashInfer all-to-all on the fake), then "
@@ -55,6 +56,8 @@ def main(args) -> int:
     from testbed.scenario.model import ScenarioInputError, check_release
 
     integration = integrations().get(args.integration)
+    if not integration.has_engine_level() and integration.engine is not None and integration.engine.serving:
+        return _served(args)
     if not integration.has_engine_level():
         raise UsageError(f"--integration {args.integration}: has no engine level (engines with one: "
                          + ", ".join(n for n in integrations().names() if integrations().get(n).has_engine_level())
@@ -124,3 +127,22 @@ def main(args) -> int:
                                      "seconds": round(time.monotonic() - started, 3),
                                      "verdicts": [engine.as_json(v) for v in verdicts]})
     return 1 if failed else 0
+
+
+def _served(args) -> int:
+    """An engine whose engine level is its own server (SGLang: its schedulers are processes it
+    spawns itself, never a rank of the testbed's pool): ``a2a-testbed serve`` of the same
+    deployment, judged the same way against a DP 1 run."""
+    import argparse
+
+    from testbed.commands import serve
+
+    given = [flag for flag in ("prompts", "max_tokens", "model", "arch") if getattr(args, flag) is not None]
+    if given:
+        raise UsageError(f"--integration {args.integration}: its engine level is its own server (a2a-testbed serve), "
+                         f"driven by concurrent requests (--requests), not --{given[0].replace('_', '-')}")
+    served = argparse.Namespace(**vars(args))
+    served.requests = 3 if args.dp is None or args.dp <= 3 else args.dp - 1
+    served.dtype = "bfloat16" if args.dtype == "float32" else args.dtype  # as models are served
+    served.mutants = False
+    return serve.main(served)

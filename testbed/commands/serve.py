@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     from testbed import integrations
 
     p = sub.add_parser(
-        NAME, help="the engine's own server (vllm serve) with DP + EP on the fake, answering a real client, checked",
+        NAME, help="the engine's own server (vllm serve, sglang.launch_server) with DP + EP on the fake, answering "
+                   "a real client, checked",
         description=(
             "Writes a tiny MoE checkpoint and tokenizer, starts the engine's own server on the loopback address with "
             "data and expert parallel on the fake FlashInfer (every process it starts has the fake, the run's "
@@ -27,7 +28,7 @@ def add_parser(sub) -> None:
             "with prompt logprobs) through an OpenAI client, and checks every round every engine process recorded, "
             "the step rule, and the answers against the same requests served at DP 1 without expert parallel. "
             "With no --dp: the serve matrix."))
-    p.add_argument("--integration", choices=[i.name for i in integrations.engines() if i.engine.serve_command],
+    p.add_argument("--integration", choices=[i.name for i in integrations.engines() if i.engine.serving],
                    default="vllm", help="whose server (default: %(default)s)")
     p.add_argument("--dp", type=int, metavar="N", help="data-parallel ranks (each its own engine core)")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel ranks per DP rank (default 1)")

@@ -161,8 +161,9 @@ def apply(name: str) -> Callable[[], None]:
     # edit of the file would reach every importer.
     # A module's own dict (what `from x import f` wrote), never its __getattr__: lazy modules
     # (transformers') import on attribute access.
+    # (sys.modules may hold objects without a dict: SGLang's processes have some.)
     holders = [owner] + ([] if owner_path else [mod for mod in list(sys.modules.values())
-                                               if mod is not owner and vars(mod).get(attr) is original])
+                                               if mod is not owner and getattr(mod, "__dict__", {}).get(attr) is original])
     for holder in holders:
         setattr(holder, attr, replacement)
 

@@ -49,6 +49,7 @@ from typing import Optional
 import torch
 
 from testbed import integrations
+from testbed.integrations import served
 from testbed.integrations.engine import SERVE_RUN_ENV
 from testbed.harness import engine, invariants, session
 from testbed.harness.invariants import Failure
@@ -102,6 +103,10 @@ class ServeScenario:
         if isinstance(self.requests, bool) or not isinstance(self.requests, int) or self.requests < 1:
             raise ScenarioInputError("--requests", f"must be a positive integer, got {self.requests!r}")
         self.engine_scenario()  # the deployment's own checks (--dp, --tp, --path, --dtype, --profile)
+        serving = integrations.get(self.integration).engine.serving
+        if self.path not in serving.paths:
+            raise ScenarioInputError("--path", f"--integration {self.integration} serves {', '.join(serving.paths)}, "
+                                     f"got {self.path!r}")
 
     def engine_scenario(self) -> EngineScenario:
         """The deployment as the engine level describes it: its layout, checkpoint, budget, and
@@ -132,10 +137,10 @@ class ServeScenario:
 
 
 def matrix(integration: str, profile: str, dtype: str = "bfloat16", seed: int = 0) -> list[ServeScenario]:
-    """The serve matrix: each path at DP 2 with unequal counts (3 requests), at DP 4 with a DP
-    rank idle (2 requests), and one-sided at TP 2 x DP 2."""
-    shapes = [("one_sided", 2, 1, 3), ("two_sided", 2, 1, 3), ("one_sided", 4, 1, 2), ("two_sided", 4, 1, 2),
-              ("one_sided", 2, 2, 3)]
+    """The integration's serve matrix (:attr:`testbed.integrations.engine.Serving.shapes`; vLLM's:
+    each path at DP 2 with unequal counts (3 requests), at DP 4 with a DP rank idle (2
+    requests), and one-sided at TP 2 x DP 2)."""
+    shapes = integrations.get(integration).engine.serving.shapes
     return [ServeScenario(dp=dp, tp=tp, path=path, requests=n, integration=integration, dtype=dtype, profile=profile,
                           seed=seed, label=f"{path} DP{dp}" + (f" TP{tp}" if tp > 1 else "") + (" idle" if n < dp else ""))
             for path, dp, tp, n in shapes]
@@ -211,7 +216,7 @@ class ServedRank:
 def start_process(run_dir: str) -> None:
     """Called by the integration's serving plugin as each process of the server starts: the
     run's mutant applied to the engine's code, for the process's life."""
-    plan = _read_plan(run_dir)
+    plan = served.plan(run_dir)
     if plan["mutant"]:
         from testbed.harness import mutants
 
@@ -225,7 +230,7 @@ def start_rank(run_dir: str, rank: int, world_size: int, ep_ranks: tuple[int, ..
     returns its event log."""
     from testbed.harness import program
 
-    plan = _read_plan(run_dir)
+    plan = served.plan(run_dir)
     ss = ServeScenario(**plan["serve"])
     es = ss.engine_scenario()
     sc = es.scenario(passes=(tuple(1 for _ in range(es.dp)),), sequence_parallel=False)
@@ -233,11 +238,6 @@ def start_rank(run_dir: str, rank: int, world_size: int, ep_ranks: tuple[int, ..
     with open(os.path.join(run_dir, f"pid{rank}"), "w") as f:
         f.write(str(os.getpid()))
     return program.record_engine_rank(ctx, sc, run_dir, plan["module"])
-
-
-def _read_plan(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "plan.json")) as f:
-        return json.load(f)
 
 
 # --- in the testbed's process -------------------------------------------------------------
@@ -384,10 +384,13 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
                    "start_process": f"{__name__}:start_process",
                    "start_rank": "" if reference else f"{__name__}:start_rank"}, f)
     port = _free_port()
-    argv = integrations.get(ss.integration).engine.serve_command(es, model_dir, port, reference)
-    env = session.engine_environment(code)
+    serving = integrations.get(ss.integration).engine.serving
+    argv = serving.command(es, model_dir, port, reference)
+    env = session.engine_environment(code) | serving.environment(es, reference)
     prefix = scenario_prefix(os.getpid(), f"serve{port}")
-    spawned.enable(ss.profile, env, arena=prefix, devices=es.layout.world_size)  # its hook first, then the code
+    # its hook first, then the code
+    spawned.enable(ss.profile, env, arena=prefix, devices=es.layout.world_size if serving.devices else None,
+                   prepare=serving.prepare or None)
     stacks = Path(run_dir) / "stacks"
     stacks.mkdir()
     env |= {SERVE_RUN_ENV: run_dir, STACKS_ENV: str(stacks)}
@@ -399,11 +402,11 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
         proc = session.start(argv, env=env, cwd=run_dir, out=out, live=live)
         try:
             began = time.monotonic()
-            served.trouble = _ready(proc, port, began + STARTUP_TIMEOUT_S)
+            served.trouble = _ready(proc, port, serving.ready, began + STARTUP_TIMEOUT_S)
             served.ready_s = time.monotonic() - began
             if served.trouble is None:
                 began = time.monotonic()
-                served.answers, served.trouble = _ask(ss, port, began + timeout_s)
+                served.answers, served.trouble = _ask(ss, port, began + timeout_s, serving.prompt_logprobs)
                 served.answered_s = time.monotonic() - began
                 if served.trouble is None and not reference:
                     began = time.monotonic()
@@ -424,13 +427,13 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
     return served
 
 
-def _ready(proc, port: int, deadline: float) -> Optional[str]:
-    """None once the server answers its health check; else why not (it exited, or the time ran out)."""
+def _ready(proc, port: int, path: str, deadline: float) -> Optional[str]:
+    """None once the server answers 200 at ``path``; else why not (it exited, or the time ran out)."""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"the server exited with {proc.returncode} before it was ready (its log says why)"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
                 if r.status == 200:
                     return None
         except OSError:
@@ -442,9 +445,10 @@ def _ready(proc, port: int, deadline: float) -> Optional[str]:
     return f"{TIMED_OUT} before the server was ready ({STARTUP_TIMEOUT_S:.0f} s)"
 
 
-def _ask(ss: ServeScenario, port: int, deadline: float) -> tuple[dict[int, Answer], Optional[str]]:
+def _ask(ss: ServeScenario, port: int, deadline: float, prompt_logprobs: str) -> tuple[dict[int, Answer], Optional[str]]:
     """Every request of ``ss`` at once, each by a client of its own, all answered by
-    ``deadline``; the answers and the first error (or None)."""
+    ``deadline``; the answers and the first error (or None). ``prompt_logprobs``: how the
+    server gives a prompt's logprobs (:class:`testbed.integrations.engine.Serving`)."""
     from openai import OpenAI
 
     started = time.monotonic()
@@ -457,8 +461,10 @@ def _ask(ss: ServeScenario, port: int, deadline: float) -> tuple[dict[int, Answe
     def one(i: int) -> Answer:
         rq = ss.request(i)
         left = max(1.0, deadline - time.monotonic())
+        echo = prompt_logprobs == "echo" and not rq.stream
+        extra = {"ignore_eos": True} | ({} if rq.stream or echo else {"prompt_logprobs": 0})
         kw = dict(model=model, prompt=list(rq.prompt_P), max_tokens=rq.max_tokens, temperature=0.0, logprobs=2,
-                  timeout=left, extra_body={"ignore_eos": True} | ({} if rq.stream else {"prompt_logprobs": 0}))
+                  timeout=left, extra_body=extra) | ({"echo": True} if echo else {})
         if rq.stream:
             ids, top2 = [], []
             for chunk in client.completions.create(stream=True, **kw):
@@ -468,8 +474,12 @@ def _ask(ss: ServeScenario, port: int, deadline: float) -> tuple[dict[int, Answe
         choice = client.completions.create(**kw).choices[0]
         ids, top2 = [], []
         _read_choice(choice, ids, top2)
-        entries = (choice.model_extra or {}).get("prompt_logprobs") or []
-        prompt = [entry[str(token)]["logprob"] for token, entry in zip(rq.prompt_P[1:], entries[1:])]
+        if echo:  # the prompt's tokens first (the first without a logprob), then the generated ones
+            prompt = [float(lp) for lp in choice.logprobs.token_logprobs[1:len(rq.prompt_P)]]
+            ids, top2 = ids[len(rq.prompt_P):], top2[len(rq.prompt_P):]
+        else:
+            entries = (choice.model_extra or {}).get("prompt_logprobs") or []
+            prompt = [entry[str(token)]["logprob"] for token, entry in zip(rq.prompt_P[1:], entries[1:])]
         return Answer(ids, top2, prompt)
 
     answers, trouble = {}, None

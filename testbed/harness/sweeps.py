@@ -114,7 +114,7 @@ def catalogue() -> list[Sweep]:
                 sweeps.append(Sweep(f"{engine.name} {release} engine matrix",
                                     ("engine", "--integration", engine.name, *flag), judge_engine(integration),
                                     engine.name))
-        if engine.serve_command is not None:
+        if engine.serving is not None:
             for release, flag in on:
                 # ~11 min alone on 2 cores (DP 4 starts 13 processes); beside three other groups, more.
                 sweeps.append(Sweep(f"{engine.name} {release} serve matrix", ("serve", "--integration", engine.name,

@@ -38,6 +38,43 @@ if TYPE_CHECKING:
 SERVE_RUN_ENV = "A2A_SERVE_RUN"
 
 
+def _no_variables(es, reference: bool) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How a user serves an engine, and what its processes need on this host.
+
+    ``command``: ``(EngineScenario, checkpoint directory, port, reference) -> argv`` of its own
+    server on the loopback address with the deployment's data and expert parallel
+    (``reference``: DP 1, expert parallel off); ``environment``: ``(EngineScenario, reference)
+    -> the variables`` such a deployment sets; ``devices``: whether its processes get the
+    stand-in accelerators (:mod:`fakes.accelerator`; else the engine's own CPU device);
+    ``prompt_logprobs``: how its OpenAI API returns a prompt's logprobs (``"prompt_logprobs"``,
+    vLLM's request field, or ``"echo"``, the prompt echoed with its logprobs); ``prepare``: the
+    function ``module:name`` each of its processes calls before its main module
+    (:data:`fakes.spawned.PREPARE_ENV`), or none; ``ready``: the path that answers 200 once
+    its server takes requests, without generating (SGLang's ``/health`` generates a token once
+    the server is up); ``shapes``: its serve matrix, each
+    ``(all-to-all path, DP, TP, concurrent requests)`` (fewer requests than DP ranks leave one
+    idle), whose paths are the ones it serves."""
+
+    command: Callable
+    environment: Callable = _no_variables
+    devices: bool = True
+    prompt_logprobs: str = "prompt_logprobs"
+    prepare: str = ""
+    ready: str = "/health"  # what answers 200 once its server takes requests
+    shapes: tuple[tuple[str, int, int, int], ...] = (("one_sided", 2, 1, 3), ("two_sided", 2, 1, 3),
+                                                     ("one_sided", 4, 1, 2), ("two_sided", 4, 1, 2),
+                                                     ("one_sided", 2, 2, 3))
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(path for path, *_ in self.shapes))
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str  # the package and the --integration value
@@ -72,11 +109,8 @@ class Engine:
     # Those of its tests the CPU stand-in cannot run, each ``(pytest node id, what it needs)``:
     # deselected by ``engine-tests`` and listed as not run, never reported as the engine's failure.
     own_tests_off_cpu: tuple[tuple[str, str], ...] = ()
-    # How a user serves the engine (``a2a-testbed serve``): ``(EngineScenario, checkpoint
-    # directory, port, reference) -> argv`` of its own server on the loopback address, with the
-    # deployment's data and expert parallel (``reference``: DP 1, expert parallel off); None
-    # where the testbed does not serve it.
-    serve_command: "Callable | None" = None
+    # How a user serves the engine (``a2a-testbed serve``); None where the testbed does not.
+    serving: "Serving | None" = None
 
     @property
     def preload_module(self) -> str:

@@ -32,6 +32,10 @@ class SglangIntegration(Integration):
         # workspace. SGLang never passes combine's output=.
         return Traits(shared_communication=False, code=code(), fixed_capacity=True, combine_output=False)
 
+    def engine_code(self):
+        # Its MoE layers and dispatchers and its distributed layer, as the layer level audits.
+        return code()
+
     def start(self, ctx, sc, api, log):
         from testbed.integrations.sglang.adapter import SglangSession
 

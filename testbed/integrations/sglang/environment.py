@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from testbed.integrations import engine as support
+from testbed.integrations.sglang import served
 from testbed.integrations.sglang.consumer import CONSUMER
 
 TESTED = ("0.5.23",)  # pins flashinfer-python 0.7.2
@@ -113,8 +115,7 @@ def _stand_in_torchvision() -> None:
     from transformers.utils import import_utils
 
     import_utils.is_torchvision_available(), import_utils.is_torchvision_v2_available()
-    _placeholder_package("torchvision", ("transforms", "transforms.functional", "transforms.v2",
-                                         "transforms.v2.functional", "io", "ops"))
+    _placeholder_package("torchvision")
 
 
 def _stand_in_kv_cache_io() -> None:
@@ -133,20 +134,42 @@ def _stand_in_kv_cache_io() -> None:
     on_a_cpu = r"if not \(_is_npu or _is_xpu(?: or _is_mps)?\):\s*from sgl_kernel\.kvcacheio import"
     if pool is None or not pool.exists() or not re.search(on_a_cpu, pool.read_text()):
         return
-    _placeholder_package("sgl_kernel", ("kvcacheio",))
+    _placeholder_package("sgl_kernel")
 
 
-def _placeholder_package(root: str, submodules: tuple[str, ...]) -> None:
-    """Modules ``root`` and ``root.<sub>`` whose every name is a :class:`_Placeholder`."""
-    for name in (root, *(f"{root}.{sub}" for sub in submodules)):
-        module = types.ModuleType(name)
-        module.__getattr__ = lambda attr, _name=name: _module_attr(_name, attr)
+def stand_in_sgl_kernel() -> None:
+    """An import-only ``sgl_kernel`` where none is installed (PyPI's ``sglang-kernel`` is a
+    CUDA build): SGLang's engine imports its ops at load; any call fails loudly."""
+    if "sgl_kernel" not in sys.modules and importlib.util.find_spec("sgl_kernel") is None:
+        _placeholder_package("sgl_kernel")
+
+
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers ``root`` and any ``root.<sub>`` import with a module whose every name is a
+    :class:`_Placeholder`."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def find_spec(self, name, path=None, target=None):
+        if name == self.root or name.startswith(self.root + "."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__getattr__ = lambda attr, _name=spec.name: _module_attr(_name, attr)
         module.__path__ = []
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        sys.modules[name] = module
-        parent, _, leaf = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], leaf, module)
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+def _placeholder_package(root: str) -> None:
+    """Package ``root`` and all its submodules as placeholders (for this process's life)."""
+    if not any(isinstance(f, _PlaceholderFinder) and f.root == root for f in sys.meta_path):
+        sys.meta_path.insert(0, _PlaceholderFinder(root))
 
 
 def _module_attr(module: str, attr: str):
@@ -158,6 +181,9 @@ def _module_attr(module: str, attr: str):
 # FlashinferDispatcher came with 0.5.9.
 HISTORY = ("0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
            "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+SERVING = support.Serving(served.serve_command, served.serve_environment, devices=False, prompt_logprobs="echo",
+                          prepare=f"{served.__name__}:prepare_process", ready="/ready", shapes=(("one_sided", 2, 1, 3),
+                                                                                ("one_sided", 4, 1, 2)))
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
                         # The post releases are their release's code on the path (history runs them).
                         prepare_environment, default_pin="0.7.2", consumer=CONSUMER,
@@ -176,7 +202,7 @@ ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TES
                         # outside SGLang: torch 2.2 s, transformers 0.6, sympy, openai,
                         # compressed_tensors 0.25 each, triton, aiohttp, networkx.
                         dependencies=("torch", "transformers", "sympy", "openai", "compressed_tensors", "triton",
-                                      "aiohttp", "networkx"))
+                                      "aiohttp", "networkx"), serving=SERVING)
 
 
 @functools.cache

@@ -187,7 +187,7 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
         # device with torch.device("cpu:<rank>"); a CPU tensor's device carries no index.
         ("tests/distributed/test_mnnvl_alltoall.py::test_one_sided_expert_output_in_workspace",
          "a tensor's device naming the rank's device index (CPU tensors read `cpu`, never `cpu:N`)"),),
-    serve_command=served_command)
+    serving=support.Serving(served_command))
 
 
 @functools.cache

@@ -26,42 +26,19 @@ run directory (:data:`RUN_ENV`); everywhere else it does nothing. The platform
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import json
 import os
 
 from fakes.accelerator import DEVICES_ENV
-from testbed.integrations.engine import SERVE_RUN_ENV
+from testbed.integrations import served
 
 
 def plugin() -> None:
     """vLLM's general-plugin hook."""
-    if not (os.environ.get(DEVICES_ENV) and os.environ.get(SERVE_RUN_ENV)):
+    directory = served.run_dir()
+    if not (os.environ.get(DEVICES_ENV) and directory):
         return
-    with _testbed_errors(os.environ[SERVE_RUN_ENV]):
-        _apply(os.environ[SERVE_RUN_ENV])
-
-
-@contextlib.contextmanager
-def _testbed_errors(run_dir: str):
-    """What the testbed's own code raises in an engine process, written where the serving
-    command reads it (``testbed-error``), so that the report blames the testbed, never the
-    engine; then raised on, as the engine would see it."""
-    try:
-        yield
-    except BaseException as e:
-        with open(os.path.join(run_dir, "testbed-error"), "a") as f:
-            f.write(f"process {os.getpid()}: {type(e).__name__}: {e}\n")
-        raise
-
-
-class _ProcessLife:
-    """What the engine level's helpers take as a scenario's context, where the scenario is the
-    process's life: nothing is undone."""
-
-    def add_cleanup(self, fn) -> None:
-        pass
+    with served.testbed_errors(directory):
+        _apply(directory)
 
 
 _applied = False
@@ -74,39 +51,20 @@ def _apply(run_dir: str) -> None:
     _applied = True
     from testbed.integrations.vllm import engine_kernels, llm
 
-    life = _ProcessLife()
+    life = served.ProcessLife()
     engine_kernels.register()
     import torch
 
     torch.cpu._is_amx_tile_supported = lambda: False
     llm.use_weight_experts(life)
-    with open(os.path.join(run_dir, "plan.json")) as f:
-        plan = json.load(f)
+    plan = served.plan(run_dir)
     if plan["start_process"]:
-        _named(plan["start_process"])(run_dir)
+        served.named(plan["start_process"])(run_dir)
     if plan["start_rank"]:
         _on_groups(run_dir, plan, life)
 
 
-def _named(ref: str):
-    """The function ``module:name`` names."""
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-class _Steps(list):
-    """The prepares :func:`llm.record_prepares` sees, one JSON line each as they come."""
-
-    def __init__(self, path: str):
-        super().__init__()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-    def append(self, item) -> None:
-        layer, rows, counts = item
-        os.write(self._fd, (json.dumps([layer, rows, list(counts) if counts is not None else None]) + "\n").encode())
-
-
-def _on_groups(run_dir: str, plan: dict, life: _ProcessLife) -> None:
+def _on_groups(run_dir: str, plan: dict, life: served.ProcessLife) -> None:
     from vllm.distributed import parallel_state as ps
 
     formed = ps.initialize_model_parallel
@@ -115,12 +73,12 @@ def _on_groups(run_dir: str, plan: dict, life: _ProcessLife) -> None:
         out = formed(*a, **k)
         import torch.distributed as dist
 
-        with _testbed_errors(run_dir):
+        with served.testbed_errors(run_dir):
             rank, world = dist.get_rank(), dist.get_world_size()
-            log = _named(plan["start_rank"])(run_dir, rank, world, tuple(ps.get_ep_group().ranks))
+            log = served.named(plan["start_rank"])(run_dir, rank, world, tuple(ps.get_ep_group().ranks))
             from testbed.integrations.vllm import llm
 
-            llm.record_prepares(life, plan["path"], _Steps(os.path.join(run_dir, f"steps{rank}.jsonl")))
+            llm.record_prepares(life, plan["path"], served.Steps(run_dir, rank))
             llm.log_layers(life, log)
         return out
 

@@ -1,0 +1,215 @@
+"""SGLang's own processes where the testbed serves it (``a2a-testbed serve --integration
+sglang``): ``python -m sglang.launch_server`` on the CPU (``SGLANG_USE_CPU_ENGINE=1``) with DP
+attention and FlashInfer's all-to-all, in SGLang's own API server, DP controller, schedulers
+and detokenizer.
+
+Two hooks, both inert outside a served run (no :data:`testbed.integrations.engine.SERVE_RUN_ENV`):
+
+- :func:`prepare_process`, which every process of the run calls before its main module
+  (:data:`fakes.spawned.PREPARE_ENV`): what SGLang's imports need on a CPU host, before the
+  first of them (a scheduler imports the KV-cache ops at load): the process glue of the layer
+  level (:func:`.environment.prepare_environment`) and an import-only ``sgl_kernel``, whose
+  every function raises if called (PyPI's ``sglang-kernel`` is a CUDA build; on a CPU without
+  AMX SGLang calls none of its ops for this model);
+- :func:`plugin`, SGLang's general plugin (entry point group ``sglang.srt.plugins``, which
+  SGLang loads in its server, DP controller and each scheduler before its work), which puts in
+  what a CPU lacks on the path a GPU deployment runs (:func:`_cpu_stand_ins`), the run's mutant,
+  and once SGLang's groups form each rank's recorders, with its EP group read from SGLang's own.
+
+Each MoE layer call of a forward that runs the all-to-all (decode, or an idle DP rank's dummy
+batch; SGLang 0.5.23's extend batches all-gather instead) is logged in the rank's event log and
+as a line in ``steps<rank>.jsonl``: the layer, the rank's rows and the DP token counts SGLang's
+scheduler gathered for the forward.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from testbed.integrations import served
+
+# The loopback-only server of a scenario, as a user on a CPU host starts it.
+MAX_TOTAL_TOKENS = 4096  # the KV cache's tokens: SGLang sizes it from the host's memory otherwise
+MAX_RUNNING_REQUESTS = 8
+
+
+def serve_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
+    """``python -m sglang.launch_server`` of ``es`` on the loopback address: DP attention over
+    ``dp`` DP ranks of ``tp`` attention-TP ranks each (SGLang's ``--tp-size`` is the world),
+    FlashInfer's all-to-all with the TRT-LLM bf16 runner (the FlashInfer runner the fake
+    implements); ``reference``: one rank, expert parallel off."""
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--device", "cpu",
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny", "--dtype", es.dtype,
+            "--max-total-tokens", str(MAX_TOTAL_TOKENS), "--max-running-requests", str(MAX_RUNNING_REQUESTS),
+            # The warmup request is the client's first one instead: SGLang answers /health 503
+            # until its warmup is answered, so a hang in it would read as a start-up hang.
+            "--random-seed", str(es.seed), "--skip-server-warmup"]
+    if reference:
+        return argv + ["--tp-size", "1"]
+    return argv + ["--tp-size", str(es.dp * es.tp), "--dp-size", str(es.dp), "--enable-dp-attention",
+                   "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", "flashinfer_trtllm"]
+
+
+def serve_environment(es, reference: bool) -> dict:
+    """SGLang's CPU engine; with several ranks each rank's OpenMP threads on the host's cores
+    in turn (SGLang wants a NUMA node per rank otherwise)."""
+    ranks = 1 if reference else es.dp * es.tp
+    cores = os.cpu_count() or 1
+    bind = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r % cores) for r in range(ranks))} if ranks > 1 else {}
+    return {"SGLANG_USE_CPU_ENGINE": "1"} | bind
+
+
+def prepare_process() -> None:
+    """Before the main module of every process of a served run."""
+    if served.run_dir() is None:
+        return
+    from testbed.integrations.sglang import environment
+
+    environment.prepare_environment()
+    environment.stand_in_sgl_kernel()
+
+
+def plugin() -> None:
+    """SGLang's general-plugin hook."""
+    directory = served.run_dir()
+    if directory is None:
+        return
+    with served.testbed_errors(directory):
+        _apply(directory)
+
+
+_applied = False
+
+
+def _apply(run_dir: str) -> None:
+    global _applied
+    if _applied:  # SGLang loads plugins once per process; a second load changes nothing
+        return
+    _applied = True
+    _cpu_stand_ins()
+    plan = served.plan(run_dir)
+    if plan["start_process"]:
+        served.named(plan["start_process"])(run_dir)
+    if plan["start_rank"]:
+        _on_groups(run_dir, plan)
+
+
+def _cpu_stand_ins() -> None:
+    """What SGLang's CPU platform lacks on the path a GPU deployment of DP attention with
+    FlashInfer's all-to-all runs:
+
+    - the MoE layer's forward: on the CPU platform SGLang runs ``forward_cpu`` (its torch-native
+      experts, which index the layer's local weights by global expert id: no expert parallel);
+      with a FlashInfer runner it runs ``forward_cuda``'s FlashInfer path instead, the fake's
+      TRT-LLM MoE, as on a GPU;
+    - the TP group's varying-size all-gather and reduce-scatter (the extend batches' MoE): NCCL
+      through pynccl, which a CPU has not; the reduce-scatter is SGLang's own NCCL-free one
+      (its deterministic-inference path: an all-reduce, then this rank's rows), the all-gather
+      the group's gloo all-gather of rows padded to the largest;
+    - the padded rows' sequence length of the torch-native attention backend, which SGLang's
+      DP-attention padding asks of every CPU backend and only the AMX one answers
+      (``docs/findings.md``, SGL-006): 1, the AMX backend's answer.
+    """
+    import torch
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+    cpu_forward = UnquantizedFusedMoEMethod.forward_cpu
+
+    def forward_cpu(self, layer, dispatch_output):
+        if self.use_flashinfer_trtllm_moe:
+            return self.forward_cuda(layer, dispatch_output)
+        return cpu_forward(self, layer, dispatch_output)
+
+    # forward_native is forward_cpu's alias (the class body's end); the dispatch picks either.
+    UnquantizedFusedMoEMethod.forward_cpu = UnquantizedFusedMoEMethod.forward_native = forward_cpu
+
+    def all_gatherv(self, input_, sizes=None, output=None):
+        single = isinstance(input_, torch.Tensor)
+        gathered = [_all_gatherv_rows(self, t, sizes) for t in ([input_] if single else input_)]
+        if not single:
+            return gathered
+        if output is None:
+            return gathered[0]
+        output.copy_(gathered[0])
+        return output
+
+    GroupCoordinator.all_gatherv = all_gatherv
+    def reduce_scatterv(self, input_, output=None, sizes=None):
+        return self._deterministic_reduce_scatterv(input_, output, sizes)
+
+    GroupCoordinator.reduce_scatterv = reduce_scatterv
+    if not hasattr(TorchNativeAttnBackend, "get_cpu_graph_seq_len_fill_value"):
+        TorchNativeAttnBackend.get_cpu_graph_seq_len_fill_value = lambda self: 1
+
+
+def _all_gatherv_rows(group, x_NX, sizes):
+    """Every rank's rows of ``x_NX`` (``sizes[r]`` from rank ``r``; all equal where None), in
+    rank order: each rank's rows as bytes, padded to the largest count, all-gathered on the
+    group's (gloo) device group."""
+    import math
+
+    import torch
+    import torch.distributed as dist
+
+    sizes = list(sizes) if sizes is not None else [x_NX.shape[0]] * group.world_size
+    width = math.prod(x_NX.shape[1:]) * x_NX.element_size()  # a row's bytes, also where this rank has none
+    rows_NB = x_NX.contiguous().view(torch.uint8).view(x_NX.shape[0], width)
+    padded = torch.zeros(max(sizes), width, dtype=torch.uint8)
+    padded[:x_NX.shape[0]] = rows_NB
+    parts = [torch.empty_like(padded) for _ in range(group.world_size)]
+    dist.all_gather(parts, padded, group=group.device_group)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes)]).view(x_NX.dtype).view(sum(sizes), *x_NX.shape[1:])
+
+
+def _on_groups(run_dir: str, plan: dict) -> None:
+    from sglang.srt.distributed import bootstrap
+    from sglang.srt.distributed import parallel_state as ps
+
+    formed = bootstrap.initialize_model_parallel
+
+    def initialize_model_parallel(*a, **k):
+        out = formed(*a, **k)
+        import torch.distributed as dist
+
+        with served.testbed_errors(run_dir):
+            rank, world = dist.get_rank(), dist.get_world_size()
+            log = served.named(plan["start_rank"])(run_dir, rank, world, tuple(ps.get_moe_ep_group().ranks))
+            _log_layers(log, served.Steps(run_dir, rank))
+        return out
+
+    bootstrap.initialize_model_parallel = initialize_model_parallel
+
+
+def _log_layers(log, steps: served.Steps) -> None:
+    """Each MoE layer's build (its dispatcher's, in its constructor), and each call of a forward
+    that runs the all-to-all, in ``log`` (numbered per layer) and ``steps``."""
+    from sglang.srt.layers.dp_attention import get_dp_global_num_tokens, get_is_extend_in_batch
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    from testbed.integrations.sglang import shapes
+    from testbed.scenario.events import ForwardEnd, ForwardStart, LayerBuilt
+
+    init, forward = FusedMoE.__init__, FusedMoE.forward
+    calls: dict[int, int] = {}
+
+    def built(self, *a, **k):  # SGLang's FusedMoE builds its dispatcher, and so its MoeAlltoAll
+        init(self, *a, **k)
+        log.write(LayerBuilt(layer=self.layer_id))
+
+    def forward_logged(self, hidden_states, *a, **k):
+        if get_is_extend_in_batch():  # SGLang's extend batches all-gather on the TP group: no round
+            return forward(self, hidden_states, *a, **k)
+        i = self.layer_id
+        p = calls[i] = calls.get(i, -1) + 1
+        steps.append((i, int(hidden_states.shape[0]), tuple(get_dp_global_num_tokens())))
+        log.write(ForwardStart(pass_index=p, layer=i, reduced=bool(shapes.output_is_complete()), pending=False,
+                               sp=False))
+        out = forward(self, hidden_states, *a, **k)
+        log.write(ForwardEnd(pass_index=p, layer=i))
+        return out
+
+    FusedMoE.__init__ = built
+    FusedMoE.forward = forward_logged
