@@ -17,6 +17,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import os
 import re
 import sys
 import types
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from testbed.integrations import engine as support
-from testbed.integrations.sglang import served
+from testbed.integrations.engine import SERVE_RUN_ENV
 from testbed.integrations.sglang.consumer import CONSUMER
 
 TESTED = ("0.5.23",)  # pins flashinfer-python 0.7.2
@@ -181,8 +182,50 @@ def _module_attr(module: str, attr: str):
 # FlashinferDispatcher came with 0.5.9.
 HISTORY = ("0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
            "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
-SERVING = support.Serving(served.serve_command, served.serve_environment, devices=False, prompt_logprobs="echo",
-                          prepare=f"{served.__name__}:prepare_process", ready="/ready", shapes=(("one_sided", 2, 1, 3),
+# The loopback-only server of a scenario, as a user on a CPU host starts it.
+MAX_TOTAL_TOKENS = 4096  # the KV cache's tokens: SGLang sizes it from the host's memory otherwise
+MAX_RUNNING_REQUESTS = 8
+
+
+def serve_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
+    """``python -m sglang.launch_server`` of ``es`` on the loopback address: DP attention over
+    ``dp`` DP ranks of ``tp`` attention-TP ranks each (SGLang's ``--tp-size`` is the world),
+    FlashInfer's all-to-all with the TRT-LLM bf16 runner (the FlashInfer runner the fake
+    implements); ``reference``: one rank, expert parallel off."""
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--device", "cpu",
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny", "--dtype", es.dtype,
+            "--max-total-tokens", str(MAX_TOTAL_TOKENS), "--max-running-requests", str(MAX_RUNNING_REQUESTS),
+            # The warmup request is the client's first one instead: SGLang is not ready until
+            # its warmup is answered, so a hang in it would read as a start-up hang.
+            "--random-seed", str(es.seed), "--skip-server-warmup"]
+    if reference:
+        return argv + ["--tp-size", "1"]
+    return argv + ["--tp-size", str(es.dp * es.tp), "--dp-size", str(es.dp), "--enable-dp-attention",
+                   "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", "flashinfer_trtllm"]
+
+
+def serve_environment(es, reference: bool) -> dict:
+    """SGLang's CPU engine; with several ranks each rank's OpenMP threads on the host's cores
+    in turn (SGLang wants a NUMA node per rank otherwise)."""
+    ranks = 1 if reference else es.dp * es.tp
+    cores = os.cpu_count() or 1
+    bind = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r % cores) for r in range(ranks))} if ranks > 1 else {}
+    return {"SGLANG_USE_CPU_ENGINE": "1"} | bind
+
+
+def prepare_served_process() -> None:
+    """Before the main module of every process of a served run (:data:`fakes.spawned.PREPARE_ENV`),
+    before SGLang's first import (a scheduler imports the KV-cache ops at load): the process
+    glue of the layer level and an import-only ``sgl_kernel``, every name a placeholder that
+    raises if called (PyPI's ``sglang-kernel`` is a CUDA build; on a CPU without AMX SGLang
+    calls none of its ops for this model)."""
+    if os.environ.get(SERVE_RUN_ENV):
+        prepare_environment()
+        stand_in_sgl_kernel()
+
+
+SERVING = support.Serving(serve_command, serve_environment, devices=False, prompt_logprobs="echo",
+                          prepare=f"{__name__}:prepare_served_process", ready="/ready", shapes=(("one_sided", 2, 1, 3),
                                                                                 ("one_sided", 4, 1, 2)))
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
                         # The post releases are their release's code on the path (history runs them).

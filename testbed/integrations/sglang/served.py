@@ -3,14 +3,10 @@ sglang``): ``python -m sglang.launch_server`` on the CPU (``SGLANG_USE_CPU_ENGIN
 attention and FlashInfer's all-to-all, in SGLang's own API server, DP controller, schedulers
 and detokenizer.
 
-Two hooks, both inert outside a served run (no :data:`testbed.integrations.engine.SERVE_RUN_ENV`):
+The server's command, its environment and what each of its processes needs before its main
+module are the engine's description (:mod:`.environment`, ``SERVING``). Here, inert outside a
+served run (no :data:`testbed.integrations.engine.SERVE_RUN_ENV`):
 
-- :func:`prepare_process`, which every process of the run calls before its main module
-  (:data:`fakes.spawned.PREPARE_ENV`): what SGLang's imports need on a CPU host, before the
-  first of them (a scheduler imports the KV-cache ops at load): the process glue of the layer
-  level (:func:`.environment.prepare_environment`) and an import-only ``sgl_kernel``, whose
-  every function raises if called (PyPI's ``sglang-kernel`` is a CUDA build; on a CPU without
-  AMX SGLang calls none of its ops for this model);
 - :func:`plugin`, SGLang's general plugin (entry point group ``sglang.srt.plugins``, which
   SGLang loads in its server, DP controller and each scheduler before its work), which puts in
   what a CPU lacks on the path a GPU deployment runs (:func:`_cpu_stand_ins`), the run's mutant,
@@ -24,51 +20,7 @@ scheduler gathered for the forward.
 
 from __future__ import annotations
 
-import os
-import sys
-
 from testbed.integrations import served
-
-# The loopback-only server of a scenario, as a user on a CPU host starts it.
-MAX_TOTAL_TOKENS = 4096  # the KV cache's tokens: SGLang sizes it from the host's memory otherwise
-MAX_RUNNING_REQUESTS = 8
-
-
-def serve_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
-    """``python -m sglang.launch_server`` of ``es`` on the loopback address: DP attention over
-    ``dp`` DP ranks of ``tp`` attention-TP ranks each (SGLang's ``--tp-size`` is the world),
-    FlashInfer's all-to-all with the TRT-LLM bf16 runner (the FlashInfer runner the fake
-    implements); ``reference``: one rank, expert parallel off."""
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--device", "cpu",
-            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny", "--dtype", es.dtype,
-            "--max-total-tokens", str(MAX_TOTAL_TOKENS), "--max-running-requests", str(MAX_RUNNING_REQUESTS),
-            # The warmup request is the client's first one instead: SGLang answers /health 503
-            # until its warmup is answered, so a hang in it would read as a start-up hang.
-            "--random-seed", str(es.seed), "--skip-server-warmup"]
-    if reference:
-        return argv + ["--tp-size", "1"]
-    return argv + ["--tp-size", str(es.dp * es.tp), "--dp-size", str(es.dp), "--enable-dp-attention",
-                   "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", "flashinfer_trtllm"]
-
-
-def serve_environment(es, reference: bool) -> dict:
-    """SGLang's CPU engine; with several ranks each rank's OpenMP threads on the host's cores
-    in turn (SGLang wants a NUMA node per rank otherwise)."""
-    ranks = 1 if reference else es.dp * es.tp
-    cores = os.cpu_count() or 1
-    bind = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r % cores) for r in range(ranks))} if ranks > 1 else {}
-    return {"SGLANG_USE_CPU_ENGINE": "1"} | bind
-
-
-def prepare_process() -> None:
-    """Before the main module of every process of a served run."""
-    if served.run_dir() is None:
-        return
-    from testbed.integrations.sglang import environment
-
-    environment.prepare_environment()
-    environment.stand_in_sgl_kernel()
-
 
 def plugin() -> None:
     """SGLang's general-plugin hook."""
