@@ -361,3 +361,27 @@ def test_serve_sglang_idle_rank_decided_locally_times_out_naming_every_process(t
     assert not [p for p in v.served.pids.values() if pid_alive(p)]
     assert not _segments()
     assert registered and not [p for p in registered if p.exists()]
+
+
+@pytest.mark.needs("sglang")
+def test_serve_sglang_engine_processes_killed_midway_leave_nothing(tmp_path, monkeypatch, registered):
+    """Every process of SGLang's server SIGKILLed once it is ready (none unlinks what it made):
+    no process of the run is left, nor any of its files in /dev/shm (SGLang's load snapshots
+    and multiprocessing's semaphores among them)."""
+    ask, killed = serve._ask, []
+
+    def kill_then_ask(ss, port, deadline, *how):
+        for pid in _servers_of_this_test():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return ask(ss, port, deadline, *how)
+
+    monkeypatch.setattr(serve, "_ask", kill_then_ask)
+    ss = serve.ServeScenario(dp=2, requests=2, integration="sglang", profile="0.7.2")
+    v = serve.run(ss, reference={}, log=tmp_path / "engine.log", timeout_s=120)
+    assert len(killed) >= 5, killed  # the server, its DP controller, two schedulers, the detokenizer
+    assert not v.passed and v.served.trouble
+    assert not [p for p in killed if pid_alive(p)]
+    assert not _servers_of_this_test()
+    assert not _segments()
+    assert any(p.name.startswith("sglang_loads_") for p in registered) and not [p for p in registered if p.exists()]
