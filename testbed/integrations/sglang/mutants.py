@@ -121,14 +121,10 @@ def _capacity_times_ep():
             "holds the configured tokens per rank at every EP size >= 2")
 
 
-S_DP_SYNC = "sglang.srt.managers.scheduler_components.dp_attn:prepare_mlp_sync_batch_raw"
-
-
-def _scheduler_dp_sync():
-    from testbed.integrations.sglang.environment import ENGINE
-
-    return None if ENGINE.module("sglang.srt.managers.scheduler_components.dp_attn") is not None else (
-        "this SGLang's scheduler has no scheduler_components.dp_attn (its DP-attention MLP sync lives elsewhere)")
+# The scheduler's DP-attention MLP sync: scheduler_components/dp_attn.py from 0.5.13, before in
+# the scheduler's DP-attention mixin.
+S_DP_SYNC = ("sglang.srt.managers.scheduler_components.dp_attn|sglang.srt.managers.scheduler_dp_attn_mixin"
+             ":prepare_mlp_sync_batch_raw")
 
 
 SGLANG_CATALOGUE: tuple[Mutant, ...] = (
@@ -137,7 +133,9 @@ SGLANG_CATALOGUE: tuple[Mutant, ...] = (
        "token count, not every rank's gathered one): an idle DP rank runs no forward while a peer runs one, whose "
        "all-to-all then waits for it", S_DP_SYNC, "need_idle_batch = max(mlp_sync_info.global_num_tokens) > 0",
        "need_idle_batch = mlp_sync_info.num_tokens > 0", ("completes", "no answer within"),
-       requires=_scheduler_dp_sync, served="SGLang's scheduler, one per DP rank of its server with DP attention"),
+       forms=(("need_idle_batch = skip_all_gather or max(mlp_sync_info.global_num_tokens) > 0",
+               "need_idle_batch = skip_all_gather or mlp_sync_info.num_tokens > 0"),),
+       served="SGLang's scheduler, one per DP rank of its server with DP attention"),
     # -- capacity and workspace sizing (seed 001's class in SGLang's fixed-capacity sizing) ----------
     _m("s-capacity-halved", "the MoeAlltoAll capacity is half the configured dispatch tokens per rank",
        f"{S_D}.__init__", "            max_prefill_buffer_tokens()\n        )\n",
