@@ -267,6 +267,21 @@ def _segments() -> set[str]:
     return {p.name for p in SHM_DIR.glob(f"{PREFIX_ROOT}-{os.getpid()}-serve*")}
 
 
+def _killed_once_ready(monkeypatch) -> list[int]:
+    """Every process of the servers this test started SIGKILLed once ready, before the client
+    asks; returns the pids killed (filled as it happens)."""
+    ask, killed = serve._ask, []
+
+    def kill_then_ask(ss, port, deadline, *how):
+        for pid in _servers_of_this_test():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return ask(ss, port, deadline, *how)
+
+    monkeypatch.setattr(serve, "_ask", kill_then_ask)
+    return killed
+
+
 @pytest.fixture
 def registered(monkeypatch):
     """What the served runs' processes noted in their arenas' registers (vLLM's message
@@ -314,15 +329,7 @@ def test_serve_vllm_timeout_names_every_stuck_process_and_leaves_none(tmp_path, 
 
 @pytest.mark.needs("vllm")
 def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monkeypatch, registered):
-    ask, killed = serve._ask, []
-
-    def kill_then_ask(ss, port, deadline, *how):
-        for pid in _servers_of_this_test():
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        return ask(ss, port, deadline, *how)
-
-    monkeypatch.setattr(serve, "_ask", kill_then_ask)
+    killed = _killed_once_ready(monkeypatch)
     v = serve.run(serve.ServeScenario(dp=2, requests=2), reference={}, log=tmp_path / "engine.log", timeout_s=120)
     assert len(killed) >= 5, killed  # the API server, its DP coordinator and API servers, engine cores, workers
     assert not v.passed and v.served.trouble
@@ -368,15 +375,7 @@ def test_serve_sglang_engine_processes_killed_midway_leave_nothing(tmp_path, mon
     """Every process of SGLang's server SIGKILLed once it is ready (none unlinks what it made):
     no process of the run is left, nor any of its files in /dev/shm (SGLang's load snapshots
     and multiprocessing's semaphores among them)."""
-    ask, killed = serve._ask, []
-
-    def kill_then_ask(ss, port, deadline, *how):
-        for pid in _servers_of_this_test():
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        return ask(ss, port, deadline, *how)
-
-    monkeypatch.setattr(serve, "_ask", kill_then_ask)
+    killed = _killed_once_ready(monkeypatch)
     ss = serve.ServeScenario(dp=2, requests=2, integration="sglang", profile="0.7.2")
     v = serve.run(ss, reference={}, log=tmp_path / "engine.log", timeout_s=120)
     assert len(killed) >= 5, killed  # the server, its DP controller, two schedulers, the detokenizer

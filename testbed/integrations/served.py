@@ -36,6 +36,29 @@ def testbed_errors(directory: str):
         raise
 
 
+_applied = False
+
+
+def apply_once(glue, on_groups) -> None:
+    """A serving plugin's body, in a process of a served run only and once per process (an
+    engine loads its plugins once; a second load changes nothing): ``glue()``, the plan's
+    ``start_process`` (the run's mutant), then, where the plan names ``start_rank``,
+    ``on_groups(run directory, plan)`` (which installs each rank's recorders once the engine's
+    groups form); the testbed's errors written down (:func:`testbed_errors`)."""
+    global _applied
+    directory = run_dir()
+    if directory is None or _applied:
+        return
+    _applied = True
+    with testbed_errors(directory):
+        glue()
+        run = plan(directory)
+        if run["start_process"]:
+            named(run["start_process"])(directory)
+        if run["start_rank"]:
+            on_groups(directory, run)
+
+
 class ProcessLife:
     """What the engine level's helpers take as a scenario's context, where the scenario is the
     process's life: nothing is undone."""

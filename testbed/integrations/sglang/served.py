@@ -24,27 +24,7 @@ from testbed.integrations import served
 
 def plugin() -> None:
     """SGLang's general-plugin hook."""
-    directory = served.run_dir()
-    if directory is None:
-        return
-    with served.testbed_errors(directory):
-        _apply(directory)
-
-
-_applied = False
-
-
-def _apply(run_dir: str) -> None:
-    global _applied
-    if _applied:  # SGLang loads plugins once per process; a second load changes nothing
-        return
-    _applied = True
-    _cpu_stand_ins()
-    plan = served.plan(run_dir)
-    if plan["start_process"]:
-        served.named(plan["start_process"])(run_dir)
-    if plan["start_rank"]:
-        _on_groups(run_dir, plan)
+    served.apply_once(_cpu_stand_ins, _on_groups)
 
 
 def _cpu_stand_ins() -> None:

@@ -33,40 +33,25 @@ from testbed.integrations import served
 
 
 def plugin() -> None:
-    """vLLM's general-plugin hook."""
-    directory = served.run_dir()
-    if not (os.environ.get(DEVICES_ENV) and directory):
-        return
-    with served.testbed_errors(directory):
-        _apply(directory)
+    """vLLM's general-plugin hook (only where the run stands in accelerators for vLLM)."""
+    if os.environ.get(DEVICES_ENV):
+        served.apply_once(_glue, _on_groups)
 
 
-_applied = False
-
-
-def _apply(run_dir: str) -> None:
-    global _applied
-    if _applied:  # vLLM loads plugins once per process; a second load changes nothing
-        return
-    _applied = True
+def _glue() -> None:
     from testbed.integrations.vllm import engine_kernels, llm
 
-    life = served.ProcessLife()
     engine_kernels.register()
     import torch
 
     torch.cpu._is_amx_tile_supported = lambda: False
-    llm.use_weight_experts(life)
-    plan = served.plan(run_dir)
-    if plan["start_process"]:
-        served.named(plan["start_process"])(run_dir)
-    if plan["start_rank"]:
-        _on_groups(run_dir, plan, life)
+    llm.use_weight_experts(served.ProcessLife())
 
 
-def _on_groups(run_dir: str, plan: dict, life: served.ProcessLife) -> None:
+def _on_groups(run_dir: str, plan: dict) -> None:
     from vllm.distributed import parallel_state as ps
 
+    life = served.ProcessLife()
     formed = ps.initialize_model_parallel
 
     def initialize_model_parallel(*a, **k):
