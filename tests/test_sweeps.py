@@ -294,3 +294,34 @@ def test_sweep_served_run_apart_or_with_the_others(capsys):
     assert all(("a2a-testbed serve " in line) for line in listed["only"])
     assert not any("a2a-testbed serve " in line for line in listed["without"])
     assert sorted(listed["only"] + listed["without"]) == sorted(listed["with"])
+
+
+def _served(counts: list[tuple[int, ...]], world: int) -> dict:
+    steps = {str(r): [{"forward": f, "rows": c[r], "dp_tokens": list(c)} for f, c in enumerate(counts)]
+             for r in range(world)}
+    return {"scenario": "DP entry", "reproduce": "a2a-testbed serve", "passed": True, "failures": [],
+            "dispatches_per_rank": {str(r): 2 * len(counts) for r in range(world)}, "steps": steps}
+
+
+@pytest.mark.parametrize("name, idle, refused", [
+    ("vllm", (2, 1, 1, 1), (2, 1, 0, 0)),   # vLLM's idle DP rank enters with its 1-token dummy batch
+    ("sglang", (2, 1, 0, 0), None),         # SGLang's with its 0-token idle batch
+])
+def test_sweep_serve_judge_holds_each_engine_to_its_own_step_rule(name, idle, refused):
+    """An idle DP rank's step is what the integration's step rule says it is: a 0 where vLLM
+    would run its dummy batch is a problem, the same 0 of SGLang's idle batch is not; and
+    every engine process steps every forward with the same DP token counts."""
+    judge = sweeps.judge_serve(integrations.get(name))
+    out = "own output: /tmp/x.log\n  line\nPASS   1/1   DP entry\n"
+    counts = [(3, 2, 1, 1), idle, idle]
+    assert judge([_served(counts, 4)], out) == []
+    if refused is not None:
+        problems = judge([_served([(3, 2, 1, 1), refused], 4)], out)
+        assert len(problems) == 1 and f"counts {refused}" in problems[0] and "step rule" in problems[0]
+    short = _served(counts, 4)
+    short["steps"]["3"].pop()
+    assert "not every engine process stepped every forward" in judge([short], out)[0]
+    other = _served(counts, 4)
+    other["steps"]["1"][0]["dp_tokens"] = [3, 2, 2, 1]
+    assert "rank 1's forwards had other DP token counts" in judge([other], out)[0]
+    assert judge([_served(counts, 4)], out.replace("PASS", "pass")) == ["0 verdict lines for 1 entries"]

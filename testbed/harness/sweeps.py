@@ -28,6 +28,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 from testbed import integrations
@@ -119,7 +120,7 @@ def catalogue() -> list[Sweep]:
                 # ~11 min alone on 2 cores (DP 4 starts 13 processes); beside three other groups, more.
                 sweeps.append(Sweep(f"{engine.name} {release} serve matrix", ("serve", "--integration", engine.name,
                                                                               *flag),
-                                    judge_serve, engine.name, least_s=SERVED_MATRIX_S))
+                                    judge_serve(integration), engine.name, least_s=SERVED_MATRIX_S))
             sweeps.append(Sweep(f"{engine.name} serve mutants", ("serve", "--integration", engine.name, "--mutants"),
                                 judge_mutants(engine, None), engine.name))
     return sweeps
@@ -249,9 +250,8 @@ def judge_mutants(engine, source: Optional[str]) -> Judge:
 def judge_engine(integration) -> Judge:
     """The engine matrix: every entry passes or reproduces its findings, had rounds to judge
     (a dispatch and a combine per MoE layer, forward and rank on the one-sided path), and its
-    ranks' prepares received what a data-parallel engine's step rule gives them: every DP rank
-    at least one token (an idle rank runs the 1-token dummy batch), and under sequence
-    parallel each TP rank its share of its DP rank's tokens."""
+    ranks stepped as the integration's step rule says (:func:`_step_problems`), and under
+    sequence parallel each TP rank's prepares received its share of its DP rank's tokens."""
     def judge(data: dict, stdout: str) -> list[str]:
         entries = {es.describe(): es for es in integration.engine_matrix()}  # imports the engine: once, here
         problems = []
@@ -271,15 +271,13 @@ def judge_engine(integration) -> Judge:
             if es.path == "one_sided" and not v["events"].get("dispatch") == v["events"].get("combine") \
                     == v["events"].get("forward"):
                 problems.append(f"{v['scenario']}: dispatches, combines and MoE forwards differ: {v['events']}")
-            idle = [d for d in range(es.dp) if not es.prompts[d]]
-            if any(steps[0]["dp_tokens"][d] != 1 for d in idle for steps in v["steps"].values()):
-                problems.append(f"{v['scenario']}: an idle DP rank {idle} did not run the 1-token dummy batch first")
+            problems += _step_problems(integration, v)
             for rank, steps in v["steps"].items():
                 dp_rank = int(rank) // es.tp
                 for step in steps:
                     counts = step["dp_tokens"]
                     share = -(-counts[dp_rank] // es.tp) if es.tp > 1 else counts[dp_rank]
-                    if min(counts) < 1 or step["rows"] != share:
+                    if step["rows"] != share:
                         problems.append(f"{v['scenario']}: rank {rank} forward {step['forward']} prepared "
                                         f"{step['rows']} rows of DP tokens {counts}, not the step rule's {share}")
                         break
@@ -296,21 +294,50 @@ def judge_engine(integration) -> Judge:
     return judge
 
 
-def judge_serve(data: list, stdout: str) -> list[str]:
+def _step_problems(integration, v: dict) -> list[str]:
+    """Whether every engine process of verdict ``v`` stepped every forward, all of them with
+    the same DP token counts, and those counts a forward the integration's step rule runs
+    (:meth:`testbed.scenario.model.IntegrationRules.engine_passes`: vLLM's idle DP rank
+    enters with its 1-token dummy batch, SGLang's with its 0-token idle batch)."""
+    steps = {rank: [tuple(step["dp_tokens"]) for step in s] for rank, s in v["steps"].items()}
+    if not steps or len({len(s) for s in steps.values()}) != 1 or not next(iter(steps.values())):
+        return [f"{v['scenario']}: not every engine process stepped every forward: "
+                + ", ".join(f"rank {r} {len(s)} forwards" for r, s in steps.items())]
+    forwards = next(iter(steps.values()))
+    differ = next((r for r, s in steps.items() if s != forwards), None)
+    if differ is not None:
+        return [f"{v['scenario']}: rank {differ}'s forwards had other DP token counts than rank "
+                f"{next(iter(steps))}'s"]
+    # The rule reads a scenario's passes only.
+    ruled = integration.engine_passes(SimpleNamespace(passes=tuple(forwards)))
+    if tuple(ruled) != tuple(forwards):
+        bad = next(c for c, r in zip(forwards + [None], tuple(ruled) + (None,)) if c != r)
+        return [f"{v['scenario']}: a forward with DP token counts {bad}, which {integration.name}'s step rule "
+                "does not run (an idle DP rank without its dummy batch, or every DP rank idle)"]
+    return []
+
+
+def judge_serve(integration) -> Judge:
     """The serve matrix: every entry passes or reproduces its findings, every engine process
-    of every rank recorded rounds, every DP rank stepped every forward (an idle one its dummy
-    batch), and a person reads at most 15 lines per entry, the verdict last, none of the
-    engine's own."""
+    of every rank recorded rounds and stepped every forward as the integration's step rule
+    says (:func:`_step_problems`), and a person reads at most 15 lines per entry, the verdict
+    last, none of the engine's own."""
+    def judge(data: list, stdout: str) -> list[str]:
+        problems = []
+        for v in data:
+            if not v["passed"]:
+                problems.append(f"FAIL {v['scenario']}: {_first_line(v['failures']) or v.get('testbed_error', '')}  "
+                                f"reproduce: {v['reproduce']}")
+                continue
+            if not v["dispatches_per_rank"] or min(v["dispatches_per_rank"].values()) < 1:
+                problems.append(f"{v['scenario']}: an engine process recorded no round: {v['dispatches_per_rank']}")
+            problems += _step_problems(integration, v)
+        return problems + _serve_output_problems(data, stdout)
+    return judge
+
+
+def _serve_output_problems(data: list, stdout: str) -> list[str]:
     problems = []
-    for v in data:
-        if not v["passed"]:
-            problems.append(f"FAIL {v['scenario']}: {_first_line(v['failures']) or v.get('testbed_error', '')}  "
-                            f"reproduce: {v['reproduce']}")
-            continue
-        if not v["dispatches_per_rank"] or min(v["dispatches_per_rank"].values()) < 1:
-            problems.append(f"{v['scenario']}: an engine process recorded no round: {v['dispatches_per_rank']}")
-        if any(min(step["dp_tokens"]) < 1 for steps in v["steps"].values() for step in steps):
-            problems.append(f"{v['scenario']}: a forward where a DP rank did not step (no dummy batch)")
     lines = stdout.splitlines()
     verdicts = [i for i, line in enumerate(lines) if re.match(r"(PASS|KNOWN|FAIL|ERROR) +\d+/", line)]
     if len(verdicts) != len(data):
