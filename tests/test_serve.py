@@ -28,10 +28,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("fields, flag", [(dict(dp=0), "--dp"), (dict(dp=2, requests=0), "--requests"),
                                           (dict(dp=2, path="naive"), "--path"), (dict(dp=2, dtype="fp8"), "--dtype"),
-                                          (dict(dp=2, profile="0.1.0"), "--profile"), (dict(dp=2, tp=0), "--tp")])
+                                          (dict(dp=2, profile="0.1.0"), "--profile"), (dict(dp=2, tp=0), "--tp"),
+                                          (dict(dp=2, integration="sglang", offline=True), "--offline")])
 def test_serve_scenario_bad_input_names_the_flag(fields, flag):
     with pytest.raises(ScenarioInputError, match=flag):
         serve.ServeScenario(**fields)
+
+
+@pytest.mark.parametrize("requests, dp", [(3, 2), (2, 4), (7, 3), (1, 1), (0, 2)])
+def test_serve_offline_share_splits_the_requests_as_the_example(requests, dp):
+    """Each request on exactly one DP rank, contiguous, the shares differing by at most one and
+    the larger first (vLLM's example: floor, plus one for the first ``remainder`` ranks)."""
+    from testbed.integrations.vllm.offline import share
+
+    shares = [share(requests, dp, r) for r in range(dp)]
+    assert [i for s in shares for i in s] == list(range(requests))
+    assert [len(s) for s in shares] == sorted((len(s) for s in shares), reverse=True)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
 def test_serve_requests_rebuilt_from_the_seed_whatever_the_deployment():
@@ -82,6 +95,62 @@ def test_serve_answers_differ_beyond_a_near_tie_fail_and_a_near_tie_does_not():
     serve._compare(ss, {0: _answer([5, 6, 7], prompt=[-3.0, -4.5])}, want, v)
     assert "prompt token 2: logprob -4.5000, the reference -4.0000" in v.failures[0].evidence
     assert v.worst_logprob == pytest.approx(0.5)
+
+
+def test_serve_port_below_the_ephemeral_range_and_free():
+    """A server's port as users pick one: below 32768, so every port the engine derives from it
+    stays valid (SGLang 0.5.11 .. 0.5.15 check port + 10000), and free on the loopback address."""
+    import socket
+
+    ports = {serve._free_port() for _ in range(20)}
+    assert all(p in serve.SERVER_PORTS and p + 10000 <= 65535 for p in ports) and len(ports) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))
+
+
+class _Starting:
+    """A server process that is still running: its wait always times out at once."""
+
+    returncode = None
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout=None):
+        raise subprocess.TimeoutExpired("server", timeout)
+
+
+@pytest.mark.parametrize("has_ready", [True, False])
+def test_serve_ready_at_the_first_path_the_release_has(has_ready):
+    """SGLang before 0.5.20 has no /ready (a 404): readiness moves on to /v1/models; where
+    /ready exists, a 503 (not ready yet) keeps the wait on it."""
+    import http.server
+    import threading
+
+    asked = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            ready = len(asked) > 2
+            code = (200 if ready else 503) if self.path == "/ready" and has_ready else \
+                404 if self.path == "/ready" else 200
+            self.send_response(code)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert serve._ready(_Starting(), server.server_port, ("/ready", "/v1/models"), time.monotonic() + 30) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == (["/ready"] * 3 if has_ready else ["/ready", "/v1/models"])
+    assert "before the server was ready at /ready or /v1/models" in serve._ready(
+        _Starting(), server.server_port, ("/ready", "/v1/models"), time.monotonic())
 
 
 def test_serve_report_at_most_15_lines_verdict_last():
@@ -314,6 +383,26 @@ def test_serve_vllm_dp2_every_engine_process_recorded_and_answers_match_dp1(tmp_
 
 
 @pytest.mark.needs("vllm")
+def test_serve_vllm_offline_dp_each_rank_process_recorded_and_answers_match_dp1(tmp_path, registered):
+    """vLLM's offline data parallel as its example runs it: a process per DP rank with
+    VLLM_DP_*, each an LLM generating its share; the same fake, arena and recorders reach every
+    process vLLM starts below them, and the processes end by themselves."""
+    ss = serve.ServeScenario(dp=2, requests=3, offline=True)
+    assert ss.to_cli().endswith(" --offline")
+    v = serve.run(ss, log=tmp_path / "engine.log", timeout_s=300)
+    assert v.passed, "\n".join(serve.report_lines(1, 1, v)) + f"\nlog: {(tmp_path / 'engine.log').read_text()[-3000:]}"
+    assert sorted(v.served.answers) == [0, 1, 2] and not v.served.trouble and v.served.rest is None
+    assert set(v.rounds) == {0, 1} and all(n > 0 for n in v.rounds.values())
+    assert len(set(v.served.pids.values())) == 2
+    # rank 0 generates requests 0 and 1, rank 1 request 2: unequal counts, then one rank's dummy batches
+    counts = [dp for _, _, dp in v.steps[0]]
+    assert any(a != b for a, b in counts) and all(min(dp) >= 1 for dp in counts)
+    assert not [p for p in v.served.pids.values() if pid_alive(p)]
+    assert not _segments()
+    assert not [p for p in registered if p.exists()]
+
+
+@pytest.mark.needs("vllm")
 def test_serve_vllm_timeout_names_every_stuck_process_and_leaves_none(tmp_path, registered):
     """The served-only mutant: an idle engine core stops stepping, its peer's forward waits;
     the run times out, every process of the run reports where it waits, none survives."""
@@ -337,6 +426,17 @@ def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monke
     assert not _servers_of_this_test()
     assert not _segments()
     assert registered and not [p for p in registered if p.exists()]
+
+
+@pytest.mark.needs("sglang")
+def test_serve_sglang_release_without_plugins_refused_naming_the_flag():
+    """SGLang 0.5.9 and 0.5.10 load no general plugins: the testbed's stand-ins and recorders
+    cannot go into their processes, so serving them is refused, in one line, before a server starts."""
+    done = subprocess.run([sys.executable, "-m", "testbed", "serve", "--integration", "sglang", "--sglang-source",
+                           "0.5.9", "--dp", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--sglang-source 0.5.9: SGLang 0.5.9 has no sglang.srt.plugins" in done.stderr
+    assert "served on" not in done.stdout
 
 
 @pytest.mark.needs("sglang")

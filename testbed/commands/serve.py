@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import sys
 import tempfile
@@ -35,6 +36,10 @@ def add_parser(sub) -> None:
     p.add_argument("--path", default="one_sided", help="the all-to-all: one_sided (default) or two_sided")
     p.add_argument("--requests", type=int, default=3, metavar="N",
                    help="concurrent requests (default 3; fewer than --dp leaves a DP rank idle)")
+    p.add_argument("--offline", action="store_true",
+                   help="the engine's offline data parallel as its documentation shows it instead of its server: a "
+                        "process per DP rank (vLLM: VLLM_DP_RANK, VLLM_DP_SIZE, ...), each generating its share of "
+                        "the requests (without --dp: the matrix's offline entries)")
     p.add_argument("--dtype", default="bfloat16", help="the model's dtype: bfloat16 (default) or float32")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="the checkpoint's and the requests' seed")
     p.add_argument("--profile", metavar="RELEASE",
@@ -100,6 +105,11 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
     why = engine.use(source)
     if why:
         raise UsageError(why)
+    if engine.serving.plugins and importlib.util.find_spec(engine.serving.plugins) is None:
+        flag = f"--{args.integration}-source {source}" if source else f"--integration {args.integration}"
+        raise UsageError(f"{flag}: {engine.label} {version} has no "
+                         f"{engine.serving.plugins}, the plugin loader through which the testbed's stand-ins and "
+                         "recorders go into the processes it starts: it cannot be served")
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout: must be > 0, got {args.timeout}")
     if args.mutant:
@@ -115,9 +125,11 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
             raise UsageError(f"--mutant: {args.mutant} is {na[0]} on {engine.label} {version}: {na[1]}")
     try:
         if args.dp is None:
-            return serve.matrix(args.integration, pin, args.dtype, args.seed)
+            entries = serve.matrix(args.integration, pin, args.dtype, args.seed)
+            return [ss for ss in entries if ss.offline] if args.offline else entries
         return [serve.ServeScenario(dp=args.dp, tp=args.tp, path=args.path, requests=args.requests,
-                                    integration=args.integration, dtype=args.dtype, profile=pin, seed=args.seed)]
+                                    integration=args.integration, dtype=args.dtype, profile=pin, seed=args.seed,
+                                    offline=args.offline)]
     except ScenarioInputError as e:
         raise UsageError(str(e)) from None
 

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -97,6 +99,9 @@ class ServeScenario:
     dtype: str = "bfloat16"  # as models are served (float32: see docs/findings.md, VLLM-017)
     profile: str = "0.7.2.post1"
     seed: int = 0
+    # The engine's offline data parallel as its documentation shows it (a process per DP rank,
+    # each generating its share of the requests), not its server and an HTTP client.
+    offline: bool = False
     label: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +109,9 @@ class ServeScenario:
             raise ScenarioInputError("--requests", f"must be a positive integer, got {self.requests!r}")
         self.engine_scenario()  # the deployment's own checks (--dp, --tp, --path, --dtype, --profile)
         serving = integrations.get(self.integration).engine.serving
+        if self.offline and serving.offline is None:
+            raise ScenarioInputError("--offline", f"--integration {self.integration} has no offline data parallel "
+                                     "the testbed runs")
         if self.path not in serving.paths:
             raise ScenarioInputError("--path", f"--integration {self.integration} serves {', '.join(serving.paths)}, "
                                      f"got {self.path!r}")
@@ -126,6 +134,10 @@ class ServeScenario:
         return Request(prompt, generated, stream=i % 2 == 1)
 
     def describe(self) -> str:
+        if self.offline:  # the example's placeholder request keeps a rank without one stepping
+            idle = "  (a DP rank on a placeholder)" if self.requests < self.dp else ""
+            return (f"{self.integration} {self.path} DP{self.dp} TP{self.tp} {self.dtype}: {self.requests} requests, "
+                    f"offline data parallel{idle}")
         idle = "  (a DP rank idle)" if self.requests < self.dp else ""
         return (f"{self.integration} {self.path} DP{self.dp} TP{self.tp} {self.dtype}: {self.requests} concurrent "
                 f"requests{idle}")
@@ -133,16 +145,19 @@ class ServeScenario:
     def to_cli(self) -> str:
         line = (f"a2a-testbed serve --integration {self.integration} --dp {self.dp} --tp {self.tp} --path {self.path} "
                 f"--requests {self.requests} --dtype {self.dtype} --seed {self.seed}")
-        return line + (f" --profile {self.profile}" if self.profile != ServeScenario.profile else "")
+        return line + (f" --profile {self.profile}" if self.profile != ServeScenario.profile else "") + \
+            (" --offline" if self.offline else "")
 
 
 def matrix(integration: str, profile: str, dtype: str = "bfloat16", seed: int = 0) -> list[ServeScenario]:
     """The integration's serve matrix (:attr:`testbed.integrations.engine.Serving.shapes`; vLLM's:
     each path at DP 2 with unequal counts (3 requests), at DP 4 with a DP rank idle (2
-    requests), and one-sided at TP 2 x DP 2)."""
-    shapes = integrations.get(integration).engine.serving.shapes
+    requests), and one-sided at TP 2 x DP 2), then its offline entries (``offline_shapes``)."""
+    serving = integrations.get(integration).engine.serving
     return [ServeScenario(dp=dp, tp=tp, path=path, requests=n, integration=integration, dtype=dtype, profile=profile,
-                          seed=seed, label=f"{path} DP{dp}" + (f" TP{tp}" if tp > 1 else "") + (" idle" if n < dp else ""))
+                          seed=seed, offline=offline, label=("offline " if offline else "") + f"{path} DP{dp}"
+                          + (f" TP{tp}" if tp > 1 else "") + (" idle" if n < dp else ""))
+            for offline, shapes in ((False, serving.shapes), (True, serving.offline_shapes))
             for path, dp, tp, n in shapes]
 
 
@@ -294,7 +309,7 @@ class ServedTrouble(RuntimeError):
 def serve_reference(ss: ServeScenario, requests: int, **kw) -> tuple[dict[int, Answer], Optional[str]]:
     """Requests ``0 .. requests-1`` of ``ss``'s seed served at DP 1 with expert parallel off:
     the answers, and why the run went wrong (or None)."""
-    one = replace(ss, dp=1, tp=1, requests=requests)
+    one = replace(ss, dp=1, tp=1, requests=requests, offline=False)
     with tempfile.TemporaryDirectory(prefix="a2atb-serve-ref-") as run_dir:
         served = _serve(one, run_dir, reference=True, **kw)
     return served.answers, served.trouble
@@ -358,10 +373,23 @@ def _come_to_rest(run_dir: str, world: int, deadline: float) -> Optional[dict[in
     return None
 
 
+# A server's port: below the kernel's ephemeral ports (32768 on), as users pick one (SGLang's
+# 30000, vLLM's 8000), where an engine's own derived ports stay valid too (SGLang 0.5.11 ..
+# 0.5.15 refuse to start on one above 55535: they check port + 10000 for a gRPC server that
+# does not run).
+SERVER_PORTS = range(20000, 32768)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    pick = random.Random(os.urandom(8))  # parallel runs never share a seeded sequence
+    for port in pick.sample(SERVER_PORTS, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on the loopback address among 200 of {SERVER_PORTS}")
 
 
 def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Optional[str] = None,
@@ -369,8 +397,10 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
     """One server of ``ss`` (``reference``: DP 1, expert parallel off) from start to its last
     process gone, answering requests ``0 .. ss.requests-1``."""
     from fakes import spawned
-    from fakes.arena import scenario_prefix, unlink_prefix
+    from fakes.arena import scenario_prefix, sweep_orphans, unlink_prefix
     from fakes.stacks import STACKS_ENV
+
+    sweep_orphans()  # of a run whose testbed was killed
 
     module = integrations.module_of(ss.integration)
     es = ss.engine_scenario()
@@ -382,10 +412,14 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
         json.dump({"serve": {k: v for k, v in asdict(ss).items() if k != "label"}, "module": module,
                    "path": ss.path, "mutant": None if reference else mutant,
                    "start_process": f"{__name__}:start_process",
-                   "start_rank": "" if reference else f"{__name__}:start_rank"}, f)
+                   "start_rank": "" if reference else f"{__name__}:start_rank",
+                   "offline_requests": [{"prompt": list(rq.prompt_P), "max_tokens": rq.max_tokens}
+                                        for rq in map(ss.request, range(ss.requests))],
+                   "offline_timeout_s": STARTUP_TIMEOUT_S + timeout_s}, f)
     port = _free_port()
     serving = integrations.get(ss.integration).engine.serving
-    argv = serving.command(es, model_dir, port, reference)
+    offline = ss.offline and not reference
+    argv = serving.offline(es, model_dir, run_dir) if offline else serving.command(es, model_dir, port, reference)
     env = session.engine_environment(code) | serving.environment(es, reference)
     prefix = scenario_prefix(os.getpid(), f"serve{port}")
     # its hook first, then the code
@@ -402,9 +436,15 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
         proc = session.start(argv, env=env, cwd=run_dir, out=out, live=live)
         try:
             began = time.monotonic()
-            served.trouble = _ready(proc, port, serving.ready, began + STARTUP_TIMEOUT_S)
-            served.ready_s = time.monotonic() - began
-            if served.trouble is None:
+            if offline:
+                served.trouble = _generated(proc, began + STARTUP_TIMEOUT_S + timeout_s)
+                served.answered_s = time.monotonic() - began
+                served.answers, missing = _offline_answers(run_dir, ss.dp)
+                served.trouble = served.trouble or missing
+            else:
+                served.trouble = _ready(proc, port, serving.ready, began + STARTUP_TIMEOUT_S)
+                served.ready_s = time.monotonic() - began
+            if served.trouble is None and not offline:
                 began = time.monotonic()
                 served.answers, served.trouble = _ask(ss, port, began + timeout_s, serving.prompt_logprobs)
                 served.answered_s = time.monotonic() - began
@@ -427,22 +467,51 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
     return served
 
 
-def _ready(proc, port: int, path: str, deadline: float) -> Optional[str]:
-    """None once the server answers 200 at ``path``; else why not (it exited, or the time ran out)."""
+def _ready(proc, port: int, paths: tuple[str, ...], deadline: float) -> Optional[str]:
+    """None once the server answers 200 at the first of ``paths`` it has (a 404 moves on);
+    else why not (it exited, or the time ran out)."""
+    paths = list(paths)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"the server exited with {proc.returncode} before it was ready (its log says why)"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{paths[0]}", timeout=2) as r:
                 if r.status == 200:
                     return None
+        except urllib.error.HTTPError as e:
+            if e.code == 404 and len(paths) > 1:  # a release without this path
+                paths.pop(0)
         except OSError:
             pass
         try:  # a readiness probe, not a synchronisation: the server's exit ends the wait at once
             proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:  # still starting
             pass
-    return f"{TIMED_OUT} before the server was ready ({STARTUP_TIMEOUT_S:.0f} s)"
+    return f"{TIMED_OUT} before the server was ready at {' or '.join(paths)} ({STARTUP_TIMEOUT_S:.0f} s)"
+
+
+def _generated(proc, deadline: float) -> Optional[str]:
+    """None once the offline DP launcher ended well (every DP rank's process generated its
+    share, and the engine's processes below them shut down); else why not."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return f"{TIMED_OUT}: the DP ranks' processes had not ended"
+    return f"the offline data parallel exited with {proc.returncode} (its log says why)" if proc.returncode else None
+
+
+def _offline_answers(run_dir: str, dp: int) -> tuple[dict[int, Answer], Optional[str]]:
+    """The answers every DP rank's process wrote, and which wrote none (or None)."""
+    answers, missing = {}, []
+    for d in range(dp):
+        try:
+            with open(served.answers_path(run_dir, d)) as f:
+                written = json.load(f)
+        except FileNotFoundError:
+            missing.append(d)
+            continue
+        answers |= {int(i): Answer(a["ids"], a["top2"], a["prompt_logprobs"]) for i, a in written.items()}
+    return answers, f"DP ranks {missing} wrote no answers" if missing else None
 
 
 def _ask(ss: ServeScenario, port: int, deadline: float, prompt_logprobs: str) -> tuple[dict[int, Answer], Optional[str]]:
@@ -553,7 +622,9 @@ def report_lines(index: int, total: int, v: ServeVerdict, mutant: Optional[str] 
         return [f"  the testbed's error, not the engine's: {v.testbed_error}",
                 f"{status} {index:>3}/{total:<3} {ss.describe()}"]
     reference = f"; reference (DP 1) {v.reference_s:.1f} s" if v.reference_s >= 0.1 else ""
-    lines = [f"  server ready in {s.ready_s:.1f} s, {len(s.answers)}/{ss.requests} requests answered in "
+    lines = [f"  the DP ranks' processes generated {len(s.answers)}/{ss.requests} requests in {s.answered_s:.1f} s"
+             f"{reference}" if ss.offline else
+             f"  server ready in {s.ready_s:.1f} s, {len(s.answers)}/{ss.requests} requests answered in "
              f"{s.answered_s:.1f} s{reference}"]
     per = ", ".join(f"rank {r}{f' (pid {s.pids[r]})' if r in s.pids else ''} {n}" for r, n in sorted(v.rounds.items()))
     lines.append(f"  dispatches recorded per engine process: {per}{_rest_text(v)}")
@@ -580,7 +651,7 @@ def _rest_text(v: ServeVerdict) -> str:
     if s.rest is not None:
         return (f"; {cut} begun after the ranks came to rest ({s.rest_s:.1f} s after the last answer), cut by the "
                 "server's stop, not judged") if cut else ""
-    if s.answers and s.trouble is None:
+    if s.answers and s.trouble is None and not v.serve.offline:  # offline, the processes ended by themselves
         return (f"; the ranks did not come to rest within {REST_TIMEOUT_S:.0f} s of the last answer: judged as the "
                 "stop left them")
     return ""

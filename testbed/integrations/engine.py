@@ -21,7 +21,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -54,21 +54,30 @@ class Serving:
     ``prompt_logprobs``: how its OpenAI API returns a prompt's logprobs (``"prompt_logprobs"``,
     vLLM's request field, or ``"echo"``, the prompt echoed with its logprobs); ``prepare``: the
     function ``module:name`` each of its processes calls before its main module
-    (:data:`fakes.spawned.PREPARE_ENV`), or none; ``ready``: the path that answers 200 once
-    its server takes requests, without generating (SGLang's ``/health`` generates a token once
-    the server is up); ``shapes``: its serve matrix, each
+    (:data:`fakes.spawned.PREPARE_ENV`), or none; ``ready``: the paths, the first its release
+    has (a 404 moves on), that answer 200 once its server takes requests, without generating
+    (SGLang's ``/health`` generates a token once the server is up); ``plugins``: the module
+    that loads the engine's plugins in each of its processes, through which the testbed's
+    serving plugin goes in (a release without it cannot be served); ``shapes``: its serve matrix, each
     ``(all-to-all path, DP, TP, concurrent requests)`` (fewer requests than DP ranks leave one
-    idle), whose paths are the ones it serves."""
+    idle), whose paths are the ones it serves; ``offline``: ``(EngineScenario, checkpoint
+    directory, run directory) -> argv`` of the engine's offline data parallel as its
+    documentation shows it, each DP rank's process writing its answers to the run directory
+    (:mod:`testbed.integrations.served`, :func:`write_answers`), or None; ``offline_shapes``:
+    the matrix's entries run that way."""
 
     command: Callable
     environment: Callable = _no_variables
     devices: bool = True
     prompt_logprobs: str = "prompt_logprobs"
     prepare: str = ""
-    ready: str = "/health"  # what answers 200 once its server takes requests
+    ready: tuple[str, ...] = ("/health",)
+    plugins: str = ""
     shapes: tuple[tuple[str, int, int, int], ...] = (("one_sided", 2, 1, 3), ("two_sided", 2, 1, 3),
                                                      ("one_sided", 4, 1, 2), ("two_sided", 4, 1, 2),
                                                      ("one_sided", 2, 2, 3))
+    offline: Optional[Callable] = None
+    offline_shapes: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -89,3 +89,14 @@ class Steps(list):
     def append(self, item) -> None:
         layer, rows, counts = item
         os.write(self._fd, (json.dumps([layer, rows, list(counts) if counts is not None else None]) + "\n").encode())
+
+
+def write_answers(directory: str, dp_rank: int, answers: dict) -> None:
+    """A DP rank's answers to the run's requests where the engine's own processes generate them
+    (offline data parallel): ``{request: {"ids", "top2", "prompt_logprobs"}}``."""
+    with open(answers_path(directory, dp_rank), "w") as f:
+        json.dump({str(i): a for i, a in answers.items()}, f)
+
+
+def answers_path(directory: str, dp_rank: int) -> str:
+    return os.path.join(directory, f"answers{dp_rank}.json")

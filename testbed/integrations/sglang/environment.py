@@ -200,8 +200,11 @@ def serve_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
             "--random-seed", str(es.seed), "--skip-server-warmup"]
     if reference:
         return argv + ["--tp-size", "1"]
+    from testbed.integrations.sglang import shapes
+
+    # The release's TRT-LLM runner of its FlashInfer A2A: the one the -1 sentinel goes with.
     return argv + ["--tp-size", str(es.dp * es.tp), "--dp-size", str(es.dp), "--enable-dp-attention",
-                   "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", "flashinfer_trtllm"]
+                   "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", shapes.runner_backend("-1", "separate")]
 
 
 def serve_environment(es, reference: bool) -> dict:
@@ -224,9 +227,11 @@ def prepare_served_process() -> None:
         stand_in_sgl_kernel()
 
 
+# /ready came in 0.5.20; before it the HTTP server starts once every scheduler is ready, and
+# /v1/models answers from then on. The general plugins came in 0.5.11.
 SERVING = support.Serving(serve_command, serve_environment, devices=False, prompt_logprobs="echo",
-                          prepare=f"{__name__}:prepare_served_process", ready="/ready", shapes=(("one_sided", 2, 1, 3),
-                                                                                ("one_sided", 4, 1, 2)))
+                          prepare=f"{__name__}:prepare_served_process", ready=("/ready", "/v1/models"),
+                          plugins="sglang.srt.plugins", shapes=(("one_sided", 2, 1, 3), ("one_sided", 4, 1, 2)))
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
                         # The post releases are their release's code on the path (history runs them).
                         prepare_environment, default_pin="0.7.2", consumer=CONSUMER,

@@ -97,10 +97,11 @@ def _all_gatherv_rows(group, x_NX, sizes):
 
 
 def _on_groups(run_dir: str, plan: dict) -> None:
-    from sglang.srt.distributed import bootstrap
+    import sys
+
     from sglang.srt.distributed import parallel_state as ps
 
-    formed = bootstrap.initialize_model_parallel
+    formed = ps.initialize_model_parallel
 
     def initialize_model_parallel(*a, **k):
         out = formed(*a, **k)
@@ -112,7 +113,12 @@ def _on_groups(run_dir: str, plan: dict) -> None:
             _log_layers(log, served.Steps(run_dir, rank))
         return out
 
-    bootstrap.initialize_model_parallel = initialize_model_parallel
+    # Wherever SGLang's modules bound it by name (its bootstrap from 0.5.16, its model runner
+    # before), all imported by the time its plugins load.
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("sglang.") and \
+                getattr(module, "initialize_model_parallel", None) is formed:
+            module.initialize_model_parallel = initialize_model_parallel
 
 
 def _log_layers(log, steps: served.Steps) -> None:

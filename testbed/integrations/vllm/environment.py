@@ -15,6 +15,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import json
 import logging
 import os
 import sys
@@ -143,19 +144,37 @@ MAX_NUM_SEQS = 8
 KV_CACHE_BYTES = 16 << 20  # a tiny checkpoint's few sequences need a few hundred kB of it
 
 
-def served_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
-    """``vllm serve`` of ``es`` (:class:`testbed.scenario.engine.EngineScenario`) on the
-    loopback address, as the engine level builds ``LLM``: eager, vLLM's torch versions of its
-    custom ops, the scheduler's budget every MoE layer's max tokens, a few MB of KV cache."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir, "--host", "127.0.0.1",
-            "--port", str(port), "--served-model-name", "tiny", "--dtype", es.dtype, "--enforce-eager",
-            "--max-model-len", str(es.max_model_len), "--max-num-batched-tokens", str(es.budget),
-            "--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-            "--compilation-config", '{"custom_ops": ["none"]}', "--seed", str(es.seed)]
+def engine_arguments(es, reference: bool, dp: bool = True) -> dict:
+    """vLLM's engine arguments for ``es`` (:class:`testbed.scenario.engine.EngineScenario`), as
+    the engine level builds ``LLM``, a served run starts ``vllm serve`` and an offline DP rank
+    builds ``LLM``: eager, vLLM's torch versions of its custom ops, the scheduler's budget every
+    MoE layer's max tokens, a few MB of KV cache; the deployment's parallel and all-to-all
+    (``reference``: DP 1, expert parallel off; ``dp=False``: the data parallel left to the
+    process's ``VLLM_DP_*``, as offline DP gives it)."""
+    args = dict(dtype=es.dtype, enforce_eager=True, max_model_len=es.max_model_len, max_num_batched_tokens=es.budget,
+                max_num_seqs=MAX_NUM_SEQS, seed=es.seed, kv_cache_memory_bytes=KV_CACHE_BYTES,
+                compilation_config={"custom_ops": ["none"]})
     if reference:
-        return argv
-    return argv + ["--tensor-parallel-size", str(es.tp), "--data-parallel-size", str(es.dp),
-                   "--enable-expert-parallel", "--all2all-backend", BACKENDS[es.path]]
+        return args
+    return args | ({"data_parallel_size": es.dp} if dp else {}) | dict(
+        tensor_parallel_size=es.tp, enable_expert_parallel=True, all2all_backend=BACKENDS[es.path])
+
+
+def served_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
+    """``vllm serve`` of ``es`` on the loopback address, with :func:`engine_arguments` as its flags."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir, "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", "tiny"]
+    for name, value in engine_arguments(es, reference).items():
+        flag = "--" + name.replace("_", "-")
+        argv += [flag] if value is True else [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return argv
+
+
+def offline_command(es, model_dir: str, run_dir: str) -> list[str]:
+    """vLLM's offline data parallel of ``es`` as its documentation shows it
+    (:mod:`.offline`): a process per DP rank, each an ``LLM`` of :func:`engine_arguments`."""
+    return [sys.executable, "-m", "testbed.integrations.vllm.offline", run_dir, model_dir, str(es.dp),
+            json.dumps(engine_arguments(es, False, dp=False))]
 
 
 ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES, prepare_environment, (
@@ -187,7 +206,10 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
         # device with torch.device("cpu:<rank>"); a CPU tensor's device carries no index.
         ("tests/distributed/test_mnnvl_alltoall.py::test_one_sided_expert_output_in_workspace",
          "a tensor's device naming the rank's device index (CPU tensors read `cpu`, never `cpu:N`)"),),
-    serving=support.Serving(served_command))
+    # Offline: unequal shares at DP 2 (one rank ends first, then steps dummy batches); at DP 4
+    # two ranks on the example's placeholder request.
+    serving=support.Serving(served_command, plugins="vllm.plugins", offline=offline_command,
+                            offline_shapes=(("one_sided", 2, 1, 3), ("two_sided", 4, 1, 2))))
 
 
 @functools.cache

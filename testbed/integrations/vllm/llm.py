@@ -31,11 +31,10 @@ from testbed.integrations import engine as support
 from testbed.integrations.vllm.adapter import cuda_manager
 from testbed.integrations.vllm.environment import (
     BACKENDS,
-    KV_CACHE_BYTES,
-    MAX_NUM_SEQS,
     config_without_triton,
     fallback_warning_undone,
     destroy_parallel_state,
+    engine_arguments,
     prepare_environment,
     stub_accelerator,
 )
@@ -73,12 +72,8 @@ def run_engine(ctx, sc, es, model_dir: str, log, reference: bool = False) -> dic
 
     # Before the engine: a build that raises half-way has left vLLM's groups up.
     ctx.add_cleanup(destroy_parallel_state)
-    parallel = {} if reference else dict(tensor_parallel_size=es.tp, data_parallel_size=es.dp,
-                                         enable_expert_parallel=True, all2all_backend=BACKENDS[es.path])
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=es.dtype, distributed_executor_backend="external_launcher",
-              enforce_eager=True, max_model_len=es.max_model_len, max_num_batched_tokens=es.budget,
-              max_num_seqs=MAX_NUM_SEQS, seed=es.seed, kv_cache_memory_bytes=KV_CACHE_BYTES,
-              compilation_config={"custom_ops": ["none"]}, **parallel)
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, distributed_executor_backend="external_launcher",
+              **engine_arguments(es, reference))
     shutdown = functools.cache(llm.llm_engine.engine_core.shutdown)  # once, here or at clean-up
     ctx.add_cleanup(shutdown)
     built = len(prepares)
