@@ -86,7 +86,8 @@ def test_cli_run_scenario_writes_json_and_html(tmp_path, capsys):
     assert done.stdout.strip().splitlines()[-1].startswith("1 passed, 0 failed")
     data = json.loads((tmp_path / "r.json").read_text())
     (sc,) = data["scenarios"]
-    assert sc["passed"] and sc["cli"].startswith("a2a-testbed run --layout 4,2,2,1 --path one_sided --profile 0.6.14")
+    assert sc["passed"] and sc["cli"].startswith("a2a-testbed run --layout 4,2,2,1 --stages ")
+    assert " --path one_sided --profile 0.6.14 " in sc["cli"]
     assert [len(stage) for stage in sc["builds"]] == [2]
     page = (tmp_path / "r.html").read_text()
     assert "1 passed, 0 failed" in page and "<svg" in page and "workspace per build (KiB per rank)" in page

@@ -210,3 +210,33 @@ def test_scenario_trtllm_weight_global_scales_are_drawn():
     scales = {(w.gs1, w.gs2) for w in (swiglu_weights(0, 0, 0, e, "nvfp4", 256, 128) for e in range(16))}
     assert len(scales) > 4 and any(a != b for a, b in scales) and all(a >= 1 and b >= 1 for a, b in scales)
     assert swiglu_weights(0, 0, 0, 0, "bf16", 256, 128).gs1 == 1.0
+
+
+def test_scenario_flags_are_the_fields_own_type_default_and_round_trip():
+    """Every scalar scenario field is a flag of its own type, its help ends with the field's
+    default, and a scenario differing from the defaults in every field round-trips through
+    ``to_cli`` and the parser."""
+    import argparse
+    import dataclasses
+
+    from testbed.scenario.model import FLAGS, Flag, add_arguments, from_cli
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    actions = {a.dest: a for a in parser._actions}
+    for flag in FLAGS:
+        assert isinstance(flag, Flag)
+        field = next(f for f in dataclasses.fields(Scenario) if f.name == flag.name)
+        action = actions[flag.name]
+        assert action.default is None and flag.option in action.option_strings
+        if field.type == "bool":
+            assert action.nargs == 0 and field.default is False
+        else:
+            assert action.type is flag.kind and action.help.endswith(f"(default {'none' if field.default == '' else field.default})")
+    sc = Scenario.make(layout=ParallelLayout.parse("2,1,2,1"), stages=((Layer("bf16", 8),),), passes=((3, 2),),
+                       path="one_sided", experts=4, top_k=1, hidden=128, routing="spread", seed=7,
+                       routed_scaling=2.5, shared_experts=True, slot_order="deterministic", router_ids="int64")
+    line = sc.to_cli()
+    assert from_cli(line) == sc
+    assert "--integration" not in line and "--level" not in line  # written only where they differ
+    assert " --routed-scaling 2.5 " in line and " --shared-experts" in line

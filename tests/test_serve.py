@@ -70,6 +70,8 @@ def test_serve_matrix_has_an_idle_dp_rank_on_each_path_and_tp_beside_dp():
         assert any(e.path == path and e.dp == 2 and e.requests > 1 for e in entries)
     assert any(e.tp == 2 and e.dp == 2 for e in entries)
     assert len({e.label for e in entries}) == len(entries)
+    # offline data parallel too, with ranks on the example's placeholder
+    assert any(e.offline and e.requests < e.dp and e.to_cli().endswith("--offline") for e in entries)
 
 
 # --- the verdict ----------------------------------------------------------------------------

@@ -105,8 +105,8 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
     why = engine.use(source)
     if why:
         raise UsageError(why)
+    flag = f"--{args.integration}-source {source}" if source else f"--integration {args.integration}"
     if engine.serving.plugins and importlib.util.find_spec(engine.serving.plugins) is None:
-        flag = f"--{args.integration}-source {source}" if source else f"--integration {args.integration}"
         raise UsageError(f"{flag}: {engine.label} {version} has no "
                          f"{engine.serving.plugins}, the plugin loader through which the testbed's stand-ins and "
                          "recorders go into the processes it starts: it cannot be served")
@@ -126,12 +126,18 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
     try:
         if args.dp is None:
             entries = serve.matrix(args.integration, pin, args.dtype, args.seed)
-            return [ss for ss in entries if ss.offline] if args.offline else entries
-        return [serve.ServeScenario(dp=args.dp, tp=args.tp, path=args.path, requests=args.requests,
-                                    integration=args.integration, dtype=args.dtype, profile=pin, seed=args.seed,
-                                    offline=args.offline)]
+            entries = [ss for ss in entries if ss.offline] if args.offline else entries
+        else:
+            entries = [serve.ServeScenario(dp=args.dp, tp=args.tp, path=args.path, requests=args.requests,
+                                           integration=args.integration, dtype=args.dtype, profile=pin, seed=args.seed,
+                                           offline=args.offline)]
     except ScenarioInputError as e:
         raise UsageError(str(e)) from None
+    for ss in entries:
+        why = engine.serving.refusal(ss.engine_scenario())
+        if why:
+            raise UsageError(f"{flag}: {ss.describe()}: {why}")
+    return entries
 
 
 def _serve_all(scenarios, code, args, log: Path, terminal) -> list:

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 SERVE_RUN_ENV = "A2A_SERVE_RUN"
 
 
+def _no_refusal(es) -> None:
+    return None
+
+
 def _no_variables(es, reference: bool) -> dict:
     return {}
 
@@ -64,7 +68,9 @@ class Serving:
     directory, run directory) -> argv`` of the engine's offline data parallel as its
     documentation shows it, each DP rank's process writing its answers to the run directory
     (:mod:`testbed.integrations.served`, :func:`write_answers`), or None; ``offline_shapes``:
-    the matrix's entries run that way."""
+    the matrix's entries run that way; ``refusal``: ``(EngineScenario) -> why`` the release's
+    own start-up refuses the deployment (read in the testbed's process, the release in use),
+    or None."""
 
     command: Callable
     environment: Callable = _no_variables
@@ -77,6 +83,7 @@ class Serving:
                                                      ("one_sided", 4, 1, 2), ("two_sided", 4, 1, 2),
                                                      ("one_sided", 2, 2, 3))
     offline: Optional[Callable] = None
+    refusal: Callable = _no_refusal
     offline_shapes: tuple[tuple[str, int, int, int], ...] = ()
 
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from fakes.flashinfer.profiles import PROFILES as FAKE_PROFILES
@@ -466,40 +466,14 @@ class Scenario:
     def to_cli(self) -> str:
         """The ``a2a-testbed run`` line that reproduces this scenario exactly."""
         lay = self.layout
-        parts = ["a2a-testbed", "run",
-                 "--layout", f"{lay.world_size},{lay.tp},{lay.dp},{lay.pp}",
-                 "--path", self.path, "--profile", self.profile,
-                 "--experts", str(self.experts), "--top-k", str(self.top_k), "--hidden", str(self.hidden),
+        parts = ["a2a-testbed", "run", "--layout", f"{lay.world_size},{lay.tp},{lay.dp},{lay.pp}",
                  "--stages", ";".join(",".join(map(str, st)) for st in self.stages)]
         for counts in self.passes:
             parts += ["--tokens", ",".join(map(str, counts))]
-        parts += ["--routing", self.routing, "--combine-signature", self.combine_signature,
-                  "--slot-order", self.slot_order, "--seed", str(self.seed)]
-        if self.router_weight_on_input:
-            parts.append("--router-weight-on-input")
-        for flag, on in (("--sequence-parallel", self.sequence_parallel), ("--defer-finalize", self.defer_finalize),
-                         ("--shared-experts", self.shared_experts)):
-            if on:
-                parts.append(flag)
-        parts += ["--routed-scaling", repr(float(self.routed_scaling)), "--expert-kernel", self.expert_kernel,
-                  "--expert-output", self.expert_output, "--invalid-expert-id", self.invalid_expert_id,
-                  "--router-ids", self.router_ids, "--mx-alignment", str(self.mx_alignment), "--a2a-api", self.a2a_api]
+        for flag in FLAGS:
+            parts += flag.written(getattr(self, flag.name))
         if self.flashinfer_backend != "fake":
             parts += ["--backend", self.flashinfer_backend]
-        if self.integration != "impl":
-            parts += ["--integration", self.integration]
-        if self.sp_prefill:
-            parts.append("--sp-prefill")
-        if self.draft_layers:
-            parts += ["--draft-layers", str(self.draft_layers)]
-        if self.block:
-            parts += ["--block", self.block]
-        if self.level != "layer":
-            parts += ["--level", self.level]
-        if self.raw_passes:
-            parts.append("--raw-passes")
-        if self.late_zeroing:
-            parts.append("--late-zeroing")
         return shlex.join(parts)
 
     def short(self) -> str:
@@ -605,110 +579,138 @@ def _choice(flag: str, value, choices) -> None:
 
 
 # -- the command line ---------------------------------------------------------------------
-SCENARIO_FLAGS = ("path", "profile", "experts", "top_k", "hidden", "stages", "tokens", "routing",
-                  "combine_signature", "slot_order", "seed", "router_weight_on_input", "sequence_parallel",
-                  "defer_finalize", "shared_experts", "routed_scaling", "expert_kernel", "expert_output",
-                  "invalid_expert_id", "router_ids", "mx_alignment", "a2a_api", "integration", "sp_prefill", "level",
-                  "raw_passes", "draft_layers", "block", "late_zeroing")
-DEFAULTS = {"path": "one_sided", "profile": "0.7.2", "experts": 8, "top_k": 2, "hidden": 256,
-            "stages": None, "routing": "random", "combine_signature": "release",
-            "slot_order": "shuffled", "seed": 0, "router_weight_on_input": False, "sequence_parallel": False,
-            "defer_finalize": False, "shared_experts": False, "routed_scaling": 1.0, "expert_kernel": "reference",
-            "expert_output": "separate", "invalid_expert_id": "-1", "router_ids": "int32", "mx_alignment": 0,
-            "a2a_api": "auto",
-            "integration": "impl", "sp_prefill": False, "level": "layer", "raw_passes": False, "draft_layers": 0, "block": "",
-            "late_zeroing": False}
+_FIELDS = {f.name: f for f in fields(Scenario)}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A :class:`Scenario` field as an ``a2a-testbed run`` flag, ``--`` and its name dashed,
+    of the field's type (a bool a switch) and default, which ends its help; ``help`` may name
+    ``{choices}``, the values ``choices`` lists (a callable is asked when the parser is built);
+    ``always``: :meth:`Scenario.to_cli` writes it at its default too (a line that still
+    reproduces the scenario when a default changes), else only where it differs."""
+
+    name: str
+    help: str
+    choices: object = ()
+    metavar: str | None = None
+    always: bool = True
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def default(self):
+        return _FIELDS[self.name].default
+
+    @property
+    def kind(self) -> type:
+        return {"int": int, "float": float, "str": str, "bool": bool}[_FIELDS[self.name].type]
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        choices = self.choices() if callable(self.choices) else self.choices
+        text = self.help.format(choices=", ".join(choices))
+        if self.kind is bool:
+            parser.add_argument(self.option, action="store_true", default=None, help=text)
+            return
+        shown = self.default if self.default != "" else "none"
+        parser.add_argument(self.option, type=self.kind, metavar=self.metavar, help=f"{text} (default {shown})")
+
+    def written(self, value) -> list[str]:
+        if self.kind is bool:
+            return [self.option] if value else []
+        if not self.always and value == self.default:
+            return []
+        return [self.option, repr(float(value)) if self.kind is float else str(value)]
+
+
+def _integrations_summary() -> list[str]:
+    return ["; ".join(f"{name}: {integration(name).summary}" for name in integration_names())]
+
+
+FLAGS = (
+    Flag("path", "all-to-all path: {choices} (none: expert parallel off), or vLLM's backend name",
+         lambda: tuple(dict.fromkeys(PATHS + tuple(PATH_NAMES)))),
+    Flag("profile", "FlashInfer release the fake imitates, as pip prints it: a profile ({choices}) or a release one "
+                    "serves (0.6.16.post3: 0.6.16)", lambda: PROFILES, "RELEASE"),
+    Flag("experts", "number of experts", metavar="E"),
+    Flag("top_k", "experts per token", metavar="K"),
+    Flag("hidden", "hidden size", metavar="H"),
+    Flag("routing", "routing pattern: {choices}", ROUTINGS),
+    Flag("combine_signature", "combine signature the fake exposes: {choices}", COMBINE_SIGNATURES),
+    Flag("slot_order", "dispatch slot order: {choices}", SLOT_ORDERS),
+    Flag("seed", "seed of inputs, weights and slot order"),
+    Flag("router_weight_on_input", "prepare scales the activations by the router weight (top_k 1 only)"),
+    Flag("sequence_parallel", "sequence-parallel MoE: each TP rank routes its chunk of the tokens "
+                              "(one_sided or allgather_reducescatter, TP > 1 and DP > 1)"),
+    Flag("defer_finalize", "defer_moe_finalize: the experts may hand back an unfinalized output "
+                           "(taken only with expert parallel off, TP > 1, on ranks with tokens)"),
+    Flag("shared_experts", "add a shared expert"),
+    Flag("routed_scaling", "routed_scaling_factor applied before the shared add", metavar="F"),
+    Flag("expert_kernel", "experts: {choices} (reference: linear maps; trtllm: the fake's TRT-LLM SwiGLU kernels fed "
+                          "the (ids, weights) pair; trtllm-packed: fed ids and bf16 weights packed in one int32)",
+         EXPERT_KERNELS),
+    Flag("expert_output", "where the experts write: {choices} (workspace: the one-sided combine region)",
+         EXPERT_OUTPUTS),
+    Flag("invalid_expert_id", "the one-sided dispatch's sentinel: {choices}", INVALID_EXPERT_IDS),
+    Flag("router_ids", "the dtype the router computes expert ids in: {choices}; a prepare/finalize whose "
+                       "topk_indices_dtype() names one gets that", ROUTER_ID_DTYPES),
+    Flag("mx_alignment", "mxfp8 layers pad their scale columns to cover hidden rounded up to N, a multiple of 32 "
+                         "(vLLM's quant_config.mx_alignment; 0: no padding)", metavar="N"),
+    Flag("a2a_api", "the FlashInfer API of a FlashInfer path: {choices} (comm: MoeAlltoAll / MnnvlMoe, gone in "
+                    "0.7.4; moe_ep: flashinfer.moe_ep, from 0.7.2; auto: comm where the release has it)", A2A_APIS),
+    Flag("integration", "whose code drives FlashInfer: {choices}", _integrations_summary, always=False),
+    Flag("sp_prefill", "SGLang, Muse Spark's layernorm SP (TP4/EP4 or TP8/EP8 without DP attention): every pass "
+                       "is a sequence-parallel prefill, each rank dispatching its slice of the rows on the model-wide "
+                       "dispatcher that keeps a decode and an SP-prefill MoeAlltoAll (enable_sp_prefill_a2a); its "
+                       "decode runs without the all-to-all"),
+    Flag("draft_layers", "SGLang: the last N MoE layers of each stage are the speculative draft model's (MTP / "
+                         "EAGLE), built in SGLang's speculative MoE context and live beside the target's", metavar="N",
+         always=False),
+    Flag("block", "SGLang: each MoE layer is the model family's own MoE block, built by SGLang from a tiny config "
+                  "and called as its decoder layer calls it (its router hands the scenario's routing): qwen3_moe, "
+                  "deepseek_v2 (shared experts, routed scaling), gpt_oss, olmoe, phimoe (none: the MoE layer alone)",
+         metavar="NAME", always=False),
+    Flag("level", "what of the integration runs: {choices} (layer: its MoE layer as the engine's models call it; "
+                  "kernel: one level down, its prepare/finalize and kernel fed the scenario's routing as a router "
+                  "left it)", LEVELS, always=False),
+    Flag("raw_passes", "feed the layer the passes as given, including ones the integration's engine never makes "
+                       "(vLLM: a DP rank entering with 0 tokens, a forward where every DP rank is idle); by default "
+                       "the engine's step rule makes them what it would run"),
+    Flag("late_zeroing", "the last rank of each EP group zeroes its MoeAlltoAll workspace row only after the first "
+                         "rank has moved on (posted its dispatch or entered a collective spanning it): the race "
+                         "FlashInfer before 0.7.1 leaves its caller to order with an EP barrier, made to happen "
+                         "(one_sided, --a2a-api comm, the fake)"),
+)
+SCENARIO_FLAGS = tuple(flag.name for flag in FLAGS) + ("stages", "tokens")
 # --path also takes vLLM's backend names and aliases.
 PATH_NAMES = {**{backend: path for path, backend in PATH_BACKEND.items()},
               **{alias: "two_sided" for alias in support.ALIASES}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The scenario flags of ``a2a-testbed run`` (all default to None: "not given")."""
+    """The scenario flags of ``a2a-testbed run`` (all default to None: "not given"): the
+    fields' own (:data:`FLAGS`), then the model preset, the stages, the passes and who runs
+    FlashInfer."""
     from testbed.scenario.models import MODELS
 
+    for flag in FLAGS:
+        flag.add_to(parser)
     parser.add_argument("--model", metavar="NAME",
                         help=f"a real model's MoE shape: {', '.join(MODELS)} (hidden, experts, top_k, shared "
                              "expert, scaling, router weight on input, its first dispatch format and its MTP "
                              "layers; the layout defaults to EP 8: 8,1,8,1); any flag given overrides it")
-    parser.add_argument("--path", help=f"all-to-all path: {', '.join(PATHS)} (none: expert parallel off), or "
-                                       f"vLLM's backend name ({', '.join(PATH_NAMES)}) (default one_sided)")
-    parser.add_argument("--profile", metavar="RELEASE",
-                        help=f"FlashInfer release the fake imitates, as pip prints it: a profile ({', '.join(PROFILES)}) "
-                             "or a release one serves (0.6.16.post3: 0.6.16) (default 0.7.2)")
-    parser.add_argument("--experts", type=int, metavar="E", help="number of experts (default 8)")
-    parser.add_argument("--top-k", type=int, metavar="K", help="experts per token (default 2)")
-    parser.add_argument("--hidden", type=int, metavar="H", help="hidden size (default 256)")
     parser.add_argument("--stages", metavar="F:B,...;...",
                         help="per PP stage (';'-separated) its layers as format:max_num_tokens, "
                              f"formats {', '.join(FORMATS)} (default nvfp4:16,bf16:16 on every stage)")
     parser.add_argument("--tokens", action="append", metavar="N,N,...",
                         help="tokens per DP rank of one forward pass; repeat for more passes "
                              "(default one pass: DP rank 0 none, the others 5, 6, ...)")
-    parser.add_argument("--routing", help=f"routing pattern: {', '.join(ROUTINGS)} (default random)")
-    parser.add_argument("--combine-signature", help=f"combine signature the fake exposes: "
-                                                    f"{', '.join(COMBINE_SIGNATURES)} (default release)")
-    parser.add_argument("--slot-order", help=f"dispatch slot order: {', '.join(SLOT_ORDERS)} (default shuffled)")
-    parser.add_argument("--seed", type=int, help="seed of inputs, weights and slot order (default 0)")
-    parser.add_argument("--router-weight-on-input", action="store_true", default=None,
-                        help="prepare scales the activations by the router weight (top_k 1 only)")
-    parser.add_argument("--sequence-parallel", action="store_true", default=None,
-                        help="sequence-parallel MoE: each TP rank routes its chunk of the tokens "
-                             "(one_sided or allgather_reducescatter, TP > 1 and DP > 1)")
-    parser.add_argument("--defer-finalize", action="store_true", default=None,
-                        help="defer_moe_finalize: the experts may hand back an unfinalized output "
-                             "(taken only with expert parallel off, TP > 1, on ranks with tokens)")
-    parser.add_argument("--shared-experts", action="store_true", default=None, help="add a shared expert")
-    parser.add_argument("--routed-scaling", type=float, metavar="F",
-                        help="routed_scaling_factor applied before the shared add (default 1.0)")
-    parser.add_argument("--expert-kernel", help=f"experts: {', '.join(EXPERT_KERNELS)} (reference: linear maps; "
-                                                "trtllm: the fake's TRT-LLM SwiGLU kernels fed the (ids, weights) pair; "
-                                                "trtllm-packed: fed ids and bf16 weights packed in one int32) "
-                                                "(default reference)")
-    parser.add_argument("--expert-output", help=f"where the experts write: {', '.join(EXPERT_OUTPUTS)} "
-                                                "(workspace: the one-sided combine region) (default separate)")
-    parser.add_argument("--invalid-expert-id", help=f"the one-sided dispatch's sentinel: "
-                                                    f"{', '.join(INVALID_EXPERT_IDS)} (default -1)")
-    parser.add_argument("--router-ids", help=f"the dtype the router computes expert ids in: "
-                                             f"{', '.join(ROUTER_ID_DTYPES)}; a prepare/finalize whose "
-                                             "topk_indices_dtype() names one gets that (default int32)")
-    parser.add_argument("--mx-alignment", type=int, metavar="N",
-                        help="mxfp8 layers pad their scale columns to cover hidden rounded up to N, a multiple "
-                             "of 32 (vLLM's quant_config.mx_alignment) (default 0: no padding)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="who runs FlashInfer: fake (the CPU fake, default) or flashinfer (the installed package "
                              "on this machine's GPUs, a rank per GPU, CUDA tensors over NCCL; the profile is the "
                              "installed release's; without scenario flags, the matrix's scenarios it can run)")
-    parser.add_argument("--integration", help="whose code drives FlashInfer: " + "; ".join(
-        f"{name}: {integration(name).summary}" for name in integration_names()) + " (default impl)")
-    parser.add_argument("--sp-prefill", action="store_true", default=None,
-                        help="SGLang, Muse Spark's layernorm SP (TP4/EP4 or TP8/EP8 without DP attention): every "
-                             "pass is a sequence-parallel prefill, each rank dispatching its slice of the rows on "
-                             "the model-wide dispatcher that keeps a decode and an SP-prefill MoeAlltoAll "
-                             "(enable_sp_prefill_a2a); its decode runs without the all-to-all")
-    parser.add_argument("--draft-layers", type=int, metavar="N",
-                        help="SGLang: the last N MoE layers of each stage are the speculative draft model's (MTP / "
-                             "EAGLE), built in SGLang's speculative MoE context and live beside the target's (default 0)")
-    parser.add_argument("--block", metavar="NAME",
-                        help="SGLang: each MoE layer is the model family's own MoE block, built by SGLang from a tiny "
-                             "config and called as its decoder layer calls it (its router hands the scenario's "
-                             "routing): qwen3_moe, deepseek_v2 (shared experts, routed scaling), gpt_oss, olmoe, phimoe "
-                             "(default none: the MoE layer alone)")
-    parser.add_argument("--level", help=f"what of the integration runs: {', '.join(LEVELS)} (layer: its MoE layer as "
-                                        "the engine's models call it; kernel: one level down, its prepare/finalize "
-                                        "and kernel fed the scenario's routing as a router left it) (default layer)")
-    parser.add_argument("--raw-passes", action="store_true", default=None,
-                        help="feed the layer the passes as given, including ones the integration's engine never "
-                             "makes (vLLM: a DP rank entering with 0 tokens, a forward where every DP rank is idle); "
-                             "by default the engine's step rule makes them what it would run")
-    parser.add_argument("--late-zeroing", action="store_true", default=None,
-                        help="the last rank of each EP group zeroes its MoeAlltoAll workspace row only after the "
-                             "first rank has moved on (posted its dispatch or entered a collective spanning it): "
-                             "the race FlashInfer before 0.7.1 leaves its caller to order with an EP barrier, made "
-                             "to happen (one_sided, --a2a-api comm, the fake)")
-    parser.add_argument("--a2a-api", help=f"the FlashInfer API of a FlashInfer path: {', '.join(A2A_APIS)} "
-                                          "(comm: MoeAlltoAll / MnnvlMoe, gone in 0.7.4; moe_ep: flashinfer.moe_ep, "
-                                          "from 0.7.2; auto: comm where the release has it) (default auto)")
 
 
 def scenario_given(args: argparse.Namespace) -> bool:
@@ -748,8 +750,8 @@ def from_args(args: argparse.Namespace, layout_text: str | None) -> Scenario:
         layout = ParallelLayout.parse(layout_text or default_layout)
     except ValueError as e:
         raise ScenarioInputError("--layout", str(e)) from None
-    value = {name: preset.get(name, DEFAULTS[name]) if getattr(args, name) is None else getattr(args, name)
-             for name in SCENARIO_FLAGS if name not in ("stages", "tokens")}
+    value = {flag.name: preset.get(flag.name, flag.default) if getattr(args, flag.name) is None
+             else getattr(args, flag.name) for flag in FLAGS}
     value["path"] = PATH_NAMES.get(value["path"], value["path"])
     if args.stages is not None:
         stages = parse_stages(args.stages)

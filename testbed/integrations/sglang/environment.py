@@ -227,11 +227,30 @@ def prepare_served_process() -> None:
         stand_in_sgl_kernel()
 
 
+def served_refusal(es) -> str | None:
+    """Why the release cannot serve ``es`` on a CPU: its own start-up refuses FlashInfer A2A with
+    its TRT-LLM runner (before 0.5.15 it takes the CUTLASS and CuTe DSL runners only), or its CPU
+    platform cannot run DP attention (0.5.15 .. 0.5.18, SGL-013); None where it can."""
+    from testbed.integrations.sglang.rules import sglang_rule
+
+    refused = sglang_rule(es.scenario((tuple(1 for _ in range(es.dp)),), False))
+    if refused:
+        return refused[1]
+    batch = ENGINE.module("sglang.srt.model_executor.forward_batch_info")
+    if batch is not None and "global_num_tokens, pin_memory=True" in inspect.getsource(batch):
+        return (f"SGLang {ENGINE.version_in_use()}'s CPU platform cannot run DP attention: its DP padding "
+                "(prepare_mlp_sync_batch) pins the token counts' tensor, which a torch without an accelerator "
+                "refuses, and asks the attention backend get_cuda_graph_seq_len_fill_value, which no CPU backend "
+                "answers (SGL-013; both fixed in 0.5.19)")
+    return None
+
+
 # /ready came in 0.5.20; before it the HTTP server starts once every scheduler is ready, and
 # /v1/models answers from then on. The general plugins came in 0.5.11.
 SERVING = support.Serving(serve_command, serve_environment, devices=False, prompt_logprobs="echo",
                           prepare=f"{__name__}:prepare_served_process", ready=("/ready", "/v1/models"),
-                          plugins="sglang.srt.plugins", shapes=(("one_sided", 2, 1, 3), ("one_sided", 4, 1, 2)))
+                          plugins="sglang.srt.plugins", refusal=served_refusal,
+                          shapes=(("one_sided", 2, 1, 3), ("one_sided", 4, 1, 2)))
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
                         # The post releases are their release's code on the path (history runs them).
                         prepare_environment, default_pin="0.7.2", consumer=CONSUMER,

@@ -41,7 +41,7 @@ def _cpu_stand_ins() -> None:
       the group's gloo all-gather of rows padded to the largest;
     - the padded rows' sequence length of the torch-native attention backend, which SGLang's
       DP-attention padding asks of every CPU backend and only the AMX one answers
-      (``docs/findings.md``, SGL-006): 1, the AMX backend's answer.
+      (``docs/findings.md``, SGL-013): 1, the AMX backend's and the GPU backends' answer.
     """
     import torch
     from sglang.srt.distributed.parallel_state import GroupCoordinator
@@ -73,8 +73,11 @@ def _cpu_stand_ins() -> None:
         return self._deterministic_reduce_scatterv(input_, output, sizes)
 
     GroupCoordinator.reduce_scatterv = reduce_scatterv
-    if not hasattr(TorchNativeAttnBackend, "get_cpu_graph_seq_len_fill_value"):
-        TorchNativeAttnBackend.get_cpu_graph_seq_len_fill_value = lambda self: 1
+    # 0.5.19 on ask the CPU one, which the backend lacks; 0.5.15 .. 0.5.18 the CUDA one on a CPU
+    # too, the base class's NotImplementedError.
+    for asked in ("get_cpu_graph_seq_len_fill_value", "get_cuda_graph_seq_len_fill_value"):
+        if asked not in vars(TorchNativeAttnBackend):
+            setattr(TorchNativeAttnBackend, asked, lambda self: 1)
 
 
 def _all_gatherv_rows(group, x_NX, sizes):

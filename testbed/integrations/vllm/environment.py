@@ -206,10 +206,10 @@ ENGINE = support.Engine("vllm", "vLLM", SOURCE_ENV, "root", TESTED, CAPABILITIES
         # device with torch.device("cpu:<rank>"); a CPU tensor's device carries no index.
         ("tests/distributed/test_mnnvl_alltoall.py::test_one_sided_expert_output_in_workspace",
          "a tensor's device naming the rank's device index (CPU tensors read `cpu`, never `cpu:N`)"),),
-    # Offline: unequal shares at DP 2 (one rank ends first, then steps dummy batches); at DP 4
-    # two ranks on the example's placeholder request.
+    # Offline at DP 4, two ranks on the example's placeholder request: unequal counts, ranks that
+    # end first and step dummy batches (the engines tier serves one-sided DP 2 offline).
     serving=support.Serving(served_command, plugins="vllm.plugins", offline=offline_command,
-                            offline_shapes=(("one_sided", 2, 1, 3), ("two_sided", 4, 1, 2))))
+                            offline_shapes=(("two_sided", 4, 1, 2),)))
 
 
 @functools.cache
