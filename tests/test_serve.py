@@ -431,13 +431,19 @@ def test_serve_vllm_engine_processes_killed_midway_leave_nothing(tmp_path, monke
 
 
 @pytest.mark.needs("sglang")
-def test_serve_sglang_release_without_plugins_refused_naming_the_flag():
-    """SGLang 0.5.9 and 0.5.10 load no general plugins: the testbed's stand-ins and recorders
-    cannot go into their processes, so serving them is refused, in one line, before a server starts."""
+@pytest.mark.parametrize("release, why", [
+    ("0.5.9", "SGLang 0.5.9 has no sglang.srt.plugins"),  # no general plugins: no way in for the testbed
+    ("0.5.12", "SGLang 0.5.12's start-up refuses FlashInfer MoE A2A with the MoE runner"),  # CUTLASS / CuTe DSL only
+    ("0.5.16", "SGLang 0.5.16's CPU platform cannot run DP attention"),  # SGL-013 before 0.5.19
+])
+def test_serve_sglang_release_it_cannot_serve_refused_naming_the_flag(release, why):
+    """A release the testbed cannot serve is refused in one line naming the source flag and why,
+    before any server starts."""
     done = subprocess.run([sys.executable, "-m", "testbed", "serve", "--integration", "sglang", "--sglang-source",
-                           "0.5.9", "--dp", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           release, "--dp", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "--sglang-source 0.5.9: SGLang 0.5.9 has no sglang.srt.plugins" in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("a2a-testbed serve: error: ")]
+    assert f"--sglang-source {release}: " in line and why in line
     assert "served on" not in done.stdout
 
 

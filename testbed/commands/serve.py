@@ -100,6 +100,7 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
     read its code), the mutant checked, and the scenarios the flags name (the matrix without
     --dp)."""
     from testbed.harness import mutants, serve
+    from testbed.integrations.served import named
     from testbed.scenario.model import ScenarioInputError
 
     why = engine.use(source)
@@ -133,8 +134,9 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
                                            offline=args.offline)]
     except ScenarioInputError as e:
         raise UsageError(str(e)) from None
+    refusal = named(engine.serving.refusal) if engine.serving.refusal else None
     for ss in entries:
-        why = engine.serving.refusal(ss.engine_scenario())
+        why = refusal and refusal(ss.engine_scenario())
         if why:
             raise UsageError(f"{flag}: {ss.describe()}: {why}")
     return entries

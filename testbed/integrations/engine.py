@@ -38,10 +38,6 @@ if TYPE_CHECKING:
 SERVE_RUN_ENV = "A2A_SERVE_RUN"
 
 
-def _no_refusal(es) -> None:
-    return None
-
-
 def _no_variables(es, reference: bool) -> dict:
     return {}
 
@@ -68,9 +64,10 @@ class Serving:
     directory, run directory) -> argv`` of the engine's offline data parallel as its
     documentation shows it, each DP rank's process writing its answers to the run directory
     (:mod:`testbed.integrations.served`, :func:`write_answers`), or None; ``offline_shapes``:
-    the matrix's entries run that way; ``refusal``: ``(EngineScenario) -> why`` the release's
-    own start-up refuses the deployment (read in the testbed's process, the release in use),
-    or None."""
+    the matrix's entries run that way; ``refusal``: the function ``module:name``, ``(EngineScenario)
+    -> why`` the release cannot serve the deployment (its own start-up refuses it, or its
+    platform cannot run it; read in the testbed's process, the release in use) or None, or
+    none (a module the engine's description cannot import: its rules import the description)."""
 
     command: Callable
     environment: Callable = _no_variables
@@ -83,7 +80,7 @@ class Serving:
                                                      ("one_sided", 4, 1, 2), ("two_sided", 4, 1, 2),
                                                      ("one_sided", 2, 2, 3))
     offline: Optional[Callable] = None
-    refusal: Callable = _no_refusal
+    refusal: str = ""
     offline_shapes: tuple[tuple[str, int, int, int], ...] = ()
 
     @property

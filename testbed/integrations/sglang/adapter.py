@@ -58,7 +58,7 @@ from fakes.flashinfer.fused_moe.layouts import deinterleave_128x4
 from testbed import patch
 from testbed.integrations import engine as support
 from testbed.integrations.sglang import shapes
-from testbed.integrations.sglang.environment import DISPATCHER, ENGINE, cpu_kernels, prepare_environment
+from testbed.integrations.sglang.environment import DISPATCHER, ENGINE, cpu_kernels, prepare_environment, runner_backend
 from testbed.scenario.events import Collective
 from testbed.scenario.rank import logged_token_counts, quant_config
 from testbed.scenario.reference import ACT_DTYPE
@@ -73,7 +73,7 @@ def server_arguments(sc, **more) -> dict:
     lay = sc.layout
     stage = lay.tp * lay.dp
     kw = dict(model_path="dummy", device="cpu", tp_size=stage, ep_size=stage, pp_size=lay.pp,
-              moe_a2a_backend="flashinfer", moe_runner_backend=shapes.runner_backend(sc.invalid_expert_id, sc.expert_output),
+              moe_a2a_backend="flashinfer", moe_runner_backend=runner_backend(sc.invalid_expert_id, sc.expert_output),
               disable_custom_all_reduce=True, **more)  # a CUDA all-reduce; its set-up only warns on the CPU
     if not sc.sp_prefill:
         kw.update(enable_dp_attention=True, dp_size=lay.dp)
@@ -159,7 +159,7 @@ class SglangSession:
             from testbed.integrations.sglang.blocks import FAMILIES, BlockLayer
 
             return BlockLayer(self, FAMILIES[sc.block], index, _TestbedMethod, experts)
-        backend = MoeRunnerBackend(shapes.runner_backend(sc.invalid_expert_id, sc.expert_output))
+        backend = MoeRunnerBackend(runner_backend(sc.invalid_expert_id, sc.expert_output))
         # The config carries the runner backend from 0.5.23 on; before, the server arguments' does.
         own = {"runner_backend": backend} if "runner_backend" in {f.name for f in dataclasses.fields(MoeRunnerConfig)} \
             else {}

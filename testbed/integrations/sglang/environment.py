@@ -187,6 +187,31 @@ MAX_TOTAL_TOKENS = 4096  # the KV cache's tokens: SGLang sizes it from the host'
 MAX_RUNNING_REQUESTS = 8
 
 
+def runner_backend(sentinel: str, expert_output: str) -> str:
+    """The MoE runner backend whose FlashInfer dispatch in this release uses ``sentinel`` and
+    lets the experts write into the workspace (``expert_output`` ``workspace``) or not: the
+    flashinfer_cutlass runner combines from the workspace (every release); a -1 sentinel is the
+    TRT-LLM runner's (``flashinfer_trtllm`` where the dispatcher names it, 0.5.19 on; its routed
+    variant before, 0.5.15 .. 0.5.18, the only TRT-LLM runner those accept with FlashInfer
+    A2A), num_experts the CuTe DSL runner's. Before 0.5.15 the dispatcher's sentinel does not
+    depend on the runner (none, then -1, then num_experts) and its start-up accepts CUTLASS
+    (and CuTe DSL from 0.5.13): the same names, which its start-up judges."""
+    if expert_output == "workspace":
+        return "flashinfer_cutlass"
+    if sentinel == "num_experts":
+        return "flashinfer_cutedsl"
+    return "flashinfer_trtllm_routed" if _sentinel_only_for_routed_trtllm() else "flashinfer_trtllm"
+
+
+@functools.cache
+def _sentinel_only_for_routed_trtllm() -> bool:
+    """Whether this release's dispatcher pairs the -1 sentinel with the routed TRT-LLM runner
+    alone (0.5.15 .. 0.5.18); False where SGLang is not here (0.5.23's rule)."""
+    dispatcher = ENGINE.module(DISPATCHER)
+    source = inspect.getsource(dispatcher) if dispatcher is not None else ""
+    return "is_flashinfer_trtllm_routed()" in source and "is_flashinfer_trtllm()" not in source
+
+
 def serve_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
     """``python -m sglang.launch_server`` of ``es`` on the loopback address: DP attention over
     ``dp`` DP ranks of ``tp`` attention-TP ranks each (SGLang's ``--tp-size`` is the world),
@@ -200,11 +225,9 @@ def serve_command(es, model_dir: str, port: int, reference: bool) -> list[str]:
             "--random-seed", str(es.seed), "--skip-server-warmup"]
     if reference:
         return argv + ["--tp-size", "1"]
-    from testbed.integrations.sglang import shapes
-
     # The release's TRT-LLM runner of its FlashInfer A2A: the one the -1 sentinel goes with.
     return argv + ["--tp-size", str(es.dp * es.tp), "--dp-size", str(es.dp), "--enable-dp-attention",
-                   "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", shapes.runner_backend("-1", "separate")]
+                   "--moe-a2a-backend", "flashinfer", "--moe-runner-backend", runner_backend("-1", "separate")]
 
 
 def serve_environment(es, reference: bool) -> dict:
@@ -227,29 +250,11 @@ def prepare_served_process() -> None:
         stand_in_sgl_kernel()
 
 
-def served_refusal(es) -> str | None:
-    """Why the release cannot serve ``es`` on a CPU: its own start-up refuses FlashInfer A2A with
-    its TRT-LLM runner (before 0.5.15 it takes the CUTLASS and CuTe DSL runners only), or its CPU
-    platform cannot run DP attention (0.5.15 .. 0.5.18, SGL-013); None where it can."""
-    from testbed.integrations.sglang.rules import sglang_rule
-
-    refused = sglang_rule(es.scenario((tuple(1 for _ in range(es.dp)),), False))
-    if refused:
-        return refused[1]
-    batch = ENGINE.module("sglang.srt.model_executor.forward_batch_info")
-    if batch is not None and "global_num_tokens, pin_memory=True" in inspect.getsource(batch):
-        return (f"SGLang {ENGINE.version_in_use()}'s CPU platform cannot run DP attention: its DP padding "
-                "(prepare_mlp_sync_batch) pins the token counts' tensor, which a torch without an accelerator "
-                "refuses, and asks the attention backend get_cuda_graph_seq_len_fill_value, which no CPU backend "
-                "answers (SGL-013; both fixed in 0.5.19)")
-    return None
-
-
 # /ready came in 0.5.20; before it the HTTP server starts once every scheduler is ready, and
 # /v1/models answers from then on. The general plugins came in 0.5.11.
 SERVING = support.Serving(serve_command, serve_environment, devices=False, prompt_logprobs="echo",
                           prepare=f"{__name__}:prepare_served_process", ready=("/ready", "/v1/models"),
-                          plugins="sglang.srt.plugins", refusal=served_refusal,
+                          plugins="sglang.srt.plugins", refusal="testbed.integrations.sglang.rules:served_refusal",
                           shapes=(("one_sided", 2, 1, 3), ("one_sided", 4, 1, 2)))
 ENGINE = support.Engine("sglang", "SGLang", SOURCE_ENV, "python/ directory", TESTED, CAPABILITIES,
                         # The post releases are their release's code on the path (history runs them).

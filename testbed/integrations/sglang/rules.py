@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import inspect
+
 from testbed.cluster.layout import ParallelLayout
-from testbed.integrations.sglang.environment import ENGINE, dispatcher_has_sp_prefill
+from testbed.integrations.sglang.environment import ENGINE, dispatcher_has_sp_prefill, runner_backend
 from testbed.scenario.model import Scenario, first_given
 
 # What SGLang 0.5.23's FlashinferDispatcher runs: MoeAlltoAll (its one-sided path) at one
 # capacity and one process-wide dispatch format, and the (sentinel, expert output) pairs of the
 # MoE runners SGLang allows with FlashInfer A2A (arg_groups/moe_hook.py), by
-# testbed.integrations.sglang.shapes.runner_backend: flashinfer_trtllm (-1), flashinfer_cutedsl
+# testbed.integrations.sglang.environment.runner_backend: flashinfer_trtllm (-1), flashinfer_cutedsl
 # (num_experts) and flashinfer_cutlass (num_experts, combining from the workspace); an older
 # release's start-up accepts fewer (_startup_rule).
 SGLANG_FORMATS = ("bf16", "nvfp4")
@@ -110,7 +112,7 @@ def _startup_rule(sc: Scenario, fmt: str) -> tuple[str, str] | None:
     refused = shapes.a2a_startup_refusal(server_arguments(sc, **shapes.dispatch_format_argument(fmt)), fmt)
     if refused is None:
         return None
-    runner = shapes.runner_backend(sc.invalid_expert_id, sc.expert_output)
+    runner = runner_backend(sc.invalid_expert_id, sc.expert_output)
     flag = "--invalid-expert-id" if "runner" in refused else "--layout"
     return flag, (f"SGLang {ENGINE.version_in_use()}'s start-up refuses FlashInfer MoE A2A with the MoE runner the "
                   f"scenario's sentinel and combine region ask for ({runner}) on this layout: {refused}")
@@ -154,3 +156,18 @@ def _block_rule(sc: Scenario) -> tuple[str, str] | None:
                                        "workspace (flashinfer_cutlass)")
     return None
 
+
+def served_refusal(es) -> str | None:
+    """Why the release cannot serve ``es`` on a CPU: its own start-up refuses FlashInfer A2A with
+    its TRT-LLM runner (before 0.5.15 it takes the CUTLASS and CuTe DSL runners only), or its CPU
+    platform cannot run DP attention (0.5.15 .. 0.5.18, SGL-013); None where it can."""
+    refused = sglang_rule(es.scenario((tuple(1 for _ in range(es.dp)),), False))
+    if refused:
+        return refused[1]
+    batch = ENGINE.module("sglang.srt.model_executor.forward_batch_info")
+    if batch is not None and "global_num_tokens, pin_memory=True" in inspect.getsource(batch):
+        return (f"SGLang {ENGINE.version_in_use()}'s CPU platform cannot run DP attention: its DP padding "
+                "(prepare_mlp_sync_batch) pins the token counts' tensor, which a torch without an accelerator "
+                "refuses, and asks the attention backend get_cuda_graph_seq_len_fill_value, which no CPU backend "
+                "answers (SGL-013; both fixed in 0.5.19)")
+    return None

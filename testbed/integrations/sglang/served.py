@@ -36,12 +36,15 @@ def _cpu_stand_ins() -> None:
       with a FlashInfer runner it runs ``forward_cuda``'s FlashInfer path instead, the fake's
       TRT-LLM MoE, as on a GPU;
     - the TP group's varying-size all-gather and reduce-scatter (the extend batches' MoE): NCCL
-      through pynccl, which a CPU has not; the reduce-scatter is SGLang's own NCCL-free one
-      (its deterministic-inference path: an all-reduce, then this rank's rows), the all-gather
-      the group's gloo all-gather of rows padded to the largest;
+      through pynccl, which a CPU has not; the reduce-scatter as SGLang's own NCCL-free one
+      computes it (its deterministic-inference path: an all-reduce, then this rank's rows), the
+      all-gather the group's gloo all-gather of rows padded to the largest;
     - the padded rows' sequence length of the torch-native attention backend, which SGLang's
       DP-attention padding asks of every CPU backend and only the AMX one answers
-      (``docs/findings.md``, SGL-013): 1, the AMX backend's and the GPU backends' answer.
+      (``docs/findings.md``, SGL-013): 1, the AMX backend's and the GPU backends' answer;
+    - the packing of the routed ids and weights into one int32 (0.5.19's TRT-LLM bf16 runner): a
+      Triton kernel, which a CPU has no driver for; SGLang's own torch version of it
+      (``PackTopkIds.vanilla``) instead.
     """
     import torch
     from sglang.srt.distributed.parallel_state import GroupCoordinator
@@ -69,8 +72,10 @@ def _cpu_stand_ins() -> None:
         return output
 
     GroupCoordinator.all_gatherv = all_gatherv
+
     def reduce_scatterv(self, input_, output=None, sizes=None):
-        return self._deterministic_reduce_scatterv(input_, output, sizes)
+        out = _reduce_scatterv_rows(self, input_, sizes)
+        return out if output is None else output.copy_(out)
 
     GroupCoordinator.reduce_scatterv = reduce_scatterv
     # 0.5.19 on ask the CPU one, which the backend lacks; 0.5.15 .. 0.5.18 the CUDA one on a CPU
@@ -78,6 +83,21 @@ def _cpu_stand_ins() -> None:
     for asked in ("get_cpu_graph_seq_len_fill_value", "get_cuda_graph_seq_len_fill_value"):
         if asked not in vars(TorchNativeAttnBackend):
             setattr(TorchNativeAttnBackend, asked, lambda self: 1)
+    try:  # 0.5.19's TRT-LLM bf16 runner packs its ids and weights with a Triton kernel
+        from sglang.kernels.ops.moe.pack_topk_ids import PackTopkIds
+    except ImportError:
+        return
+    PackTopkIds.execute = classmethod(lambda cls, ids, weights: cls.vanilla(ids, weights))
+
+
+def _reduce_scatterv_rows(group, x_NX, sizes):
+    """This rank's rows of the sum over the group of ``x_NX`` (``sizes[r]`` rows for rank ``r``, in
+    rank order; all equal where None), as SGLang's own NCCL-free reduce-scatter of its
+    deterministic inference (0.5.21 on) computes it: an all-reduce of the whole, then this rank's
+    rows."""
+    sizes = list(sizes) if sizes is not None else [x_NX.shape[0] // group.world_size] * group.world_size
+    offset = sum(sizes[:group.rank_in_group])
+    return group.all_reduce(x_NX.clone()).narrow(0, offset, sizes[group.rank_in_group]).clone()
 
 
 def _all_gatherv_rows(group, x_NX, sizes):

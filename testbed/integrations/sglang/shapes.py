@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 from testbed import patch
 from testbed.integrations import engine as support
-from testbed.integrations.sglang.environment import DISPATCHER, ENGINE
+from testbed.integrations.sglang.environment import ENGINE
 from testbed.scenario.reference import ACT_DTYPE
 
 
@@ -289,31 +289,6 @@ def _startup_refusal(arguments: tuple, fmt: str) -> str | None:
     finally:
         restore()
     return None
-
-
-def runner_backend(sentinel: str, expert_output: str) -> str:
-    """The MoE runner backend whose FlashInfer dispatch in this release uses ``sentinel`` and
-    lets the experts write into the workspace (``expert_output`` ``workspace``) or not: the
-    flashinfer_cutlass runner combines from the workspace (every release); a -1 sentinel is the
-    TRT-LLM runner's (``flashinfer_trtllm`` where the dispatcher names it, 0.5.19 on; its routed
-    variant before, 0.5.15 .. 0.5.18, the only TRT-LLM runner those accept with FlashInfer
-    A2A), num_experts the CuTe DSL runner's. Before 0.5.15 the dispatcher's sentinel does not
-    depend on the runner (none, then -1, then num_experts) and its start-up accepts CUTLASS
-    (and CuTe DSL from 0.5.13): the same names, which its start-up judges."""
-    if expert_output == "workspace":
-        return "flashinfer_cutlass"
-    if sentinel == "num_experts":
-        return "flashinfer_cutedsl"
-    return "flashinfer_trtllm_routed" if _sentinel_only_for_routed_trtllm() else "flashinfer_trtllm"
-
-
-@functools.cache
-def _sentinel_only_for_routed_trtllm() -> bool:
-    """Whether this release's dispatcher pairs the -1 sentinel with the routed TRT-LLM runner
-    alone (0.5.15 .. 0.5.18); False where SGLang is not here (0.5.23's rule)."""
-    dispatcher = ENGINE.module(DISPATCHER)
-    source = inspect.getsource(dispatcher) if dispatcher is not None else ""
-    return "is_flashinfer_trtllm_routed()" in source and "is_flashinfer_trtllm()" not in source
 
 
 def comm_backend_as_on_a_gpu(ctx, dispatcher) -> None:
