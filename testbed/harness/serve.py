@@ -408,17 +408,18 @@ def _serve(ss: ServeScenario, run_dir: str, *, code: Optional[Path], mutant: Opt
     ck = es.checkpoint()
     checkpoint.write(ck, model_dir)
     checkpoint.write_tokenizer(ck, model_dir)
+    offline = ss.offline and not reference
+    # The engine's own processes generate an offline run's requests: the plan names them.
+    requests = {"offline_requests": [{"prompt": list(rq.prompt_P), "max_tokens": rq.max_tokens}
+                                     for rq in map(ss.request, range(ss.requests))],
+                "offline_timeout_s": STARTUP_TIMEOUT_S + timeout_s} if offline else {}
     with open(os.path.join(run_dir, "plan.json"), "w") as f:
         json.dump({"serve": {k: v for k, v in asdict(ss).items() if k != "label"}, "module": module,
                    "path": ss.path, "mutant": None if reference else mutant,
                    "start_process": f"{__name__}:start_process",
-                   "start_rank": "" if reference else f"{__name__}:start_rank",
-                   "offline_requests": [{"prompt": list(rq.prompt_P), "max_tokens": rq.max_tokens}
-                                        for rq in map(ss.request, range(ss.requests))],
-                   "offline_timeout_s": STARTUP_TIMEOUT_S + timeout_s}, f)
+                   "start_rank": "" if reference else f"{__name__}:start_rank"} | requests, f)
     port = _free_port()
     serving = integrations.get(ss.integration).engine.serving
-    offline = ss.offline and not reference
     argv = serving.offline(es, model_dir, run_dir) if offline else serving.command(es, model_dir, port, reference)
     env = session.engine_environment(code) | serving.environment(es, reference)
     prefix = scenario_prefix(os.getpid(), f"serve{port}")

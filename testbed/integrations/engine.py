@@ -64,10 +64,10 @@ class Serving:
     directory, run directory) -> argv`` of the engine's offline data parallel as its
     documentation shows it, each DP rank's process writing its answers to the run directory
     (:mod:`testbed.integrations.served`, :func:`write_answers`), or None; ``offline_shapes``:
-    the matrix's entries run that way; ``refusal``: the function ``module:name``, ``(EngineScenario)
-    -> why`` the release cannot serve the deployment (its own start-up refuses it, or its
-    platform cannot run it; read in the testbed's process, the release in use) or None, or
-    none (a module the engine's description cannot import: its rules import the description)."""
+    the matrix's entries run that way; ``refusal``: the function ``module:name`` (named, not
+    imported: the engine's rules import this description), ``(EngineScenario) -> why`` the
+    release cannot serve the deployment (its own start-up refuses it, or its platform cannot
+    run it; asked in the testbed's process, the release in use) or None; or no such function."""
 
     command: Callable
     environment: Callable = _no_variables
