@@ -216,16 +216,25 @@ def test_one_sided_ep_65_refused_as_the_real_kmaxranks_check(cluster):
 def test_one_sided_late_initialize_erases_a_fast_peer_without_a_barrier(cluster, profile, impl_barrier, tmp_path):
     """Before 0.7.x MoeAlltoAll does not barrier after zeroing its row: without the
     integration's own EP barrier a fast peer's first dispatch is erased and the round fails;
-    with it, or with 0.7.2's built-in one, the round completes."""
+    with it, or with 0.7.2's built-in one, the round completes. The schedule says what ordered
+    the late zeroing: the barrier, entered from whichever code made it, or nothing (the fast
+    peer's dispatch posted first)."""
     from impl_programs import late_initialize
+
+    from testbed.harness import late_zeroing
 
     case = _layers(2, ["bf16"], tokens=(3, 3))[0]
     args = (case, profile, None if impl_barrier else "no-barrier-after-rebuild", str(tmp_path))
     if impl_barrier or profile == "0.7.2":
         cluster.run(late_initialize, ParallelLayout(2, dp=2), args, timeout_s=30)
+        how = late_zeroing.released_by(str(tmp_path), 0)
+        assert how.startswith("entered barrier on ranks [0,1] from impl/"), how
+        # 0.7.2's set-up barriers through the caller's communicator first; before, impl's own barrier
+        assert ("called from fakes/flashinfer/comm/trtllm_moe_alltoall.py" in how) == (profile == "0.7.2"), how
     else:
         with pytest.raises(RankFailedError, match="timed out after 2 s waiting for completion flag"):
             cluster.run(late_initialize, ParallelLayout(2, dp=2), args, timeout_s=30)
+        assert late_zeroing.released_by(str(tmp_path), 0) == "posted its dispatch flags into its peers' rows"
 
 
 def test_one_sided_checkpoint_prepare_restore(cluster):

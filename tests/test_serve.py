@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("fields, flag", [(dict(dp=0), "--dp"), (dict(dp=2, requests=0), "--requests"),
                                           (dict(dp=2, path="naive"), "--path"), (dict(dp=2, dtype="fp8"), "--dtype"),
                                           (dict(dp=2, profile="0.1.0"), "--profile"), (dict(dp=2, tp=0), "--tp"),
-                                          (dict(dp=2, integration="sglang", offline=True), "--offline")])
+                                          (dict(dp=2, integration="sglang", offline=True), "--offline"),
+                                          (dict(dp=1, integration="sglang", late_zeroing=True), "--late-zeroing")])
 def test_serve_scenario_bad_input_names_the_flag(fields, flag):
     with pytest.raises(ScenarioInputError, match=flag):
         serve.ServeScenario(**fields)
@@ -166,6 +167,13 @@ def test_serve_report_at_most_15_lines_verdict_last():
     assert any("--mutant v-x" in line for line in lines)
     v = serve.ServeVerdict(ss, testbed_error="mutant v-x could not be applied")
     assert serve.report_lines(1, 1, v)[-1].startswith("ERROR") and not v.passed
+    late = serve.ServeScenario(dp=4, requests=2, integration="sglang", late_zeroing=True)
+    v = serve.ServeVerdict(late, failures=v.failures, rounds={r: 10 for r in range(4)},
+                           released_by="entered monitored_barrier on ranks [0,1,2,3] from sglang/x.py:1 in f")
+    lines = serve.report_lines(1, 1, v)
+    assert len(lines) <= 15 and "late zeroing: the first EP rank had entered monitored_barrier" in "\n".join(lines)
+    assert lines[-1].endswith("the last EP rank zeroing late  (a DP rank idle)")
+    assert "--late-zeroing" in late.to_cli()
 
 
 def _step(log, p: int, group: tuple, *, end: bool = True) -> None:
@@ -462,6 +470,24 @@ def test_serve_sglang_dp2_every_scheduler_recorded_and_answers_match_dp1(tmp_pat
     assert not _segments()
     assert any(p.name.startswith("sglang_loads_") for p in registered)  # SGLang's own file, noted where made
     assert not [p for p in registered if p.exists()]
+
+
+@pytest.mark.needs("sglang")
+def test_serve_sglang_late_zeroing_ordered_by_its_own_engine(tmp_path, registered):
+    """SGL-003 served: on a FlashInfer before 0.7.1 SGLang's dispatcher builds MoeAlltoAll
+    without an EP barrier. With the last EP rank's zeroing held, in its own scheduler process,
+    until the first has moved on, what SGLang's engine does between building its layers and
+    its first forward orders them: the first rank had entered a collective spanning the late
+    one from SGLang's own code, every round completes and the answers match DP 1; only the
+    contract breach shows."""
+    ss = serve.ServeScenario(dp=2, requests=3, integration="sglang", profile="0.7.0", late_zeroing=True)
+    v = serve.run(ss, log=tmp_path / "engine.log", timeout_s=300)
+    report = "\n".join(serve.report_lines(1, 1, v))
+    assert v.known == ["SGL-003"] and not v.failures, report
+    assert {f.invariant for f in v.known_failures} == {"collectives"}, report
+    assert v.released_by.startswith("entered ") and " from sglang/" in v.released_by, report
+    assert len(v.served.answers) == 3 and all(n > 0 for n in v.rounds.values())
+    assert not [p for p in v.served.pids.values() if pid_alive(p)] and not _segments()
 
 
 @pytest.mark.needs("sglang")

@@ -40,6 +40,11 @@ def add_parser(sub) -> None:
                    help="the engine's offline data parallel as its documentation shows it instead of its server: a "
                         "process per DP rank (vLLM: VLLM_DP_RANK, VLLM_DP_SIZE, ...), each generating its share of "
                         "the requests (without --dp: the matrix's offline entries)")
+    p.add_argument("--late-zeroing", action="store_true",
+                   help="the last rank of each EP group zeroes its MoeAlltoAll workspace row only once the first has "
+                        "moved on (posted its dispatch or entered a collective spanning it), in the engine's own "
+                        "processes: the race FlashInfer before 0.7.1 leaves its caller to order, made to happen; the "
+                        "report says what ordered it (one-sided; without --dp: the matrix's entries it applies to)")
     p.add_argument("--dtype", default="bfloat16", help="the model's dtype: bfloat16 (default) or float32")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="the checkpoint's and the requests' seed")
     p.add_argument("--profile", metavar="RELEASE",
@@ -128,10 +133,11 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
         if args.dp is None:
             entries = serve.matrix(args.integration, pin, args.dtype, args.seed)
             entries = [ss for ss in entries if ss.offline] if args.offline else entries
+            entries = _late_zeroing(entries) if args.late_zeroing else entries
         else:
             entries = [serve.ServeScenario(dp=args.dp, tp=args.tp, path=args.path, requests=args.requests,
                                            integration=args.integration, dtype=args.dtype, profile=pin, seed=args.seed,
-                                           offline=args.offline)]
+                                           offline=args.offline, late_zeroing=args.late_zeroing)]
     except ScenarioInputError as e:
         raise UsageError(str(e)) from None
     refusal = named(engine.serving.refusal) if engine.serving.refusal else None
@@ -140,6 +146,24 @@ def _scenarios(args, engine, source, version: str, pin: str, ) -> list:
         if why:
             raise UsageError(f"{flag}: {ss.describe()}: {why}")
     return entries
+
+
+def _late_zeroing(entries: list) -> list:
+    """The entries the late zeroing applies to, with it; the first entry's refusal where it
+    applies to none."""
+    from dataclasses import replace
+
+    from testbed.scenario.model import ScenarioInputError
+
+    kept, refused = [], None
+    for ss in entries:
+        try:
+            kept.append(replace(ss, late_zeroing=True))
+        except ScenarioInputError as e:
+            refused = refused or e
+    if not kept and refused:
+        raise refused
+    return kept
 
 
 def _serve_all(scenarios, code, args, log: Path, terminal) -> list:

@@ -9,18 +9,24 @@ the EP group before first use); from 0.7.1 the workspace set-up barriers itself.
 happen instead: the last rank of each EP group holds its first zeroing until the group's first
 rank, done with its own row, has moved on, by posting its dispatch flags into its peers' rows or
 by entering a collective that spans the late rank (which, being collective, then orders the two
-by itself). Rank-to-rank signals are files in a directory every rank of the scenario sees.
+by itself). Rank-to-rank signals are files in a directory every rank of the scenario sees; the
+first rank's says how it moved on (:func:`released_by`), which names what ordered the race in
+an engine's own processes.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import sys
 import time
-from typing import Callable
+import traceback
+from typing import Callable, Optional
 
+import torch
 import torch.distributed as dist
 
+import testbed
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from testbed import patch
 from testbed.harness.audit import COLLECTIVES, group_ranks
@@ -38,7 +44,7 @@ def install(ctx, ep: tuple[int, ...], signals: str, flag_timeout_s: float = 5.0)
     what undoes it."""
     if len(ep) < 2 or ctx.rank not in (ep[0], ep[-1]):
         return lambda: None
-    zeroed, moved_on = (os.path.join(signals, f"late-zeroing-ep{ep[0]}-{what}") for what in ("zeroed", "moved-on"))
+    zeroed, moved_on = _signal(signals, ep[0], "zeroed"), _signal(signals, ep[0], "moved-on")
     undo = [patch.attribute(kernels, "FLAG_TIMEOUT_S", min(flag_timeout_s, kernels.FLAG_TIMEOUT_S))]
     if ctx.rank == ep[0]:
         undo += _first_rank(zeroed, moved_on, late=ep[-1], world_size=ctx.world_size)
@@ -51,12 +57,30 @@ def install(ctx, ep: tuple[int, ...], signals: str, flag_timeout_s: float = 5.0)
     return uninstall
 
 
+def released_by(signals: str, first: int) -> Optional[str]:
+    """How the first rank ``first`` of an EP group had moved on when its late rank zeroed its
+    row (its flags posted, or the collective it entered and where from); None where it never
+    did (no late rank was held)."""
+    try:
+        with open(_signal(signals, first, "moved-on")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _signal(signals: str, first: int, what: str) -> str:
+    return os.path.join(signals, f"late-zeroing-ep{first}-{what}")
+
+
 def _first_rank(zeroed: str, moved_on: str, late: int, world_size: int) -> list[Callable[[], None]]:
     """Signal ``zeroed`` before this rank's first zeroing (done by the time anything later
-    runs), then ``moved_on`` at its first flag post or collective spanning ``late``."""
-    def signal_moved_on() -> None:
+    runs), then ``moved_on`` at its first flag post or collective spanning ``late``, saying
+    which."""
+    def signal_moved_on(how: str) -> None:
         if os.path.exists(zeroed) and not os.path.exists(moved_on):
-            open(moved_on, "w").close()
+            with open(moved_on + ".part", "w") as f:
+                f.write(how)
+            os.replace(moved_on + ".part", moved_on)  # whole when it appears: the late rank reads it
 
     def before_zero(workspace, ep_rank) -> None:
         if not os.path.exists(zeroed):
@@ -66,7 +90,7 @@ def _first_rank(zeroed: str, moved_on: str, late: int, world_size: int) -> list[
 
     def posting(*args, **kwargs):  # posts, then signals: the peer's row holds the flag first
         post_flags(*args, **kwargs)
-        signal_moved_on()
+        signal_moved_on("posted its dispatch flags into its peers' rows")
 
     def ordering(name: str, fn: Callable) -> Callable:
         try:
@@ -75,8 +99,9 @@ def _first_rank(zeroed: str, moved_on: str, late: int, world_size: int) -> list[
             sig = None
 
         def call(*args, **kwargs):  # signals, then blocks: the late rank is free to reach it
-            if late in group_ranks(name, sig, args, kwargs, world_size):
-                signal_moved_on()
+            ranks = group_ranks(name, sig, args, kwargs, world_size)
+            if late in ranks:
+                signal_moved_on(f"entered {name} on ranks [{','.join(map(str, ranks))}] from {_caller()}")
             return fn(*args, **kwargs)
         return call
 
@@ -84,6 +109,29 @@ def _first_rank(zeroed: str, moved_on: str, late: int, world_size: int) -> list[
              patch.attribute(kernels, "_post_flags", posting)]
             + [patch.attribute(dist, name, ordering(name, getattr(dist, name)))
                for name in _ORDERING if hasattr(dist, name)])
+
+
+# The testbed's and torch's frames: never the caller of a collective (the fake's are: it stands
+# for FlashInfer, whose set-up barriers from 0.7.1).
+_NOT_CALLERS = tuple(os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (testbed, torch))
+
+
+def _caller() -> str:
+    """The innermost two frames outside the testbed and torch, ``file:line in function, called
+    from file:line in function``: whoever made the collective (the engine, the integration, or
+    FlashInfer's own set-up through the caller's communicator) and who called it."""
+    frames = [f for f in reversed(traceback.extract_stack())
+              if not os.path.realpath(f.filename).startswith(_NOT_CALLERS)][:2]
+    return ", called from ".join(f"{_shown(os.path.realpath(f.filename))}:{f.lineno} in {f.name}"
+                                 for f in frames) or "the testbed"
+
+
+def _shown(path: str) -> str:
+    """``path`` from its package's top (``sglang/srt/...``): relative to the longest entry of
+    ``sys.path`` that holds it."""
+    roots = [os.path.realpath(p) + os.sep for p in sys.path if p]
+    root = max((r for r in roots if path.startswith(r)), key=len, default="")
+    return path[len(root):]
 
 
 def _wait_for(zeroed: str, moved_on: str) -> Callable:

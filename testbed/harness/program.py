@@ -127,13 +127,15 @@ def _trtllm_experts(api, sc: Scenario, stage: int, i: int, fmt: str, own: range,
 
 def _start_rank(ctx, sc: Scenario, log_dir: str, integration_module: str, mutant: Optional[str]):
     """What every rank program starts with: its event log, the integration registered (and
-    mutated), the POSIX shared memory it creates and its FlashInfer recorded; returns
-    ``(log, integration, api)``."""
+    mutated), the late zeroing where asked (before the integration builds anything), the POSIX
+    shared memory it creates and its FlashInfer recorded; returns ``(log, integration, api)``."""
     log = EventLog(f"{log_dir}/rank{ctx.rank}.jsonl")
     ctx.add_cleanup(log.close)
     integrations.register(integration_module)
     if mutant:
         ctx.add_cleanup(mutants.apply(mutant))
+    if sc.late_zeroing:
+        ctx.add_cleanup(late_zeroing.install(ctx, sc.layout.group_of("ep", ctx.rank), log_dir))
     ctx.add_cleanup(record_posix_shm(log))
     return log, integrations.get(sc.integration), _install(ctx, sc, log)
 
@@ -157,8 +159,6 @@ def run_scenario(ctx, sc: Scenario, log_dir: str, mutant: Optional[str] = None,
     session = integration.start(ctx, sc, api, log)  # the engine's own set-up is not audited
     phases = {"engine": time.monotonic() - began}
     ctx.add_cleanup(audit.install(log, ctx.world_size, integration.traits(sc).code))
-    if sc.late_zeroing:
-        ctx.add_cleanup(late_zeroing.install(ctx, sc.layout.group_of("ep", ctx.rank), log_dir))
     stage, dp_rank, tp = ctx.coords.pp_rank, ctx.coords.dp_rank, (ctx.coords.tp_rank, sc.layout.tp)
     ep_rank = 0 if sc.path == "none" else dist.get_rank(ctx.groups["ep"])
     own = local_experts(sc.experts, sc.ep_size, ep_rank)

@@ -53,12 +53,12 @@ import torch
 from testbed import integrations
 from testbed.integrations import served
 from testbed.integrations.engine import SERVE_RUN_ENV
-from testbed.harness import engine, invariants, session
+from testbed.harness import engine, invariants, late_zeroing, session
 from testbed.harness.invariants import Failure
 from testbed.scenario import checkpoint
 from testbed.scenario.engine import FIRST_TOKEN_ID, EngineScenario
 from testbed.scenario.events import Collective, ForwardEnd, ForwardStart, LogTail
-from testbed.scenario.model import ScenarioInputError
+from testbed.scenario.model import Scenario, ScenarioInputError
 
 DEFAULT_TIMEOUT_S = 240.0  # from the server's readiness to its last answer
 # The server's start-up, its own limit: DP 4 starts 13 processes, each importing vLLM and torch
@@ -102,6 +102,11 @@ class ServeScenario:
     # The engine's offline data parallel as its documentation shows it (a process per DP rank,
     # each generating its share of the requests), not its server and an HTTP client.
     offline: bool = False
+    # The last EP rank's workspace zeroing held until the first has moved on (the race FlashInfer
+    # before 0.7.1 leaves its caller to order, testbed.harness.late_zeroing), in the engine's
+    # own processes: whatever the engine does between building its layers and its first
+    # dispatch is what must order it.
+    late_zeroing: bool = False
     label: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -115,6 +120,15 @@ class ServeScenario:
         if self.path not in serving.paths:
             raise ScenarioInputError("--path", f"--integration {self.integration} serves {', '.join(serving.paths)}, "
                                      f"got {self.path!r}")
+        if self.late_zeroing:
+            self.recorded().validate()  # --late-zeroing's own rules
+
+    def recorded(self) -> Scenario:
+        """The run as the recorders in the engine's processes take it: a layer scenario whose
+        passes are left to the engine (one forward of one token per DP rank stands for them),
+        with the late zeroing where asked."""
+        sc = self.engine_scenario().scenario(passes=((1,) * self.dp,), sequence_parallel=False)
+        return replace(sc, late_zeroing=True) if self.late_zeroing else sc
 
     def engine_scenario(self) -> EngineScenario:
         """The deployment as the engine level describes it: its layout, checkpoint, budget, and
@@ -134,19 +148,20 @@ class ServeScenario:
         return Request(prompt, generated, stream=i % 2 == 1)
 
     def describe(self) -> str:
+        late = ", the last EP rank zeroing late" if self.late_zeroing else ""
         if self.offline:  # the example's placeholder request keeps a rank without one stepping
             idle = "  (a DP rank on a placeholder)" if self.requests < self.dp else ""
             return (f"{self.integration} {self.path} DP{self.dp} TP{self.tp} {self.dtype}: {self.requests} requests, "
-                    f"offline data parallel{idle}")
+                    f"offline data parallel{late}{idle}")
         idle = "  (a DP rank idle)" if self.requests < self.dp else ""
         return (f"{self.integration} {self.path} DP{self.dp} TP{self.tp} {self.dtype}: {self.requests} concurrent "
-                f"requests{idle}")
+                f"requests{late}{idle}")
 
     def to_cli(self) -> str:
         line = (f"a2a-testbed serve --integration {self.integration} --dp {self.dp} --tp {self.tp} --path {self.path} "
                 f"--requests {self.requests} --dtype {self.dtype} --seed {self.seed}")
         return line + (f" --profile {self.profile}" if self.profile != ServeScenario.profile else "") + \
-            (" --offline" if self.offline else "")
+            (" --offline" if self.offline else "") + (" --late-zeroing" if self.late_zeroing else "")
 
 
 def matrix(integration: str, profile: str, dtype: str = "bfloat16", seed: int = 0) -> list[ServeScenario]:
@@ -203,6 +218,9 @@ class ServeVerdict:
     worst_logprob: float = 0.0
     served: Served = field(default_factory=Served)
     reference_s: float = 0.0
+    # With the late zeroing: how the first EP rank had moved on when the last zeroed (what
+    # ordered them), or None where no late rank was held.
+    released_by: Optional[str] = None
     testbed_error: str = ""  # the testbed could not serve the scenario as asked: never the engine's failure
 
     @property
@@ -247,8 +265,7 @@ def start_rank(run_dir: str, rank: int, world_size: int, ep_ranks: tuple[int, ..
 
     plan = served.plan(run_dir)
     ss = ServeScenario(**plan["serve"])
-    es = ss.engine_scenario()
-    sc = es.scenario(passes=(tuple(1 for _ in range(es.dp)),), sequence_parallel=False)
+    sc = ss.recorded()
     ctx = ServedRank(rank, world_size, {"ep": tuple(ep_ranks)}, ss.seed)
     with open(os.path.join(run_dir, f"pid{rank}"), "w") as f:
         f.write(str(os.getpid()))
@@ -274,6 +291,8 @@ def run(ss: ServeScenario, *, code: Optional[Path] = None, reference: Optional[d
     with tempfile.TemporaryDirectory(prefix="a2atb-serve-") as run_dir:
         v.served = _serve(ss, run_dir, code=code, mutant=mutant, timeout_s=timeout_s, log=log, live=live)
         logs, steps = _logs(run_dir, ss.dp * ss.tp)
+        if ss.late_zeroing:
+            v.released_by = late_zeroing.released_by(run_dir, ss.recorded().layout.group_of("ep", 0)[0])
     if v.served.rest is not None:  # what began after the rest, the stop cut: judged is the rest
         v.cut = {r: _dispatches(logs[r][n:]) for r, (n, _) in v.served.rest.items()}
         logs = {r: logs[r][:n] for r, (n, _) in v.served.rest.items()}
@@ -309,7 +328,7 @@ class ServedTrouble(RuntimeError):
 def serve_reference(ss: ServeScenario, requests: int, **kw) -> tuple[dict[int, Answer], Optional[str]]:
     """Requests ``0 .. requests-1`` of ``ss``'s seed served at DP 1 with expert parallel off:
     the answers, and why the run went wrong (or None)."""
-    one = replace(ss, dp=1, tp=1, requests=requests, offline=False)
+    one = replace(ss, dp=1, tp=1, requests=requests, offline=False, late_zeroing=False)
     with tempfile.TemporaryDirectory(prefix="a2atb-serve-ref-") as run_dir:
         served = _serve(one, run_dir, reference=True, **kw)
     return served.answers, served.trouble
@@ -633,6 +652,10 @@ def report_lines(index: int, total: int, v: ServeVerdict, mutant: Optional[str] 
         counts = [c for _, _, c in next(iter(v.steps.values()))]
         shown = ", ".join(str(tuple(c)) for c in counts[:6]) + (f", ... ({len(counts)} in all)" if len(counts) > 6 else "")
         lines.append(f"  DP token counts per forward: {shown}")
+    if ss.late_zeroing:
+        lines.append("  late zeroing: " + (f"the first EP rank had {v.released_by} when the last zeroed its row"
+                                           if v.released_by else "no EP rank's zeroing was held (no MoeAlltoAll "
+                                           "workspace was zeroed after the first rank's)"))
     for f in v.failures[:4]:
         text = f.evidence.splitlines()
         lines.append(f"  [{f.invariant}] {text[0][:300]}" + (f" (+{len(text) - 1} lines)" if len(text) > 1 else ""))
@@ -666,6 +689,7 @@ def as_json(v: ServeVerdict) -> dict:
             "cut_after_rest": {str(r): n for r, n in v.cut.items() if n},
             "rest_s": round(v.served.rest_s, 3) if v.served.rest is not None else None,
             "pids": {str(r): p for r, p in v.served.pids.items()},
+            "late_zeroing_released_by": v.released_by,
             "failures": [{"invariant": f.invariant, "evidence": f.evidence} for f in v.failures],
             "steps": {str(r): [{"forward": p, "rows": rows, "dp_tokens": list(dp)} for p, rows, dp in s]
                       for r, s in v.steps.items()}}
