@@ -20,8 +20,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 
 from testbed.commands import COMMANDS
 from testbed.commands.common import UsageError
@@ -54,10 +57,32 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return _command(args.command).main(args)
+        with _terminated_as_interrupted():
+            return _command(args.command).main(args)
     except UsageError as e:
         print(f"a2a-testbed {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """SIGTERM (a CI job cancelled, an orchestrator's stop) ends the command as Ctrl-C does,
+    its clean-up run (servers and their sessions stopped, the pools' ranks killed, their
+    shared memory unlinked), with exit status 143; Python's default would end it at once and
+    leave them. What SIGKILL leaves, the next start sweeps (the arena's owner is gone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

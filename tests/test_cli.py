@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -50,6 +52,46 @@ def test_cli_run_selfcheck_prints_what_it_ran(capsys):
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["layouts"] == ["w2tp1dp2pp1", "w4tp1dp2pp2"]
     assert (summary["passed"], summary["failed"]) == (2, 0)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def test_cli_sigterm_ends_the_command_with_its_clean_up():
+    """SIGTERM (a cancelled CI job, an orchestrator's stop) ends a command as Ctrl-C does: the
+    command's own exit (status 143), its processes and its shared memory gone with it."""
+    from fakes.arena import PREFIX_ROOT, SHM_DIR, pid_alive
+
+    p = subprocess.Popen([str(SCRIPT), "run", "--job", "selfcheck", "--fault", "stall", "--timeout", "60"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(SHM_DIR.glob(f"{PREFIX_ROOT}-{p.pid}-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # observing the run's start, not synchronising with it
+        assert list(SHM_DIR.glob(f"{PREFIX_ROOT}-{p.pid}-*")), "the run never mapped its arena"
+        started = _descendants(p.pid)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        p.kill()
+    assert not list(SHM_DIR.glob(f"{PREFIX_ROOT}-{p.pid}-*"))
+    deadline = time.monotonic() + 10
+    while [d for d in started if pid_alive(d)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started and not [d for d in started if pid_alive(d)]
 
 
 def test_cli_run_wrong_group_barrier_fault_is_caught_as_expected(capsys):
