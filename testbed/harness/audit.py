@@ -95,7 +95,7 @@ def direct_integration_call_site(skip: int = 1) -> str | None:
     frame = inspect.currentframe()
     for _ in range(skip + 1):
         frame = frame.f_back if frame is not None else None
-    while frame is not None and _real(frame.f_code.co_filename).startswith(_TESTBED):
+    while frame is not None and _real(frame.f_code.co_filename).startswith(TESTBED_ROOT):
         frame = frame.f_back
     return None if frame is None else _site(frame)
 
@@ -109,7 +109,7 @@ def _site(frame) -> str | None:
     return None
 
 
-_TESTBED = os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir)) + os.sep
+TESTBED_ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir)) + os.sep
 
 
 @functools.lru_cache(maxsize=4096)

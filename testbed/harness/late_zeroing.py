@@ -26,10 +26,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-import testbed
 from fakes.flashinfer.comm import moe_a2a_kernels as kernels
 from testbed import patch
-from testbed.harness.audit import COLLECTIVES, group_ranks
+from testbed.harness.audit import COLLECTIVES, TESTBED_ROOT, group_ranks
 
 # Calls that order the ranks they span (a point-to-point pair, or a new group's creation, does
 # not order the whole group).
@@ -113,7 +112,7 @@ def _first_rank(zeroed: str, moved_on: str, late: int, world_size: int) -> list[
 
 # The testbed's and torch's frames: never the caller of a collective (the fake's are: it stands
 # for FlashInfer, whose set-up barriers from 0.7.1).
-_NOT_CALLERS = tuple(os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (testbed, torch))
+_NOT_CALLERS = (TESTBED_ROOT, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep)
 
 
 def _caller() -> str:

@@ -292,7 +292,7 @@ def run(ss: ServeScenario, *, code: Optional[Path] = None, reference: Optional[d
         v.served = _serve(ss, run_dir, code=code, mutant=mutant, timeout_s=timeout_s, log=log, live=live)
         logs, steps = _logs(run_dir, ss.dp * ss.tp)
         if ss.late_zeroing:
-            v.released_by = late_zeroing.released_by(run_dir, ss.recorded().layout.group_of("ep", 0)[0])
+            v.released_by = late_zeroing.released_by(run_dir, 0)  # rank 0 leads its EP group
     if v.served.rest is not None:  # what began after the rest, the stop cut: judged is the rest
         v.cut = {r: _dispatches(logs[r][n:]) for r, (n, _) in v.served.rest.items()}
         logs = {r: logs[r][:n] for r, (n, _) in v.served.rest.items()}
