@@ -5,10 +5,12 @@ starts and does not own (:mod:`testbed.harness.session`)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -322,6 +324,29 @@ def test_session_leader_dies_with_the_testbed(tmp_path):
     while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(child)
+
+
+def test_session_keeps_inductors_kernels_where_inductor_keeps_them(tmp_path):
+    """A session's temporary files go in a folder of its own, removed with it, but inductor's
+    compiled kernels stay where inductor keeps them for the caller (torch's own default, read
+    here), built so that their cache keys do not name that folder: the next run's processes
+    load what an earlier one compiled instead of compiling it again."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    script = ("import json, tempfile\n"
+              "from torch._inductor import config\n"
+              "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
+              "print(json.dumps([tempfile.gettempdir(), cache_dir(), config.cpp_cache_precompile_headers]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    with open(tmp_path / "out", "wb") as out:
+        proc = session.start([sys.executable, "-c", script], env=env, cwd=tmp_path, out=out)
+        try:
+            assert proc.wait(timeout=120) == 0, (tmp_path / "out").read_text()
+        finally:
+            session.kill(proc)
+    scratch, cache, headers = json.loads((tmp_path / "out").read_text().splitlines()[-1])
+    assert scratch != tempfile.gettempdir() and not os.path.exists(scratch), "no temporary folder of its own"
+    assert (cache, headers) == (default_cache_dir(), False)
 
 
 # --- vLLM served -------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import faulthandler
+import getpass
 import os
 import pickle
+import re
 import signal
 import sys
 import tempfile
@@ -114,6 +116,24 @@ class _State:
 MAX_KEPT_GROUPS = 64
 
 
+
+def scratch_environment(scratch: str) -> dict[str, str]:
+    """The variables that put a process's temporary files in ``scratch`` (``TMPDIR``), all
+    but what an engine means to keep between runs there: inductor's compiled kernels stay in
+    inductor's own default folder (``torchinductor_<user>`` in the caller's temporary folder)
+    or where the caller's ``TORCHINDUCTOR_CACHE_DIR`` says. vLLM compiles its sampler's
+    logprobs gather on first use, on a CPU with g++: seconds per process, in every process of
+    every run where the cache moved with ``TMPDIR`` into a scratch removed after it."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:  # torch._inductor.runtime.cache_dir_utils.default_cache_dir's (importing it costs 1.5 s)
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        cache = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return {"TMPDIR": scratch, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+
+
 def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
     """Entry point of a spawned worker process."""
     # Ctrl-C reaches the whole foreground process group; the parent decides what to do.
@@ -136,7 +156,7 @@ def main(cmd_conn, ctl_conn, dump_path: str, initializer=None) -> None:
     # What a rank leaves in the temporary folder (vLLM binds a ZMQ socket file there for each
     # message queue it makes, and never unlinks one: hundreds a history) goes in its pool's
     # scratch, which the pool removes.
-    os.environ["TMPDIR"] = os.path.dirname(dump_path)
+    os.environ.update(scratch_environment(os.path.dirname(dump_path)))
     tempfile.tempdir = None  # the fork server's answer, cached
     os.environ.pop("LOCAL_RANK", None)  # a launcher's, if the parent was launched: not this rank's
     if initializer is not None:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from testbed.cluster.pool import STACKS_PREFIX
+from testbed.cluster.worker import scratch_environment
 
 # Variables of the caller's that would decide for the engine what the stand-in decides: vLLM
 # takes an explicit CPU target as its platform (0.34 on) before any plugin's.
@@ -62,7 +63,7 @@ def start(argv: list[str], *, env: dict, cwd, out, live: bool = False) -> subpro
     # removes it, the next pool to start sweeps it (testbed.cluster.pool.sweep_stack_dirs).
     scratch = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-session-")
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env | {"TMPDIR": scratch}, stdout=None if live else out,
+        proc = subprocess.Popen(argv, cwd=cwd, env=env | scratch_environment(scratch), stdout=None if live else out,
                                 stderr=None if live else subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_die_with_parent)
     except BaseException:
