@@ -238,6 +238,7 @@ def test_sweep_shard_partitions_the_catalogue():
 
 @pytest.mark.parametrize("argv, message", [
     (("--only", "no-such-sweep"), "--only: no sweep 'no-such-sweep' here"),
+    (("--skip", "no-such-sweep"), "--skip: no sweep 'no-such-sweep' here"),
     (("--jobs", "0"), "--jobs: must be > 0"),
     (("--shard", "3/2"), "--shard: I/N with 1 <= I <= N, got '3/2'"),
 ])
@@ -282,6 +283,18 @@ def test_hunt_tries_the_hinted_scenario_first_whatever_release_it_was_moved_to()
         assert order[0][1] is pick and sorted(i for i, _ in order) == list(range(1, len(moved) + 1))
     assert kill_order(moved, "no such scenario [impl on 0.6.16]") == kill_order(moved)
     assert not same_entry(moved[0].label, moved[1].label)
+
+
+def test_sweep_skip_leaves_out_that_sweep_alone_and_says_so(capsys):
+    """A time-boxed job leaves a sweep to another (--skip): every other sweep still runs, and
+    the one left out is named with the command that runs it."""
+    assert main(["sweep", "--list"]) == 0
+    every = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("left out")]
+    assert main(["sweep", "--list", "--skip", "models"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    kept = [line for line in out if not line.startswith("left out")]
+    assert sorted(kept) == sorted(line for line in every if not line.startswith("models "))
+    assert "left out: models (--skip; a2a-testbed sweep --only 'models' runs it)" in out
 
 
 def test_sweep_served_run_apart_or_with_the_others(capsys):

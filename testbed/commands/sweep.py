@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
             "their own. Exit 1 on any problem; each group's output goes to a log file."))
     sw.add_argument("--list", action="store_true", help="list the sweeps (and the engines left out) and exit")
     sw.add_argument("--only", action="append", metavar="NAME", help="just this sweep (repeatable; --list names them)")
+    sw.add_argument("--skip", action="append", metavar="NAME",
+                    help="every sweep but this one (repeatable; --list names them): what a time-boxed job leaves to "
+                         "another, which runs it with --only")
     sw.add_argument("--served", choices=("with", "without", "only"), default="with",
                     help="the sweeps of an engine served as users serve it (a2a-testbed serve): with the others "
                          "(default), without them, or only them (they start a dozen engine processes each: CI runs "
@@ -31,7 +34,7 @@ def add_parser(sub) -> None:
     sw.add_argument("--shard", metavar="I/N", help="groups I, I+N, ... of the catalogue (split it over N machines)")
     sw.add_argument("--jobs", type=int, default=1, metavar="N", help="groups of sweeps run at once (default 1)")
     sw.add_argument("--logs", metavar="DIR", help="where each sweep's output goes (default: a new temporary folder)")
-    sw.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per sweep (default 900)")
+    sw.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per sweep (default 1800; a history, the model matrix and a served matrix have more of their own)")
     sw.add_argument("--json", metavar="PATH", help="write the outcomes as JSON")
     sw.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML: one test case per sweep")
 
@@ -44,16 +47,20 @@ def main(args) -> int:
     positive("--jobs", args.jobs)
     positive("--timeout", args.timeout)
     catalogue = [s for s in sweeps.catalogue() if args.served == "with" or (s.argv[0] == "serve") == (args.served == "only")]
+    for flag, names in (("--only", args.only), ("--skip", args.skip)):
+        for name in names or ():
+            if name not in {s.name for s in catalogue}:
+                raise UsageError(f"{flag}: no sweep {name!r} here (a2a-testbed sweep --list names them)")
+    chosen = sweeps.groups([s for s in catalogue
+                            if (not args.only or s.name in args.only) and s.name not in (args.skip or ())])
+    left_out = sweeps.missing() + [f"{name} (--skip; a2a-testbed sweep --only {name!r} runs it)"
+                                   for name in args.skip or ()]
     if args.list:
-        for sweep in catalogue:
+        for sweep in (s for group in chosen for s in group):
             print(f"{sweep.name:32s} {sweep.command}" + (f"   [with {sweep.group}]" if sweep.group else ""))
-        for why in sweeps.missing():
+        for why in left_out:
             print(f"left out: {why}")
         return 0
-    for name in args.only or ():
-        if name not in {s.name for s in catalogue}:
-            raise UsageError(f"--only: no sweep {name!r} here (a2a-testbed sweep --list names them)")
-    chosen = sweeps.groups([s for s in catalogue if not args.only or s.name in args.only])
     if args.shard:
         try:
             chosen = sweeps.shard(chosen, args.shard)
@@ -61,7 +68,7 @@ def main(args) -> int:
             raise UsageError(str(e)) from None
     log_dir = args.logs or sweeps.default_log_dir()
     os.makedirs(log_dir, exist_ok=True)
-    for why in sweeps.missing():
+    for why in left_out:
         print(f"left out: {why}")
     started = time.monotonic()
     outcomes = []
