@@ -116,7 +116,6 @@ class _State:
 MAX_KEPT_GROUPS = 64
 
 
-
 def scratch_environment(scratch: str) -> dict[str, str]:
     """The variables that put a process's temporary files in ``scratch`` (``TMPDIR``), all
     but what an engine means to keep between runs there: inductor's compiled kernels stay in
